@@ -1,0 +1,21 @@
+# Sourced by the scripts: use the active virtualenv, or make .venv and install shmbuf
+# (editable) with its test extras into it. Re-installs only when pyproject.toml changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    echo "scripts: creating .venv" >&2
+    python3 -m venv .venv
+  fi
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
+stamp="$VIRTUAL_ENV/.shmbuf-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c "import shmbuf" 2>/dev/null; then
+  echo "scripts: installing shmbuf and its test dependencies into $VIRTUAL_ENV" >&2
+  python -m pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  python -c "import shmbuf, pytest, pytest_timeout" 
+  touch "$stamp"
+fi

@@ -1,0 +1,20 @@
+"""shmbuf: a replay buffer in shared memory that many processes write and sample at once.
+
+Example:
+    >>> import numpy as np, shmbuf
+    >>> with shmbuf.Buffer.create({"obs": ((4,), np.float32)}, capacity=8, seed=0) as buf:
+    ...     buf.extend({"obs": np.ones((3, 4))})
+    ...     buf.sample(2)["obs"].shape
+    (2, 4)
+"""
+
+from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
+from .layout import FormatError
+from .lock import LockTimeout
+from .ring import WriteTimeout
+from .sampling import SampleTimeout
+from .segment import ShmSpaceError
+
+__all__ = ["Buffer", "LaneWriter", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout",
+           "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
+__version__ = "0.1.0"

@@ -1,0 +1,565 @@
+"""``Buffer``: the shared-memory replay buffer that users create, attach, write and sample."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+import weakref
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import procs, sampling, segment, validate
+from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_BASE, LANE_HEAD, FormatError, Layout
+from .lock import HeaderLock
+from .ring import Ring
+from .segment import Segment
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
+
+Batch = dict[str, np.ndarray]
+
+
+def _finalize(seg: Segment, lock: HeaderLock, owner_pid: int | None, ino: int) -> None:
+    """Close a handle; the creating process (not a forked copy of it) also destroys it."""
+    lock.close()
+    if owner_pid is not None and owner_pid == os.getpid():
+        _unlink_if_same(seg, ino)
+    seg.close()
+
+
+def _unlink_if_same(seg: Segment, ino: int) -> bool:
+    """Unlink ``seg`` unless its name now belongs to another segment (recreated)."""
+    try:
+        fd = segment.open_fd(seg.name)
+    except FileNotFoundError:
+        seg.unlink()  # already gone; still drop our resource-tracker entry
+        return False
+    try:
+        same = os.fstat(fd).st_ino == ino
+    finally:
+        os.close(fd)
+    if same:
+        return seg.unlink()
+    return False
+
+
+class Buffer:
+    """A FIFO replay buffer in one shared-memory segment, shared by name.
+
+    Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
+    the lock covers only slot reservation) while others :meth:`sample`. A sample never
+    returns a row that is half written, reserved but unwritten, or overwritten while
+    it was copied. A process killed at any point never blocks the others.
+
+    Example:
+        >>> import numpy as np, shmbuf
+        >>> fields = {"obs": ((3,), np.float32), "reward": ((), np.float32)}
+        >>> with shmbuf.Buffer.create(fields, capacity=100, seed=0) as buf:
+        ...     buf.add({"obs": [1, 2, 3], "reward": 1.0})
+        ...     buf.extend({"obs": np.zeros((4, 3)), "reward": np.ones(4)})
+        ...     batch = buf.sample(8)
+        ...     len(buf), batch["obs"].shape
+        (5, (8, 3))
+
+    Create with :meth:`create` (or :meth:`from_data`), attach with :meth:`attach`.
+    """
+
+    # -- construction ----------------------------------------------------------------
+
+    def __init__(self, seg: Segment, layout: Layout, *, owner: bool, seed: Any,
+                 timeout: float) -> None:
+        self._seg = seg
+        self._layout = layout
+        self._fields = layout.fields
+        self.timeout = float(timeout)
+        ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
+
+        def note(pid: int) -> None:
+            ctrl[0] = pid
+
+        def describe() -> str:
+            pid = int(ctrl[0])
+            return f"last taken by pid {pid}" if pid else "holder unknown"
+
+        self._lock = HeaderLock(lambda: segment.open_fd(seg.name), note, describe)
+        self._ring = Ring(layout, seg.mmap, self._lock)
+        self._rng = np.random.default_rng(seed)
+        self._lane: int | None = None  # the lane this handle claimed
+        self._lane_pid = 0
+        self._ino = os.fstat(self._lock._fd).st_ino
+        owner_pid = os.getpid() if owner else None
+        self._owner_pid = owner_pid
+        self._finalizer = weakref.finalize(self, _finalize, seg, self._lock, owner_pid, self._ino)
+
+    @classmethod
+    def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
+               lanes: int = 1, seed: Any = None, persist: bool = False,
+               timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
+        """Create a buffer of ``capacity`` rows in a new shared-memory segment.
+
+        Args:
+            fields: ``{name: (shape, dtype)}``; shape a tuple or int, ``()`` for scalars.
+            capacity: rows in total (split evenly into ``lanes``).
+            name: the name others attach with; a random one if None.
+            lanes: independent rings, e.g. one per writer, for ordered sequences.
+            seed: seed of this handle's ``numpy.random.Generator``.
+            persist: if False (default) this process destroys the buffer on
+                :meth:`close`, on exit, and (via the resource tracker) if it crashes. If
+                True the buffer outlives it until someone calls :meth:`unlink`.
+            timeout: default timeout of this handle's blocking calls, in seconds.
+
+        Raises:
+            FileExistsError: the name is taken.
+            segment.ShmSpaceError: ``/dev/shm`` cannot hold it (nothing is allocated).
+            ValueError, TypeError: a bad schema, capacity or lanes.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 10, name="doc-create")
+            >>> buf.capacity, buf.name
+            (10, 'doc-create')
+            >>> buf.close()
+        """
+        if name is None:
+            name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        segment.check_name(name)
+        layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
+                             procs.identity(), time.time())
+        seg = Segment.create(name, layout.total_size, track=not persist)
+        try:
+            layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
+            return cls(seg, layout, owner=not persist, seed=seed, timeout=timeout)
+        except BaseException:
+            seg.unlink()
+            seg.close()
+            raise
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
+        """Attach to an existing buffer by name; its schema is read from the segment.
+
+        Waits up to ``timeout`` seconds for a buffer that is still being created.
+        The attaching process never destroys the buffer when it exits.
+
+        Raises:
+            FileNotFoundError: no buffer has this name.
+            layout.FormatError: the segment is not a (complete, compatible) shmbuf buffer.
+
+        Example:
+            >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-attach")
+            >>> Buffer.attach("doc-attach").fields
+            {'x': ((), dtype('int64'))}
+            >>> owner.close()
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            seg = Segment.attach(name)
+            try:
+                layout = Layout.read(seg.mmap, name)
+                break
+            except FormatError as exc:
+                seg.close()
+                if "not written" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.01)
+        try:
+            return cls(seg, layout, owner=False, seed=seed, timeout=timeout)
+        except BaseException:
+            seg.close()
+            raise
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], capacity: int | None = None,
+                  truncate_ok: bool = False, **create_kwargs: Any) -> "Buffer":
+        """Create a buffer whose schema and first rows come from ``data``.
+
+        Follows imitation's ``Buffer.from_data`` code (not its docstring): capacity
+        defaults to the number of rows, so the buffer starts full; more rows than
+        ``capacity`` raise ``ValueError`` unless ``truncate_ok=True``, which keeps the
+        last ``capacity`` rows. Arrays are copied; dtypes are kept.
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(4)})
+            >>> len(buf), buf.is_full
+            (4, True)
+            >>> buf.close()
+        """
+        if not isinstance(data, Mapping) or len(data) == 0:
+            raise ValueError("from_data needs a non-empty mapping of name -> array, got no keys")
+        arrays = {k: np.asarray(v) for k, v in data.items()}
+        for k, a in arrays.items():
+            if a.ndim == 0:
+                raise ValueError(f"field {k!r}: expected an array with rows along axis 0, got a scalar")
+        lengths = {k: len(a) for k, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"all fields must have the same number of rows, got {lengths}")
+        n = next(iter(lengths.values()))
+        if capacity is None:
+            capacity = n
+        if n == 0:
+            raise ValueError("from_data needs at least one row, got 0")
+        if n > capacity and not truncate_ok:
+            raise ValueError(f"{n} rows do not fit in capacity {capacity}; pass truncate_ok=True "
+                             f"to keep the last {capacity}")
+        buf = cls.create({k: (a.shape[1:], a.dtype) for k, a in arrays.items()}, capacity,
+                         **create_kwargs)
+        try:
+            buf.extend(arrays, truncate_ok=truncate_ok, lane=0)
+        except BaseException:
+            buf.unlink()
+            buf.close()
+            raise
+        return buf
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The name other processes attach with."""
+        return self._seg.name
+
+    @property
+    def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """``{name: (shape, dtype)}``, in schema order."""
+        return {f.name: (f.shape, f.dtype) for f in self._fields}
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer holds when full (all lanes)."""
+        return self._layout.capacity
+
+    @property
+    def lanes(self) -> int:
+        return self._layout.lanes
+
+    @property
+    def lane_capacity(self) -> int:
+        return self._layout.lane_capacity
+
+    @property
+    def persist(self) -> bool:
+        """True if the buffer outlives its creator until :meth:`unlink`."""
+        return bool(self._layout.flags & FLAG_PERSIST)
+
+    @property
+    def is_full(self) -> bool:
+        """True when ``len(self) == capacity``."""
+        return len(self) == self.capacity
+
+    @property
+    def lane(self) -> int | None:
+        """The lane this handle has claimed, if any."""
+        return self._lane if self._lane_pid == os.getpid() else None
+
+    def __len__(self) -> int:
+        """Rows currently held: written, or reserved by a writer still writing them."""
+        return self._ring.size()
+
+    def lane_sizes(self) -> list[int]:
+        """Rows currently held in each lane."""
+        lo, head = self._ring.window()
+        return [int(x) for x in head - lo]
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<shmbuf.Buffer {self.name!r} (closed)>"
+        lanes = f", lanes={self.lanes}" if self.lanes > 1 else ""
+        return (f"<shmbuf.Buffer {self.name!r} {len(self)}/{self.capacity} rows{lanes}, "
+                f"fields={list(self.fields)}>")
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    # -- writing ---------------------------------------------------------------------
+
+    def add(self, transition: Mapping[str, Any], *, lane: int | None = None,
+            timeout: float | None = None) -> None:
+        """Add one transition: ``{name: value}`` with each value of the field's shape.
+
+        Example:
+            >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
+            >>> buf.add({"obs": [0.5, 1.5], "done": False}); len(buf)
+            1
+            >>> buf.close()
+        """
+        arrays, n = validate.check_rows(self._fields, transition, single=True)
+        self._write(arrays, n, lane, timeout)
+
+    def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
+               truncate_ok: bool = False, timeout: float | None = None) -> None:
+        """Add ``n`` transitions given along axis 0 of every field.
+
+        More rows than a lane holds raise ``ValueError`` unless ``truncate_ok=True``,
+        which keeps only the last ``lane_capacity`` of them. Values are checked before
+        anything is written: on any error the buffer is unchanged.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 3, seed=0)
+            >>> buf.extend({"x": np.arange(5)}, truncate_ok=True)
+            >>> sorted(buf.sample(50)["x"].tolist())[0]
+            2
+            >>> buf.close()
+        """
+        arrays, n = validate.check_rows(self._fields, batch, single=False)
+        cap = self._layout.lane_capacity
+        if n > cap:
+            if not truncate_ok:
+                per = " per lane" if self.lanes > 1 else ""
+                raise ValueError(
+                    f"{n} rows do not fit in the buffer ({cap} rows{per}); pass "
+                    f"truncate_ok=True to keep only the last {cap}")
+            arrays = [a[n - cap:] for a in arrays]
+            n = cap
+        self._write(arrays, n, lane, timeout)
+
+    def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
+               timeout: float | None) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        lane = self._resolve_lane(lane, timeout)
+        first, entry = self._ring.reserve(lane, n, timeout)
+        self._ring.write(lane, first, entry, arrays, deadline)
+
+    def _resolve_lane(self, lane: int | None, timeout: float) -> int:
+        if lane is None:
+            if self._layout.lanes == 1:
+                return 0
+            if self.lane is None:
+                self.claim_lane(timeout=timeout)
+            return self._lane  # type: ignore[return-value]
+        if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) \
+                or not 0 <= lane < self._layout.lanes:
+            raise ValueError(f"lane must be an int in [0, {self._layout.lanes}), got {lane!r}")
+        return int(lane)
+
+    # -- lanes -----------------------------------------------------------------------
+
+    def claim_lane(self, lane: int | None = None, *, timeout: float | None = None) -> int:
+        """Claim a lane for this handle; writes without ``lane=`` then go there.
+
+        Claims are advisory (``add(lane=i)`` writes anywhere) and owned by the
+        process: a lane whose claimer died can be claimed again. Without arguments,
+        a multi-lane buffer's first write claims a lane by itself.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 4, lanes=2)
+            >>> buf.claim_lane()
+            0
+            >>> buf.close()
+        """
+        if self.lane is not None:
+            if lane is None or lane == self._lane:
+                return self._lane  # type: ignore[return-value]
+            raise RuntimeError(f"this handle already claimed lane {self._lane}; release_lane() first")
+        if lane is not None:
+            lane = self._resolve_lane(lane, 0)
+        got = self._ring.claim(lane, self.timeout if timeout is None else timeout)
+        self._lane, self._lane_pid = got, os.getpid()
+        return got
+
+    def release_lane(self, *, timeout: float | None = None) -> None:
+        """Give up this handle's lane claim (no-op without one)."""
+        if self.lane is not None:
+            self._ring.release(self._lane, self.timeout if timeout is None else timeout)  # type: ignore[arg-type]
+        self._lane = None
+
+    def writer(self, lane: int | None = None) -> "LaneWriter":
+        """A context manager that claims a lane, writes to it, and releases it.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 4, lanes=2)
+            >>> with buf.writer() as w:
+            ...     w.add({"x": 1}); w.lane
+            0
+            >>> buf.close()
+        """
+        return LaneWriter(self, lane)
+
+    # -- sampling --------------------------------------------------------------------
+
+    def empty_batch(self, n: int, length: int | None = None) -> Batch:
+        """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
+        lead = (n,) if length is None else (n, length)
+        return {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
+
+    def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None) -> Batch:
+        """Sample ``n`` rows uniformly, with replacement, over all published rows.
+
+        Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
+        ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
+        exceed ``len(self)``. An empty buffer raises ``ValueError``.
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
+            >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
+            ((4,), dtype('int64'))
+            >>> buf.close()
+        """
+        n = _count(n, "n")
+        out = self._prepare_out(out, (n,))
+        sampling.sample_windows(self._ring, self._rng, n, 1, out,
+                                self.timeout if timeout is None else timeout)
+        return out
+
+    def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
+                         timeout: float | None = None) -> Batch:
+        """Sample ``batch`` windows of ``length`` consecutive rows of one lane.
+
+        Rows of a window are in the order they were written; a window may wrap
+        physically around the ring but never joins the newest row to the oldest, never
+        contains an unpublished row, and never mixes lanes. Windows may cross episode
+        boundaries. Returns ``{name: (batch, length, *shape)}``.
+
+        Example:
+            >>> buf = Buffer.from_data({"t": np.arange(5)}, capacity=5, seed=0)
+            >>> buf.sample_sequences(2, 3)["t"].shape
+            (2, 3)
+            >>> buf.close()
+        """
+        batch = _count(batch, "batch")
+        length = _count(length, "length", 1)
+        out = self._prepare_out(out, (batch, length))
+        flat = {k: v.reshape((batch * length,) + v.shape[2:]) for k, v in out.items()}  # views
+        sampling.sample_windows(self._ring, self._rng, batch, length, flat,
+                                self.timeout if timeout is None else timeout)
+        return out
+
+    def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> Batch:
+        if out is None:
+            out = {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
+        else:
+            validate.check_out(self._fields, out, lead)
+        return out
+
+    # -- state -----------------------------------------------------------------------
+
+    def clear(self, *, timeout: float | None = None) -> None:
+        """Forget every row (all lanes). Safe while writers run: their rows in flight
+        land after the clear and count as new.
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(3)}); buf.clear(); len(buf)
+            0
+            >>> buf.close()
+        """
+        self._ring.clear(self.timeout if timeout is None else timeout)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of the contents, positions and this handle's RNG state.
+
+        Rows being written during the copy are left out (their stamps are cleared in
+        the copy). :meth:`load_state_dict` on a buffer with the same fields, capacity
+        and lanes restores it; the following samples are then identical.
+        """
+        ring = self._ring
+        with self._lock.hold(self.timeout):
+            lanes = ring.lane_table[:, [LANE_HEAD, LANE_BASE]].copy()
+        before = ring.stamps.copy()
+        data = {name: a.copy() for name, a in ring.arrays.items()}
+        after = ring.stamps.copy()
+        stamps = np.where((before == after) & (before % 2 == 0), before, 0)
+        return {
+            "format": "shmbuf.Buffer", "version": 1,
+            "fields": self.fields,
+            "capacity": self.capacity, "lanes": self.lanes,
+            "heads": lanes[:, 0], "bases": lanes[:, 1], "stamps": stamps, "data": data,
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output. Call it while no process is writing."""
+        if not isinstance(state, Mapping) or state.get("format") != "shmbuf.Buffer":
+            raise ValueError("not a shmbuf state_dict (expected the output of Buffer.state_dict())")
+        theirs = state["fields"]
+        if theirs != self.fields or state["capacity"] != self.capacity or state["lanes"] != self.lanes:
+            raise ValueError(
+                f"state_dict is for fields={theirs}, capacity={state['capacity']}, "
+                f"lanes={state['lanes']}; this buffer has fields={self.fields}, "
+                f"capacity={self.capacity}, lanes={self.lanes}")
+        ring = self._ring
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng"]  # validate before touching anything
+        with self._lock.hold(self.timeout):
+            ring.stamps[:] = 0
+            for name, a in ring.arrays.items():
+                a[...] = state["data"][name]
+            ring.stamps[:] = state["stamps"]
+            ring.lane_table[:, LANE_BASE] = state["bases"]
+            ring.lane_table[:, LANE_HEAD] = state["heads"]
+        self._rng = rng
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach. The creator's close also destroys the buffer unless ``persist=True``.
+
+        Arrays returned by :meth:`sample` are copies and stay valid.
+        """
+        if not self._finalizer.alive:
+            return
+        try:
+            self.release_lane(timeout=1.0)
+        except (TimeoutError, OSError, ValueError):
+            pass  # the kernel and the liveness check free it anyway
+        self._ring = None  # type: ignore[assignment]
+        self._finalizer()
+
+    def unlink(self) -> None:
+        """Destroy the buffer's name now, from any handle; a second call is harmless.
+
+        Processes that have it attached keep working on it until they close; nobody
+        can attach any more.
+        """
+        _unlink_if_same(self._seg, self._ino)
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its name: unpickling attaches (in any process, any start method)."""
+        return (_attach, (self.name, self.timeout))
+
+
+def _attach(name: str, timeout: float) -> Buffer:
+    return Buffer.attach(name, timeout=timeout)
+
+
+def _count(value: Any, what: str, minimum: int = 0) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class LaneWriter:
+    """Writes to one claimed lane of a buffer; see :meth:`Buffer.writer`."""
+
+    def __init__(self, buffer: Buffer, lane: int | None) -> None:
+        self.buffer = buffer
+        self._claimed = buffer.lane is None
+        self.lane = buffer.claim_lane(lane)
+
+    def add(self, transition: Mapping[str, Any], *, timeout: float | None = None) -> None:
+        self.buffer.add(transition, lane=self.lane, timeout=timeout)
+
+    def extend(self, batch: Mapping[str, Any], *, truncate_ok: bool = False,
+               timeout: float | None = None) -> None:
+        self.buffer.extend(batch, lane=self.lane, truncate_ok=truncate_ok, timeout=timeout)
+
+    def close(self) -> None:
+        if self._claimed:
+            self.buffer.release_lane()
+            self._claimed = False
+
+    def __enter__(self) -> "LaneWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

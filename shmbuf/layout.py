@@ -1,0 +1,270 @@
+"""Where everything lives inside a segment: header, schema, control tables, fields.
+
+A segment is self-describing, so ``attach(name)`` needs nothing else::
+
+    offset 0     fixed header (256 bytes, little-endian, see ``_HEADER``)
+                 magic, format version, logical size, capacity, lanes, offsets
+    256          schema: UTF-8 JSON list of {name, dtype, shape, offset}
+    aligned      control   (16 int64)      lock-holder pid (diagnostics), spare words
+    aligned      lanes     (lanes x 8)     head, base, claim pid, claim start time, spare
+    aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count
+    aligned      stamps    (capacity)      per-slot sequence stamp (see ring.py)
+    aligned      one array per field       (capacity, *shape), C order
+
+Every block starts on a 64-byte boundary (a cache line; numpy and SIMD like it).
+Spare words in each table keep room for later features (episodes, priorities,
+rate limiting, statistics) without changing the positions of the existing ones;
+any change of meaning bumps ``VERSION``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+from numpy.lib import format as npformat
+
+MAGIC = b"\x93SHMBUF\x01"
+VERSION = 1
+ALIGN = 64
+HEADER_SIZE = 256
+N_RESERVATIONS = 256
+
+# magic, version, flags, total, capacity, lanes, lane_capacity, schema_off, schema_len,
+# control_off, lanes_off, res_off, n_res, stamps_off, creator_pid, creator_ctime, created_at
+_HEADER = struct.Struct("<8sII Q QQQ QQ QQQQ Q q d d")
+
+FLAG_PERSIST = 1
+
+# Column indices of the int64 tables.
+LANE_HEAD, LANE_BASE, LANE_CLAIM_PID, LANE_CLAIM_CTIME = 0, 1, 2, 3
+RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT = 0, 1, 2, 3, 4
+CTRL_LOCK_HOLDER = 0
+TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
+CONTROL_WORDS = 16
+
+
+class FormatError(ValueError):
+    """The segment exists but is not a (compatible, complete) shmbuf buffer."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named array of the buffer: each row has ``shape`` and ``dtype``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape)
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _as_count(value: Any, what: str, minimum: int = 1) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {n}")
+    return n
+
+
+def normalize_fields(fields: Mapping[str, Any]) -> list[Field]:
+    """Check a ``{name: (shape, dtype)}`` schema and return its fields, in order.
+
+    ``shape`` is a tuple of non-negative ints or one int (``()`` for scalars); ``dtype``
+    is anything ``numpy.dtype`` accepts except object dtypes.
+    """
+    if not isinstance(fields, Mapping) or not fields:
+        raise ValueError(
+            f"fields must be a non-empty mapping of name -> (shape, dtype), got {fields!r}; "
+            'for example {"obs": ((17,), np.float32), "reward": ((), np.float32)}'
+        )
+    out = []
+    for name, spec in fields.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"field names must be non-empty strings, got {name!r}")
+        if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+            raise ValueError(
+                f"field {name!r}: expected a (shape, dtype) pair such as ((17,), np.float32), "
+                f"got {spec!r}"
+            )
+        shape_in, dtype_in = spec
+        if isinstance(shape_in, (tuple, list)):
+            shape = tuple(_as_count(d, f"field {name!r}: shape dimension", 0) for d in shape_in)
+        else:
+            shape = (_as_count(shape_in, f"field {name!r}: shape", 0),)
+        try:
+            dtype = np.dtype(dtype_in)
+        except TypeError as exc:
+            raise TypeError(f"field {name!r}: {dtype_in!r} is not a numpy dtype ({exc})") from None
+        if dtype.hasobject:
+            raise TypeError(
+                f"field {name!r}: dtype {dtype} holds Python objects, which cannot live in "
+                "shared memory; use a numeric, bool, fixed-size string or structured dtype"
+            )
+        if dtype.subdtype is not None:  # ('f4', (3,)) is a (3,) float32 sub-array
+            dtype, sub = dtype.subdtype
+            shape = shape + sub
+        field = Field(name, shape, dtype)
+        if field.row_bytes == 0:
+            raise ValueError(
+                f"field {name!r}: shape {shape} with dtype {dtype} stores 0 bytes per row; "
+                "every field needs at least one byte"
+            )
+        out.append(field)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The positions of everything in a segment. Build with :meth:`plan` or :meth:`read`."""
+
+    fields: tuple[Field, ...]
+    capacity: int
+    lanes: int
+    flags: int
+    total_size: int
+    schema_offset: int
+    schema_size: int
+    control_offset: int
+    lanes_offset: int
+    reservations_offset: int
+    n_reservations: int
+    stamps_offset: int
+    creator_pid: int = 0
+    creator_ctime: float = 0.0
+    created_at: float = 0.0
+
+    @property
+    def lane_capacity(self) -> int:
+        return self.capacity // self.lanes
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(f.row_bytes for f in self.fields)
+
+    @classmethod
+    def plan(cls, fields: Mapping[str, Any], capacity: int, lanes: int = 1, flags: int = 0,
+             creator: tuple[int, float] = (0, 0.0), created_at: float = 0.0) -> "Layout":
+        """Lay out a new buffer; validates the schema, capacity and lanes."""
+        specs = normalize_fields(fields)
+        capacity = _as_count(capacity, "capacity")
+        lanes = _as_count(lanes, "lanes")
+        if capacity % lanes:
+            lo, hi = capacity - capacity % lanes, capacity + lanes - capacity % lanes
+            raise ValueError(
+                f"capacity ({capacity}) must be a multiple of lanes ({lanes}), since each lane "
+                f"holds capacity // lanes rows: use capacity={lo or hi} or {hi}"
+            )
+        # The schema's own size depends on the offsets it lists; offsets depend on the
+        # schema size. Reserve generously (offsets are at most 20 digits), then fix.
+        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19) for f in specs])
+        schema_size = len(draft)
+        pos = _align(HEADER_SIZE + schema_size)
+        control = pos
+        pos = _align(pos + CONTROL_WORDS * 8)
+        lanes_off = pos
+        pos = _align(pos + lanes * TABLE_WIDTH * 8)
+        res_off = pos
+        pos = _align(pos + N_RESERVATIONS * TABLE_WIDTH * 8)
+        stamps = pos
+        pos = _align(pos + capacity * 8)
+        placed = []
+        for f in specs:
+            placed.append(Field(f.name, f.shape, f.dtype, pos))
+            pos = _align(pos + capacity * f.row_bytes)
+        return cls(tuple(placed), capacity, lanes, flags, pos, HEADER_SIZE, schema_size,
+                   control, lanes_off, res_off, N_RESERVATIONS, stamps,
+                   creator[0], creator[1], created_at)
+
+    def write(self, mem: Any) -> None:
+        """Write header and schema; the magic goes last, so a half-made header never validates."""
+        schema = _schema_bytes(self.fields).ljust(self.schema_size, b" ")
+        mem[self.schema_offset:self.schema_offset + self.schema_size] = schema
+        _HEADER.pack_into(
+            mem, 0, b"\0" * 8, VERSION, self.flags, self.total_size, self.capacity,
+            self.lanes, self.lane_capacity, self.schema_offset, self.schema_size,
+            self.control_offset, self.lanes_offset, self.reservations_offset,
+            self.n_reservations, self.stamps_offset, self.creator_pid, self.creator_ctime,
+            self.created_at)
+        mem[0:8] = MAGIC
+
+    @classmethod
+    def read(cls, mem: Any, name: str) -> "Layout":
+        """Parse and validate a segment's header; never reads outside ``mem``."""
+        size = len(mem)
+
+        def bad(why: str) -> FormatError:
+            return FormatError(f"shared-memory segment {name!r} is not a usable shmbuf buffer: {why}")
+
+        if size < HEADER_SIZE:
+            raise bad(f"it is {size} bytes, smaller than a header ({HEADER_SIZE})")
+        (magic, version, flags, total, capacity, lanes, lane_cap, schema_off, schema_size,
+         control, lanes_off, res_off, n_res, stamps, pid, ctime, created_at) = \
+            _HEADER.unpack_from(mem, 0)
+        if magic != MAGIC:
+            if magic == b"\0" * 8:
+                raise bad("its header is not written (still being created, or the creator "
+                          "died while creating it)")
+            raise bad(f"bad magic {magic!r}")
+        if version != VERSION:
+            raise bad(f"format version {version}, but this shmbuf reads version {VERSION}; "
+                      "use the shmbuf release that created it")
+        if total > size:
+            raise bad(f"truncated: the header says {total} bytes, the segment has {size}")
+        if not (capacity >= 1 and lanes >= 1 and capacity % lanes == 0
+                and lane_cap == capacity // lanes):
+            raise bad(f"inconsistent capacity {capacity} / lanes {lanes} / lane capacity {lane_cap}")
+        blocks = [(schema_off, schema_size), (control, CONTROL_WORDS * 8),
+                  (lanes_off, lanes * TABLE_WIDTH * 8), (res_off, n_res * TABLE_WIDTH * 8),
+                  (stamps, capacity * 8)]
+        for off, length in blocks:
+            if off < HEADER_SIZE or off + length > total:
+                raise bad("a table lies outside the segment")
+        try:
+            raw = json.loads(bytes(mem[schema_off:schema_off + schema_size]).decode("utf-8"))
+            fields = tuple(
+                Field(d["name"], tuple(int(x) for x in d["shape"]),
+                      npformat.descr_to_dtype(_tupleize(d["dtype"])), int(d["offset"]))
+                for d in raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise bad(f"unreadable schema ({exc})") from None
+        for f in fields:
+            if f.offset < HEADER_SIZE or f.offset + capacity * f.row_bytes > total:
+                raise bad(f"field {f.name!r} lies outside the segment")
+        return cls(fields, capacity, lanes, flags, total, schema_off, schema_size, control,
+                   lanes_off, res_off, n_res, stamps, pid, ctime, created_at)
+
+
+def _tupleize(descr: Any) -> Any:
+    """JSON turns the tuples of a numpy descr into lists; turn them back.
+
+    A list of ints is a shape (a tuple); any other list is a list of field tuples.
+    """
+    if not isinstance(descr, list):
+        return descr
+    if all(isinstance(x, int) for x in descr):
+        return tuple(descr)
+    return [tuple(_tupleize(x) for x in item) for item in descr]
+
+
+def _schema_bytes(fields: Any) -> bytes:
+    return json.dumps([
+        {"name": f.name, "dtype": npformat.dtype_to_descr(f.dtype), "shape": list(f.shape),
+         "offset": f.offset} for f in fields
+    ], separators=(",", ":")).encode("utf-8")

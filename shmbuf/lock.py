@@ -1,0 +1,138 @@
+"""The header lock: a cross-process mutex the kernel releases when its holder dies.
+
+It is ``flock(LOCK_EX)`` on a descriptor of the segment that this handle opened
+itself, plus a ``threading.Lock`` for the threads of one process (flock locks belong
+to an open file description, which threads share).
+
+Why not ``multiprocessing.Lock``: it cannot be opened by name from an unrelated
+process, and it has no owner, so a holder killed by SIGKILL keeps it locked forever.
+A flock is released by the kernel when the last descriptor of its open file
+description closes, which process death does.
+
+The fork trap: a forked child shares its parent's open file descriptions. If the
+child kept the parent's lock descriptor, killing the parent while it holds the lock
+would not release it. So after a fork every live lock closes the inherited
+descriptor and opens its own (``os.register_at_fork``).
+
+Acquisition polls with a short backoff up to a deadline, so every acquire takes a
+timeout; the critical sections it guards are a few microseconds long.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+import weakref
+from typing import Callable
+
+_live: "weakref.WeakSet[HeaderLock]" = weakref.WeakSet()
+
+
+class LockTimeout(TimeoutError):
+    """The header lock could not be taken in time."""
+
+
+class HeaderLock:
+    """Cross-process, crash-safe, thread-safe mutex on a segment.
+
+    ``open_fd`` returns a new descriptor on the segment (a new open file description);
+    ``note_holder`` records the holder's pid in the header for diagnostics.
+
+    Example:
+        >>> lock = HeaderLock(lambda: os.open("/tmp/doc.lock", os.O_CREAT | os.O_RDWR))
+        >>> with lock.hold(timeout=1.0):
+        ...     pass
+        >>> lock.close()
+    """
+
+    def __init__(self, open_fd: Callable[[], int], note_holder: Callable[[int], None] | None = None,
+                 describe_holder: Callable[[], str] | None = None) -> None:
+        self._open_fd = open_fd
+        self._note = note_holder
+        self._describe = describe_holder
+        self._fd = open_fd()
+        self._thread_lock = threading.Lock()
+        _live.add(self)
+
+    def acquire(self, timeout: float) -> None:
+        """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        if not self._thread_lock.acquire(timeout=max(timeout, 0.0)):
+            raise self._timeout(timeout)
+        try:
+            fd = self._fd
+            if fd < 0:
+                raise ValueError("the buffer handle is closed")
+            delay = 0.0
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise self._timeout(timeout) from None
+                    time.sleep(delay)
+                    delay = min(max(delay * 2, 20e-6), 1e-3)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        if self._note is not None:
+            self._note(os.getpid())
+
+    def release(self) -> None:
+        if self._note is not None:
+            self._note(0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread_lock.release()
+
+    def hold(self, timeout: float) -> "_Held":
+        """Context manager: ``with lock.hold(timeout): ...``."""
+        self.acquire(timeout)
+        return _Held(self)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        _live.discard(self)
+
+    def _timeout(self, timeout: float) -> LockTimeout:
+        who = f" ({self._describe()})" if self._describe is not None else ""
+        return LockTimeout(
+            f"could not take the buffer's header lock within {timeout:g} s{who}. The lock is "
+            "held only for microseconds by a live process (a dead holder's lock is released "
+            "by the kernel), so the machine is overloaded or a process is stopped (SIGSTOP, "
+            "a debugger); pass a larger timeout= or find the holder"
+        )
+
+    def _after_fork_in_child(self) -> None:
+        self._thread_lock = threading.Lock()
+        if self._fd >= 0:
+            os.close(self._fd)  # drop the parent's open file description
+            try:
+                self._fd = self._open_fd()
+            except OSError:  # unlinked meanwhile: this child's handle is unusable
+                self._fd = -1
+
+
+class _Held:
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: HeaderLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def _reopen_all_in_child() -> None:
+    for lock in list(_live):
+        lock._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reopen_all_in_child)

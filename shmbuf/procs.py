@@ -1,0 +1,43 @@
+"""Who is this process, and is that one still alive?
+
+A process is identified by its pid **and** its start time, so a pid the kernel has
+reused for another process is not mistaken for the original (psutil reads the start
+time from ``/proc``). A zombie (killed, not yet reaped by its parent) counts as dead.
+
+Limit: all processes sharing a buffer must see each other's pids, i.e. live in the
+same pid namespace (containers sharing ``/dev/shm`` with ``--ipc=host`` but not
+``--pid=host`` do not).
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+_me: tuple[int, float] | None = None
+
+
+def identity() -> tuple[int, float]:
+    """``(pid, start_time)`` of the calling process (cached; renewed after fork)."""
+    global _me
+    if _me is None or _me[0] != os.getpid():
+        pid = os.getpid()
+        _me = (pid, psutil.Process(pid).create_time())
+    return _me
+
+
+def is_alive(pid: int, start_time: float) -> bool:
+    """True if process ``pid`` that started at ``start_time`` still runs (or may: when
+    the system will not say, it is assumed alive)."""
+    if pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - start_time) > 0.005:  # a new process reusing the pid
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True

@@ -1,0 +1,254 @@
+"""The ring: reserve slots, write them outside the lock, publish them with stamps.
+
+The capacity is split into ``lanes`` equal rings (one by default). Each lane has a
+``head``: how many rows were ever reserved in it. The row with lane sequence number
+``s`` lives in slot ``s % lane_capacity``.
+
+**Stamps.** Every slot has an int64 stamp that names the row it holds:
+
+* ``0``         never written (or abandoned by a writer that failed half-way);
+* ``2*s + 1``   row ``s`` is being written;
+* ``2*s + 2``   row ``s`` is published: complete, and unchanged since.
+
+A slot's stamp only ever grows (except the ``0`` of an abandoned write), so a reader
+that sees ``2*s + 2`` both before and after copying a row copied exactly row ``s``
+(a seqlock). "Is this window ``s .. s+L-1`` consecutive, in write order and
+published?" is one vectorised comparison with ``2*(s + arange(L)) + 2``.
+
+**Writing** (``Ring.reserve`` then ``Ring.write``):
+
+1. Under the header lock: take an entry in the reservation table (who, lane, first
+   sequence, count), then advance the lane's head. The head store is the commit:
+   a writer killed before it reserved nothing; killed after it, its entry says which
+   rows it owns.
+2. Outside the lock: wait until every older row that lived in the same slots is
+   finished (published, abandoned, or its writer is dead). This matters only when a
+   tiny ring wraps onto a slow writer's rows. Waiting only ever goes to strictly older
+   rows, so it cannot deadlock.
+3. Stamp the slots odd, copy the data, stamp them even, free the entry.
+
+**Memory ordering.** Stamps are written and read without the lock. This is correct
+on x86-64 (total store order: stores become visible in program order, loads are not
+reordered with loads) and relies on the compiler not moving memory accesses across
+separate numpy calls, which it cannot see through. On weakly ordered CPUs (ARM64:
+Graviton, Apple silicon) the torn-read check is best effort: the reservation itself is
+still exact (it happens under the lock, whose system call is a full barrier).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from . import procs
+from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD,
+                     RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, TABLE_WIDTH, Layout)
+from .lock import HeaderLock
+
+HOOK: Callable[[str], None] | None = None
+"""Test hook, called at "locked" (holding the lock, head advanced), "reserved" (lock
+released, nothing written) and "writing" (slots stamped odd, data half copied)."""
+
+
+class WriteTimeout(TimeoutError):
+    """A write could not finish in time (another live writer holds the slots)."""
+
+
+class Ring:
+    """Typed views of one mapped layout, and the write protocol over them."""
+
+    def __init__(self, layout: Layout, mem: Any, lock: HeaderLock) -> None:
+        self.layout = layout
+        self.lock = lock
+        self.lane_capacity = layout.lane_capacity
+        self.lanes = layout.lanes
+        i8 = np.int64
+        self.control = np.ndarray((CONTROL_WORDS,), i8, mem, layout.control_offset)
+        self.lane_table = np.ndarray((layout.lanes, TABLE_WIDTH), i8, mem, layout.lanes_offset)
+        self.lane_table_f = self.lane_table.view(np.float64)
+        self.res = np.ndarray((layout.n_reservations, TABLE_WIDTH), i8, mem,
+                              layout.reservations_offset)
+        self.res_f = self.res.view(np.float64)
+        self.res_pid = self.res[:, RES_PID]
+        self.stamps = np.ndarray((layout.capacity,), i8, mem, layout.stamps_offset)
+        self.arrays = {f.name: np.ndarray((layout.capacity,) + f.shape, f.dtype, mem, f.offset)
+                       for f in layout.fields}
+        self._hint = threading.local()
+
+    # -- lane state ------------------------------------------------------------------
+
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now."""
+        head = self.lane_table[:, LANE_HEAD].copy()
+        base = self.lane_table[:, LANE_BASE].copy()
+        lo = np.maximum(np.minimum(base, head), head - self.lane_capacity)
+        return lo, head
+
+    def size(self) -> int:
+        lo, head = self.window()
+        return int((head - lo).sum())
+
+    def lane_rows(self, lane: int, first: int, n: int) -> Iterator[tuple[int, int, int]]:
+        """The (row_lo, row_hi, offset) runs of ``n`` rows from sequence ``first``:
+        at most two, since a run may wrap past the end of the lane."""
+        lc = self.lane_capacity
+        base = lane * lc
+        slot = first % lc
+        k = min(n, lc - slot)
+        yield base + slot, base + slot + k, 0
+        if k < n:
+            yield base, base + n - k, k
+
+    # -- writing ---------------------------------------------------------------------
+
+    def reserve(self, lane: int, n: int, timeout: float) -> tuple[int, int]:
+        """Reserve ``n`` rows of ``lane``; returns (first sequence number, entry)."""
+        pid, ctime = procs.identity()
+        with self.lock.hold(timeout):
+            entry = self._free_entry()
+            row = self.res[entry]
+            head = int(self.lane_table[lane, LANE_HEAD])
+            row[RES_LANE] = lane
+            row[RES_START] = head
+            row[RES_COUNT] = n
+            self.res_f[entry, RES_CTIME] = ctime
+            row[RES_PID] = pid  # the entry is valid from here
+            self.lane_table[lane, LANE_HEAD] = head + n  # the reservation is committed here
+            if HOOK is not None:
+                HOOK("locked")
+        return head, entry
+
+    def write(self, lane: int, first: int, entry: int, sources: list[np.ndarray],
+              deadline: float) -> None:
+        """Copy ``sources`` (one array per field, in layout order, ``n`` rows each) into
+        the reserved rows and publish them. Frees the entry whatever happens."""
+        n = len(sources[0])
+        runs = list(self.lane_rows(lane, first, n))
+        stamped = False
+        try:
+            if HOOK is not None:
+                HOOK("reserved")
+            self._wait_for_older(lane, first, n, entry, runs, deadline)
+            stamps = self.stamps
+            for lo, hi, off in runs:
+                stamps[lo:hi] = np.arange(2 * (first + off) + 1, 2 * (first + off + hi - lo), 2)
+            stamped = True
+            for dest, src in zip(self.arrays.values(), sources):
+                for lo, hi, off in runs:
+                    dest[lo:hi] = src[off:off + hi - lo]
+                if HOOK is not None:
+                    HOOK("writing")
+            for lo, hi, off in runs:
+                stamps[lo:hi] = np.arange(2 * (first + off) + 2, 2 * (first + off + hi - lo) + 1, 2)
+            stamped = False
+        finally:
+            if stamped:  # failed half-way: these rows will never be valid
+                for lo, hi, _ in runs:
+                    self.stamps[lo:hi] = 0
+            self.res_pid[entry] = 0
+
+    def _free_entry(self) -> int:
+        """A free reservation entry (caller holds the lock)."""
+        hint = getattr(self._hint, "entry", 0)
+        if self.res_pid[hint] == 0:
+            return hint
+        free = np.flatnonzero(self.res_pid == 0)
+        if len(free) == 0:  # reclaim entries of dead writers
+            for i in range(len(self.res_pid)):
+                if not procs.is_alive(int(self.res_pid[i]), float(self.res_f[i, RES_CTIME])):
+                    self.res_pid[i] = 0
+            free = np.flatnonzero(self.res_pid == 0)
+            if len(free) == 0:
+                raise RuntimeError(
+                    f"more than {len(self.res_pid)} writes are in flight at once on this buffer; "
+                    "use fewer writer threads/processes")
+        self._hint.entry = int(free[0])
+        return self._hint.entry
+
+    def _older_done(self, first: int, runs: list[tuple[int, int, int]]) -> bool:
+        """True if each slot holds the published row it held one lap before ours."""
+        lc = self.lane_capacity
+        for lo, hi, off in runs:
+            prev = first + off - lc
+            if prev + (hi - lo) <= 0:
+                continue  # first lap: nobody wrote these slots before
+            if prev < 0:  # partly first lap
+                lo, prev = lo - prev, 0
+            if not np.array_equal(self.stamps[lo:hi],
+                                  np.arange(2 * prev + 2, 2 * (prev + hi - lo) + 1, 2)):
+                return False
+        return True
+
+    def _wait_for_older(self, lane: int, first: int, n: int, entry: int,
+                        runs: list[tuple[int, int, int]], deadline: float) -> None:
+        """Block until no live writer still owns a row older than ours in our slots."""
+        lc = self.lane_capacity
+        if first + n <= lc or self._older_done(first, runs):
+            return
+        lo_seq, hi_seq = first - lc, first + n - lc  # the rows our slots held a lap ago
+        delay = 0.0
+        alive: dict[tuple[int, float], bool] = {}
+        while True:
+            res = self.res.copy()
+            pids = res[:, RES_PID]
+            older = ((pids != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < hi_seq)
+                     & (res[:, RES_START] + res[:, RES_COUNT] > lo_seq))
+            older[entry] = False
+            blockers = []
+            for i in np.flatnonzero(older):
+                who = (int(pids[i]), float(res[i].view(np.float64)[RES_CTIME]))
+                if who not in alive:
+                    alive[who] = procs.is_alive(*who)
+                if alive[who]:
+                    blockers.append(who[0])
+            if not blockers or self._older_done(first, runs):
+                return
+            if time.monotonic() >= deadline:
+                raise WriteTimeout(
+                    f"rows {first}..{first + n - 1} of lane {lane} could not be written: "
+                    f"process(es) {sorted(set(blockers))} are still writing the rows these "
+                    "slots held one lap ago (a ring this small wraps faster than they write). "
+                    "Use a larger capacity, or pass a larger timeout=")
+            time.sleep(delay)
+            delay = min(max(delay * 2, 20e-6), 1e-3)
+
+    def live_writers_in_flight(self) -> bool:
+        """True if some live process has rows reserved and not yet published."""
+        res = self.res.copy()
+        for i in np.flatnonzero(res[:, RES_PID] != 0):
+            if procs.is_alive(int(res[i, RES_PID]), float(res[i].view(np.float64)[RES_CTIME])):
+                return True
+        return False
+
+    # -- lanes -----------------------------------------------------------------------
+
+    def claim(self, lane: int | None, timeout: float) -> int:
+        """Claim a free lane (or the given one) for the calling process."""
+        pid, ctime = procs.identity()
+        table, table_f = self.lane_table, self.lane_table_f
+        with self.lock.hold(timeout):
+            candidates = range(self.lanes) if lane is None else [lane]
+            for i in candidates:
+                owner = int(table[i, LANE_CLAIM_PID])
+                if owner == 0 or not procs.is_alive(owner, float(table_f[i, LANE_CLAIM_CTIME])):
+                    table_f[i, LANE_CLAIM_CTIME] = ctime
+                    table[i, LANE_CLAIM_PID] = pid
+                    return i
+        if lane is None:
+            raise RuntimeError(
+                f"all {self.lanes} lanes are claimed by live processes; create the buffer with "
+                "more lanes, or release a lane (Buffer.release_lane) in a writer that is done")
+        raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
+
+    def release(self, lane: int, timeout: float) -> None:
+        with self.lock.hold(timeout):
+            if int(self.lane_table[lane, LANE_CLAIM_PID]) == procs.identity()[0]:
+                self.lane_table[lane, LANE_CLAIM_PID] = 0
+
+    def clear(self, timeout: float) -> None:
+        """Forget every row. Sequence numbers keep growing, so writers in flight stay safe."""
+        with self.lock.hold(timeout):
+            self.lane_table[:, LANE_BASE] = self.lane_table[:, LANE_HEAD]

@@ -1,0 +1,132 @@
+"""Sampling rows and windows out of a ring, with the torn-read check.
+
+A draw picks lane sequence numbers ``s`` from each lane's window of current rows and
+maps them to slots. The copy is then checked: a row is kept only if its stamp was
+``2*s + 2`` (published, holding exactly row ``s``) both before and after the copy.
+Rows that fail (being written, overwritten meanwhile, reserved by a dead writer) are
+drawn again. After a few rounds the draw switches to the exact set of published rows,
+so even a ring that is mostly reserved by dead writers is sampled uniformly over what
+is really there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from .ring import Ring
+
+_UNIFORM_ROUNDS = 4
+
+
+class SampleTimeout(TimeoutError):
+    """No published row could be copied in time."""
+
+
+def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
+          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``n`` windows of ``length`` rows. Returns (rows, expected stamps), (n, length).
+
+    Without ``pool``: uniform over the windows inside each lane's current rows.
+    With ``pool`` (lanes, first sequence numbers of windows known to be published):
+    uniform over those.
+    """
+    lc = ring.lane_capacity
+    if pool is None:
+        lo, head = ring.window()
+        starts_per_lane = np.maximum(head - lo - length + 1, 0)
+        if ring.lanes == 1:
+            lane = np.zeros(n, np.int64)
+            first = lo[0] + rng.integers(0, starts_per_lane[0], n)
+        else:
+            cum = np.cumsum(starts_per_lane)
+            u = rng.integers(0, cum[-1], n)
+            lane = np.searchsorted(cum, u, side="right")
+            first = lo[lane] + u - (cum[lane] - starts_per_lane[lane])
+    else:
+        pick = rng.integers(0, len(pool[0]), n)
+        lane, first = pool[0][pick], pool[1][pick]
+    seq = first[:, None] + np.arange(length)
+    rows = lane[:, None] * lc + seq % lc
+    return rows, 2 * seq + 2
+
+
+def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lane, first sequence) of every window of ``length`` published rows (exact scan)."""
+    lo, head = ring.window()
+    lanes, firsts = [], []
+    for lane in range(ring.lanes):
+        seq = np.arange(lo[lane], head[lane])
+        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == 2 * seq + 2
+        run = np.concatenate(([0], np.cumsum(ok)))
+        good = np.flatnonzero(run[length:] - run[:-length] == length)
+        lanes.append(np.full(len(good), lane, np.int64))
+        firsts.append(seq[good])
+    return np.concatenate(lanes), np.concatenate(firsts)
+
+
+def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray,
+                  out: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Copy ``rows`` into ``out`` (first axes flattened); returns which windows are intact."""
+    flat = rows.ravel()
+    before = ring.stamps.take(flat)
+    for name, src in ring.arrays.items():
+        np.take(src, flat, axis=0, out=out[name], mode="clip")
+    after = ring.stamps.take(flat)
+    ok = (before == expected.ravel()) & (after == before)
+    return ok.reshape(rows.shape).all(axis=1)
+
+
+def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
+                   out: Mapping[str, np.ndarray], timeout: float) -> None:
+    """Fill ``out[name]`` (shape ``(n * length, *shape)``) with ``n`` intact windows."""
+    lo, head = ring.window()
+    if not np.any(head - lo >= length):
+        size = int((head - lo).sum())
+        if size == 0:
+            raise ValueError("cannot sample from an empty buffer: add rows first")
+        raise ValueError(
+            f"no lane holds {length} consecutive rows yet (the buffer holds {size} rows"
+            + (f" over {ring.lanes} lanes" if ring.lanes > 1 else "")
+            + f"); add more rows or ask for a length <= {int((head - lo).max())}")
+    if n == 0:
+        return
+    rows, expected = _draw(ring, rng, n, length, None)
+    ok = _copy_checked(ring, rows, expected, out)
+    if ok.all():
+        return
+    _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout)
+
+
+def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Mapping[str, np.ndarray],
+            bad: np.ndarray, deadline: float, timeout: float) -> None:
+    """Replace the windows at positions ``bad`` until all of them are intact."""
+    shaped = {name: a.reshape((-1, length) + a.shape[1:]) for name, a in out.items()}
+    rounds, delay = 0, 0.0
+    while len(bad):
+        rounds += 1
+        pool = None
+        if rounds > _UNIFORM_ROUNDS:
+            pool = published_windows(ring, length)
+            if len(pool[0]) == 0:
+                if not ring.live_writers_in_flight():
+                    raise ValueError(
+                        "the buffer has no published rows to sample: every row it counts was "
+                        "reserved by a writer that died before publishing it")
+                pool = None
+        if time.monotonic() >= deadline:
+            raise SampleTimeout(
+                f"could not copy {len(bad)} intact rows within {timeout:g} s: writers overwrite "
+                "the ring faster than it can be read (capacity too small for the write rate?)")
+        if pool is None and rounds > _UNIFORM_ROUNDS:
+            time.sleep(delay)  # rows exist but are all still being written
+            delay = min(max(delay * 2, 20e-6), 1e-3)
+            continue
+        rows, expected = _draw(ring, rng, len(bad), length, pool)
+        tmp = {name: np.empty((rows.size,) + a.shape[1:], a.dtype) for name, a in out.items()}
+        ok = _copy_checked(ring, rows, expected, tmp)
+        for name, t in tmp.items():
+            shaped[name][bad[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
+        bad = bad[~ok]

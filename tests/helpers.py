@@ -1,0 +1,77 @@
+"""Code that runs in child processes (importable, so spawn and forkserver can use it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import shmbuf
+from shmbuf import ring
+
+# Storm rows: every element of every field is derived from (writer, sequence).
+STORM = {"a": ((7,), "int64"), "b": ((3, 5), "float64"), "c": ((), "int32")}
+
+
+def storm_rows(writer: int, seq: np.ndarray) -> dict[str, np.ndarray]:
+    key = writer * 1_000_000_000 + seq
+    n = len(seq)
+    return {"a": np.repeat(key[:, None], 7, axis=1),
+            "b": np.broadcast_to((key * 2.0)[:, None, None], (n, 3, 5)).copy(),
+            "c": ((key % 1_000_003)).astype(np.int32)}
+
+
+def storm_torn(batch: dict[str, np.ndarray]) -> int:
+    """Rows whose fields do not all come from the same (writer, sequence)."""
+    a = batch["a"].reshape(len(batch["a"]), -1)
+    key = a[:, 0]
+    ok = (a == key[:, None]).all(axis=1)
+    ok &= (batch["b"].reshape(len(key), -1) == (key * 2.0)[:, None]).all(axis=1)
+    ok &= batch["c"] == (key % 1_000_003).astype(np.int32)
+    return int((~ok).sum())
+
+
+def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready=None) -> int:
+    buf = shmbuf.Buffer.attach(name)
+    seq, deadline = 0, time.monotonic() + seconds
+    if ready is not None:
+        ready.set()
+    while time.monotonic() < deadline:
+        buf.extend(storm_rows(writer, np.arange(seq, seq + chunk)))
+        seq += chunk
+    buf.close()
+    return seq
+
+
+def report_rows(name: str, queue) -> None:
+    """Attach by name and report what is in the buffer."""
+    with shmbuf.Buffer.attach(name) as buf:
+        queue.put((len(buf), sorted(buf.sample(200)["x"].tolist())))
+
+
+def write_range(name: str, lo: int, hi: int) -> None:
+    with shmbuf.Buffer.attach(name) as buf:
+        buf.extend({"x": np.arange(lo, hi)})
+
+
+def write_and_hang(name: str, point: str, flag_path: str, lane=None) -> None:
+    """Write one batch, stopping forever at ``point`` of the write protocol
+    ("locked", "reserved" or "writing"); touches ``flag_path`` when it gets there."""
+    def hook(where: str) -> None:
+        if where == point:
+            open(flag_path, "w").close()
+            while True:
+                time.sleep(1)
+
+    ring.HOOK = hook
+    buf = shmbuf.Buffer.attach(name)
+    lo = len(buf)
+    buf.extend({"x": np.arange(lo, lo + 4) + 10_000}, lane=lane)
+
+
+def claim_and_exit(name: str, queue) -> None:
+    buf = shmbuf.Buffer.attach(name)
+    queue.put(buf.claim_lane())
+    os.kill(os.getpid(), signal.SIGKILL)

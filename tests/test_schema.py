@@ -1,0 +1,58 @@
+"""What schemas, capacities and lane counts are accepted, and the errors for the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf.layout import normalize_fields
+
+
+def test_accepts_shapes_and_dtypes():
+    fs = normalize_fields({"a": ((), np.float32), "b": (3, "int16"), "c": ([2, 2], bool),
+                           "d": ((2,), [("x", "<i4"), ("y", "<f8", (3,))]), "e": ((), "S5"),
+                           "f": ((4,), ("f4", (2,)))})
+    shapes = {f.name: f.shape for f in fs}
+    assert shapes == {"a": (), "b": (3,), "c": (2, 2), "d": (2,), "e": (), "f": (4, 2)}
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({}, "non-empty mapping"),
+    ([("a", ((), "f4"))], "non-empty mapping"),
+    ({"": ((), "f4")}, "non-empty strings"),
+    ({1: ((), "f4")}, "non-empty strings"),
+    ({"a": "f4"}, r"\(shape, dtype\) pair"),
+    ({"a": ((), "f4", 1)}, r"\(shape, dtype\) pair"),
+    ({"a": ((-1,), "f4")}, "must be >= 0"),
+    ({"a": ((0,), "f4")}, "0 bytes per row"),
+    ({"a": ((2.5,), "f4")}, "must be an integer"),
+])
+def test_rejects_bad_schema_value(fields, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        normalize_fields(fields)
+
+
+@pytest.mark.parametrize("dtype, match", [(object, "Python objects"), ("nonsense", "not a numpy dtype"),
+                                          ([("a", object)], "Python objects")])
+def test_rejects_bad_dtypes(dtype, match):
+    with pytest.raises(TypeError, match=match):
+        normalize_fields({"a": ((), dtype)})
+
+
+@pytest.mark.parametrize("capacity, lanes, match", [
+    (0, 1, "capacity must be >= 1"), (-5, 1, "capacity must be >= 1"),
+    (10, 0, "lanes must be >= 1"), (10, 3, "multiple of lanes"), (True, 1, "integer"),
+    (2.0, 1, "integer"),
+])
+def test_rejects_bad_capacity_and_lanes(capacity, lanes, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        shmbuf.Buffer.create({"x": ((), "f4")}, capacity, lanes=lanes)
+
+
+def test_arrays_are_aligned(name):
+    with shmbuf.Buffer.create({"a": ((3,), "int8"), "b": ((), "float64"), "c": ((5,), "int16")},
+                              7, name=name) as buf:
+        for arr in list(buf._ring.arrays.values()) + [buf._ring.stamps]:
+            assert arr.ctypes.data % 64 == 0
+        assert buf._layout.total_size <= buf._seg.size  # logical size stored; OS rounds up
