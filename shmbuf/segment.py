@@ -41,7 +41,10 @@ MAX_NAME_LEN = (30 - len(PREFIX)) if sys.platform == "darwin" else 200
 
 
 class ShmSpaceError(OSError):
-    """``/dev/shm`` has less free space than the segment needs."""
+    """``/dev/shm`` has less free space than the segment needs (``errno`` is ENOSPC)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def os_name(name: str) -> str:

@@ -2,8 +2,11 @@
 
 Values are accepted when numpy can cast them to the field's dtype under
 ``casting="same_kind"`` (float64 -> float32 and int -> float are fine; float -> int,
-int -> bool and complex -> float are not). This is stricter than imitation and
-fishyrl, which cast anything silently (a float action 1.9 stored as int 1).
+int -> bool and complex -> float are not). Integers going into a narrower or
+differently signed integer field (``3`` into uint8) are accepted when every value
+fits, and rejected when one would wrap around (which numpy's "same_kind" would allow).
+This is stricter than imitation and fishyrl, which cast anything silently (a float
+action 1.9 stored as int 1).
 """
 
 from __future__ import annotations
@@ -57,11 +60,8 @@ def check_rows(fields: Sequence[Field], data: Any, single: bool) -> tuple[list[n
             raise ValueError(
                 f"field {f.name!r}: expected shape {_shape_str(f.shape, 'n')} (n rows along axis "
                 f"0), got {a.shape}; use add() for a single transition")
-        if a.dtype != f.dtype and not np.can_cast(a.dtype, f.dtype, "same_kind"):
-            raise TypeError(
-                f"field {f.name!r}: cannot store {a.dtype} values in a {f.dtype} field without "
-                f"losing their kind (casting='same_kind'); convert them first, e.g. "
-                f"np.asarray(value).astype({str(f.dtype)!r})")
+        if a.dtype != f.dtype:
+            _check_cast(f, a)
         arrays.append(a)
         lengths[f.name] = len(a)
     n = arrays[0].shape[0]
@@ -70,6 +70,24 @@ def check_rows(fields: Sequence[Field], data: Any, single: bool) -> tuple[list[n
     if n == 0:
         raise ValueError("a batch must hold at least one row, got 0")
     return arrays, n
+
+
+def _check_cast(f: Field, a: np.ndarray) -> None:
+    if a.dtype.kind in "iu" and f.dtype.kind in "iu":
+        if np.can_cast(a.dtype, f.dtype, "safe") or a.size == 0:
+            return
+        info = np.iinfo(f.dtype)
+        lo, hi = a.min(), a.max()
+        if lo < info.min or hi > info.max:
+            raise ValueError(
+                f"field {f.name!r}: values from {lo} to {hi} do not fit in {f.dtype} "
+                f"([{info.min}, {info.max}]); they would wrap around")
+        return
+    if not np.can_cast(a.dtype, f.dtype, "same_kind"):
+        raise TypeError(
+            f"field {f.name!r}: cannot store {a.dtype} values in a {f.dtype} field without "
+            f"losing their kind (casting='same_kind'); convert them first, e.g. "
+            f"np.asarray(value).astype({str(f.dtype)!r})")
 
 
 def check_out(fields: Sequence[Field], out: Any, lead: tuple[int, ...]) -> None:

@@ -1,0 +1,154 @@
+"""add/extend: FIFO order, truncation, and validation that leaves the buffer unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbuf
+
+from conftest import MUJOCO
+
+
+def contents(buf):
+    """All current rows in write order (single lane), via a full-length sequence."""
+    return buf.sample_sequences(1, len(buf))
+
+
+def test_fifo_overwrites_oldest(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as buf:
+        buf.extend({"x": np.array([0, 1, 2])})
+        buf.extend({"x": np.array([3, 4, 5])})
+        assert len(buf) == 4 and buf.is_full
+        assert contents(buf)["x"].tolist() == [[2, 3, 4, 5]]
+        # physical layout as in imitation's verified example: [4, 5, 2, 3]
+        assert buf._ring.arrays["x"].tolist() == [4, 5, 2, 3]
+        for v in range(6, 20):
+            buf.add({"x": v})
+        assert contents(buf)["x"].tolist() == [[16, 17, 18, 19]]
+
+
+def test_truncate_ok_keeps_last_capacity_rows(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as buf:
+        buf.extend({"x": np.arange(3)})
+        buf.extend({"x": np.arange(3, 6)})
+        buf.extend({"x": np.arange(100, 110)}, truncate_ok=True)
+        assert contents(buf)["x"].tolist() == [[106, 107, 108, 109]]
+        assert buf._ring.arrays["x"].tolist() == [108, 109, 106, 107]  # imitation's example
+        with pytest.raises(ValueError, match="truncate_ok=True"):
+            buf.extend({"x": np.arange(5)})
+        assert contents(buf)["x"].tolist() == [[106, 107, 108, 109]]
+
+
+def test_add_and_extend_shapes(name):
+    with shmbuf.Buffer.create(MUJOCO, 10, name=name, seed=1) as buf:
+        buf.add({"obs": np.arange(17), "action": [0.5] * 6, "reward": 2, "done": True})
+        buf.extend({"obs": np.ones((2, 17)), "action": np.zeros((2, 6), np.float64),
+                    "reward": [1.0, 2.0], "done": [False, True]})
+        s = buf.sample_sequences(1, 3)
+        assert s["obs"].dtype == np.float32 and s["obs"].shape == (1, 3, 17)
+        assert s["obs"][0, 0].tolist() == list(range(17))
+        assert s["reward"][0].tolist() == [2.0, 1.0, 2.0]
+        assert s["done"][0].tolist() == [True, False, True]
+
+
+def test_values_are_copied_in(name):
+    with shmbuf.Buffer.create({"x": ((3,), "int64")}, 4, name=name) as buf:
+        src = np.arange(6).reshape(2, 3)
+        buf.extend({"x": src})
+        src[:] = -1
+        assert contents(buf)["x"][0].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+BAD_BATCHES = [
+    ({"obs": np.zeros((2, 17)), "action": np.zeros((2, 6)), "reward": np.zeros(2)},
+     ValueError, r"missing field\(s\) \['done'\]"),
+    ({"obs": np.zeros((2, 17)), "action": np.zeros((2, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, bool), "extra": np.zeros(2)}, ValueError, r"unexpected field\(s\) \['extra'\]"),
+    ({"obs": np.zeros((2, 17)), "action": np.zeros((3, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, bool)}, ValueError, "same number of rows"),
+    ({"obs": np.zeros((0, 17)), "action": np.zeros((0, 6)), "reward": np.zeros(0),
+      "done": np.zeros(0, bool)}, ValueError, "at least one row"),
+    ({"obs": np.zeros((2, 16)), "action": np.zeros((2, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, bool)}, ValueError, r"field 'obs': expected shape \(n, 17\).*got \(2, 16\)"),
+    ({"obs": np.zeros(17), "action": np.zeros(6), "reward": 0.0, "done": False},
+     ValueError, r"field 'obs': expected shape \(n, 17\)"),
+    ({"obs": np.zeros((2, 17)), "action": np.zeros((2, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, np.int64)}, TypeError, "cannot store int64 values in a bool field"),
+    ({"obs": np.zeros((2, 17), complex), "action": np.zeros((2, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, bool)}, TypeError, "field 'obs'"),
+    ([1, 2], TypeError, "mapping"),
+    ({"obs": np.zeros((2, 17)), "action": np.zeros((2, 6)), "reward": np.zeros(2),
+      "done": np.zeros(2, bool), "extra": np.zeros(2)}, ValueError, "unexpected"),
+]
+
+
+def test_integers_that_fit_are_accepted_and_overflow_is_not(name):
+    with shmbuf.Buffer.create({"u": ((), "uint8"), "i": ((), "int8")}, 4, name=name) as buf:
+        buf.add({"u": 255, "i": -128})
+        buf.extend({"u": np.array([0, 7]), "i": np.array([127, 0], np.int64)})
+        with pytest.raises(ValueError, match=r"values from 0 to 300 do not fit in int8"):
+            buf.extend({"u": np.array([1, 2]), "i": np.array([0, 300])})
+        with pytest.raises(ValueError, match="do not fit in uint8"):
+            buf.add({"u": -1, "i": 0})
+        assert len(buf) == 3 and buf.sample_sequences(1, 3)["i"].tolist() == [[-128, 127, 0]]
+
+
+@pytest.mark.parametrize("batch, exc, match", BAD_BATCHES)
+def test_bad_extend_changes_nothing(name, batch, exc, match):
+    with shmbuf.Buffer.create(MUJOCO, 8, name=name, seed=0) as buf:
+        good = {"obs": np.ones((3, 17)), "action": np.ones((3, 6)), "reward": np.arange(3.0),
+                "done": np.array([False, False, True])}
+        buf.extend(good)
+        before = {k: v.copy() for k, v in buf._ring.arrays.items()}
+        stamps = buf._ring.stamps.copy()
+        with pytest.raises(exc, match=match):
+            buf.extend(batch)
+        assert len(buf) == 3
+        assert np.array_equal(buf._ring.stamps, stamps)
+        for k, v in before.items():
+            assert np.array_equal(buf._ring.arrays[k], v)
+        assert not buf._ring.res_pid.any(), "a failed call left a reservation behind"
+
+
+@pytest.mark.parametrize("row, match", [
+    ({"obs": np.zeros((1, 17)), "action": np.zeros(6), "reward": 0.0, "done": False},
+     r"expected one row of shape \(17,\)"),
+    ({"obs": np.zeros(17), "action": np.zeros(6), "reward": [0.0], "done": False},
+     r"field 'reward': expected one row of shape \(\)"),
+    ({"obs": np.zeros(17), "action": np.zeros(6), "reward": 1.0, "done": 1}, "bool field"),
+])
+def test_bad_add_changes_nothing(name, row, match):
+    with shmbuf.Buffer.create(MUJOCO, 8, name=name) as buf:
+        with pytest.raises((ValueError, TypeError), match=match):
+            buf.add(row)
+        assert len(buf) == 0 and not buf._ring.stamps.any()
+
+
+def test_bad_lane(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf:
+        for lane in (2, -1, 1.0, True):
+            with pytest.raises(ValueError, match=r"lane must be an int in \[0, 2\)"):
+                buf.add({"x": 1}, lane=lane)
+        assert len(buf) == 0
+
+
+def test_interrupted_write_is_abandoned_not_published(name, monkeypatch):
+    """A writer that fails half-way (here: an exception mid-copy) leaves no valid row."""
+    from shmbuf import ring
+
+    with shmbuf.Buffer.create({"x": ((), "int64"), "y": ((), "int64")}, 8, name=name) as buf:
+        buf.extend({"x": np.arange(3), "y": np.arange(3)})
+
+        def boom(point):
+            if point == "writing":
+                raise KeyboardInterrupt
+        monkeypatch.setattr(ring, "HOOK", boom)
+        with pytest.raises(KeyboardInterrupt):
+            buf.extend({"x": np.arange(3, 5), "y": np.arange(3, 5)})
+        monkeypatch.setattr(ring, "HOOK", None)
+        assert buf._ring.stamps[3:5].tolist() == [0, 0]
+        assert not buf._ring.res_pid.any()
+        assert set(buf.sample(200)["x"].tolist()) == {0, 1, 2}
+        buf.extend({"x": np.arange(5, 8), "y": np.arange(5, 8)})
+        assert set(buf.sample(400)["x"].tolist()) == {0, 1, 2, 5, 6, 7}
