@@ -90,7 +90,9 @@ class Segment:
         >>> seg.mmap[0] = 7
         >>> Segment.attach("doc-seg").mmap[0]
         7
-        >>> seg.unlink(); seg.close()
+        >>> seg.unlink()
+        True
+        >>> seg.close()
     """
 
     def __init__(self, name: str, mapping: mmap.mmap, tracked: bool) -> None:
