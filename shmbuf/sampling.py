@@ -67,6 +67,28 @@ def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(lanes), np.concatenate(firsts)
 
 
+def _pool_or_raise(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The published windows; None if there are none *yet*; ValueError if there never
+    will be without new writes (everything counted is held by dead writers)."""
+    before = ring.window()
+    pool = published_windows(ring, length)
+    if len(pool[0]):
+        return pool
+    # Empty, but maybe only because rows moved while we scanned. It is final only if no
+    # live writer is in flight and nothing was reserved or cleared across a second scan.
+    if ring.live_writers_in_flight():
+        return None
+    pool = published_windows(ring, length)
+    after = ring.window()
+    if len(pool[0]):
+        return pool
+    if np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1]):
+        raise ValueError(
+            "the buffer has no published rows to sample: every row it counts was "
+            "reserved by a writer that died before publishing it")
+    return None
+
+
 def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray,
                   out: Mapping[str, np.ndarray]) -> np.ndarray:
     """Copy ``rows`` into ``out`` (first axes flattened); returns which windows are intact."""
@@ -109,13 +131,7 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Mapping[str,
         rounds += 1
         pool = None
         if rounds > _UNIFORM_ROUNDS:
-            pool = published_windows(ring, length)
-            if len(pool[0]) == 0:
-                if not ring.live_writers_in_flight():
-                    raise ValueError(
-                        "the buffer has no published rows to sample: every row it counts was "
-                        "reserved by a writer that died before publishing it")
-                pool = None
+            pool = _pool_or_raise(ring, length)
         if time.monotonic() >= deadline:
             raise SampleTimeout(
                 f"could not copy {len(bad)} intact rows within {timeout:g} s: writers overwrite "

@@ -33,16 +33,17 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
     return int((~ok).sum())
 
 
-def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready=None) -> int:
+def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results) -> None:
+    """Write storm rows for ``seconds`` (after everyone is ready) or until ``stop``;
+    report how many."""
     buf = shmbuf.Buffer.attach(name)
+    ready.wait(30)
     seq, deadline = 0, time.monotonic() + seconds
-    if ready is not None:
-        ready.set()
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         buf.extend(storm_rows(writer, np.arange(seq, seq + chunk)))
         seq += chunk
     buf.close()
-    return seq
+    results.put((writer, seq))
 
 
 def report_rows(name: str, queue) -> None:
@@ -74,4 +75,6 @@ def write_and_hang(name: str, point: str, flag_path: str, lane=None) -> None:
 def claim_and_exit(name: str, queue) -> None:
     buf = shmbuf.Buffer.attach(name)
     queue.put(buf.claim_lane())
+    queue.close()
+    queue.join_thread()  # flushed before we die
     os.kill(os.getpid(), signal.SIGKILL)
