@@ -257,6 +257,11 @@ class Buffer:
         """Rows currently held: written, or reserved by a writer still writing them."""
         return self._ring.size()
 
+    @property
+    def total_added(self) -> int:
+        """Rows ever added (all lanes, since creation; :meth:`clear` does not reset it)."""
+        return int(self._ring.lane_table[:, LANE_HEAD].sum())
+
     def lane_sizes(self) -> list[int]:
         """Rows currently held in each lane."""
         lo, head = self._ring.window()

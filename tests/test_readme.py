@@ -1,0 +1,27 @@
+"""The README's example runs as written, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_example_runs(tmp_path):
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    assert "Buffer.attach" in code and "Process" in code
+    assert len(code.strip().splitlines()) <= 18
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1000 (256, 4) True"
+    assert res.stderr == ""
+
+
+def test_readme_names_the_two_commands():
+    head = README.read_text()[:800]
+    assert "scripts/demo" in head and "scripts/test" in head
