@@ -78,3 +78,16 @@ def claim_and_exit(name: str, queue) -> None:
     queue.close()
     queue.join_thread()  # flushed before we die
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def storm_sampler(name: str, seconds: float, ready, results) -> None:
+    """Sample and check storm rows for ``seconds``; report (rows checked, torn rows)."""
+    buf = shmbuf.Buffer.attach(name, seed=os.getpid())
+    ready.wait(30)
+    checked = torn = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        torn += storm_torn(buf.sample(32))
+        checked += 32
+    buf.close()
+    results.put(("sampler", checked, torn))

@@ -13,7 +13,8 @@ import pytest
 
 import shmbuf
 from shmbuf import ring, sampling
-from helpers import STORM, claim_and_exit, storm_rows, storm_torn, storm_writer, write_and_hang
+from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
+                     write_and_hang)
 
 
 def storm(name: str, seconds: float, capacity: int = 64, chunks=(7, 1), lanes: int = 1,
@@ -58,6 +59,27 @@ def test_overwrite_storm_has_no_torn_rows(name):
 def test_overwrite_storm_with_lanes(name):
     checked, torn, written = storm(name, seconds=1.5, capacity=32, chunks=(5, 3), lanes=2)
     assert torn == 0 and checked > 2_000 and min(written) > 500
+
+
+def test_several_sampler_processes_at_once(name):
+    """Two sampler processes and two writers at once: nobody blocks, nothing is torn."""
+    ctx = mp.get_context("forkserver")
+    with shmbuf.Buffer.create(STORM, 64, name=name, seed=0) as buf:
+        buf.extend(storm_rows(9, np.arange(64)))
+        ready, stop, results = ctx.Barrier(4), ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=storm_writer, args=(name, w, 5, 2.0, ready, stop, results))
+                 for w in range(2)]
+        procs += [ctx.Process(target=storm_sampler, args=(name, 2.0, ready, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        samplers = [g for g in got if g[0] == "sampler"]
+        writers = [g for g in got if g[0] != "sampler"]
+        assert all(checked > 1000 and torn == 0 for _, checked, torn in samplers), samplers
+        assert all(rows > 500 for _, rows in writers), writers
 
 
 def test_storm_detects_tears_when_the_stamp_check_is_off(name, monkeypatch):
