@@ -70,49 +70,41 @@ def _raw_segment(name: str, data: bytes) -> None:
     seg.close()
 
 
-def test_attach_rejects_foreign_segment(name):
-    _raw_segment(name, b"hello world" * 100)
+def assert_rejected(name: str, data: bytes, match: str, **attach_kwargs) -> None:
+    """A segment holding ``data`` is refused by attach with a FormatError matching ``match``."""
+    _raw_segment(name, data)
     try:
-        with pytest.raises(shmbuf.FormatError, match="bad magic"):
-            shmbuf.Buffer.attach(name)
+        with pytest.raises(shmbuf.FormatError, match=match):
+            shmbuf.Buffer.attach(name, **attach_kwargs)
     finally:
         segment.unlink_name(name)
+
+
+def real_header(patch) -> bytes:
+    """The bytes of a real buffer's segment, changed by ``patch(bytearray)``."""
+    with shmbuf.Buffer.create({"x": ((4,), "int64")}, 64) as buf:
+        raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
+    patch(raw)
+    return bytes(raw)
+
+
+def test_attach_rejects_foreign_segment(name):
+    assert_rejected(name, b"hello world" * 100, "bad magic")
 
 
 def test_attach_rejects_tiny_segment(name):
-    _raw_segment(name, b"x")
-    try:
-        with pytest.raises(shmbuf.FormatError):
-            shmbuf.Buffer.attach(name)
-    finally:
-        segment.unlink_name(name)
-
-
-def _copy_of(name: str, src: str, patch) -> None:
-    with shmbuf.Buffer.create({"x": ((4,), "int64")}, 64, name=src) as buf:
-        raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
-    patch(raw)
-    _raw_segment(name, bytes(raw))
+    assert_rejected(name, b"x", "smaller than a header")
 
 
 def test_attach_rejects_unknown_version(name):
-    _copy_of(name, name + "s", lambda raw: struct.pack_into("<I", raw, 8, 99))
-    try:
-        with pytest.raises(shmbuf.FormatError, match="format version 99"):
-            shmbuf.Buffer.attach(name)
-    finally:
-        segment.unlink_name(name)
+    assert_rejected(name, real_header(lambda raw: struct.pack_into("<I", raw, 8, 99)),
+                    "format version 99")
 
 
 def test_attach_rejects_truncated_segment(name):
     def cut(raw):
         del raw[len(raw) // 2:]
-    _copy_of(name, name + "s", cut)
-    try:
-        with pytest.raises(shmbuf.FormatError, match="truncated"):
-            shmbuf.Buffer.attach(name)
-    finally:
-        segment.unlink_name(name)
+    assert_rejected(name, real_header(cut), "truncated")
 
 
 def test_attach_rejects_lying_offsets(name):
@@ -121,21 +113,11 @@ def test_attach_rejects_lying_offsets(name):
         off, size = layout.HEADER_SIZE, struct.unpack_from("<Q", raw, 64)[0]
         schema = bytes(raw[off:off + size]).replace(b'"offset":', b'"offset":9', 1)
         raw[off:off + size] = schema[:size]
-    _copy_of(name, name + "s", lie)
-    try:
-        with pytest.raises(shmbuf.FormatError):
-            shmbuf.Buffer.attach(name)
-    finally:
-        segment.unlink_name(name)
+    assert_rejected(name, real_header(lie), "outside the segment")
 
 
 def test_attach_waits_for_a_header_being_written_then_gives_up(name):
-    _raw_segment(name, b"\0" * 4096)
-    try:
-        with pytest.raises(shmbuf.FormatError, match="not written"):
-            shmbuf.Buffer.attach(name, timeout=0.2)
-    finally:
-        segment.unlink_name(name)
+    assert_rejected(name, b"\0" * 4096, "not written", timeout=0.2)
 
 
 def test_too_big_for_dev_shm_fails_at_creation(name):
