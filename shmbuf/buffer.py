@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import secrets
 import time
@@ -74,6 +75,9 @@ class Buffer:
         self._seg = seg
         self._layout = layout
         self._fields = layout.fields
+        self._schema = validate.Schema(layout.fields)
+        self._names = [f.name for f in layout.fields]
+        self._out_ok: list[Any] = []  # the last out= that passed its check
         self.timeout = float(timeout)
         ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
 
@@ -290,7 +294,7 @@ class Buffer:
             1
             >>> buf.close()
         """
-        arrays, n = validate.check_rows(self._fields, transition, single=True)
+        arrays, n = self._schema.check_rows(transition, single=True)
         self._write(arrays, n, lane, timeout)
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
@@ -308,7 +312,7 @@ class Buffer:
             2
             >>> buf.close()
         """
-        arrays, n = validate.check_rows(self._fields, batch, single=False)
+        arrays, n = self._schema.check_rows(batch, single=False)
         cap = self._layout.lane_capacity
         if n > cap:
             if not truncate_ok:
@@ -324,9 +328,12 @@ class Buffer:
                timeout: float | None) -> None:
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        lane = self._resolve_lane(lane, timeout)
+        if lane is None and self._layout.lanes == 1:
+            lane = 0
+        else:
+            lane = self._resolve_lane(lane, timeout)
         first, entry = self._ring.reserve(lane, n, timeout)
-        self._ring.write(lane, first, entry, arrays, deadline)
+        self._ring.write(lane, first, entry, arrays, n, deadline)
 
     def _resolve_lane(self, lane: int | None, timeout: float) -> int:
         if lane is None:
@@ -404,8 +411,8 @@ class Buffer:
             >>> buf.close()
         """
         n = _count(n, "n")
-        out = self._prepare_out(out, (n,))
-        sampling.sample_windows(self._ring, self._rng, n, 1, out,
+        out, arrays = self._prepare_out(out, (n,))
+        sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
                                 self.timeout if timeout is None else timeout)
         return out
 
@@ -426,18 +433,26 @@ class Buffer:
         """
         batch = _count(batch, "batch")
         length = _count(length, "length", 1)
-        out = self._prepare_out(out, (batch, length))
-        flat = {k: v.reshape((batch * length,) + v.shape[2:]) for k, v in out.items()}  # views
+        out, arrays = self._prepare_out(out, (batch, length))
+        flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
                                 self.timeout if timeout is None else timeout)
         return out
 
-    def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> Batch:
+    def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> tuple[Batch, list[np.ndarray]]:
+        """``out`` (made if None, checked if new) and its arrays in field order."""
         if out is None:
             out = {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
-        else:
+            return out, list(out.values())
+        try:
+            arrays = [out[k] for k in self._names]
+        except (KeyError, TypeError):
+            arrays = []
+        key = [out, lead, *arrays]
+        if len(key) != len(self._out_ok) or not all(map(operator.is_, key, self._out_ok)):
             validate.check_out(self._fields, out, lead)
-        return out
+            self._out_ok = key
+        return out, arrays
 
     # -- state -----------------------------------------------------------------------
 

@@ -53,33 +53,42 @@ class HeaderLock:
         self._note = note_holder
         self._describe = describe_holder
         self._fd = open_fd()
+        self._pid = os.getpid()
         self._thread_lock = threading.Lock()
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:
         """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        if not self._thread_lock.acquire(timeout=max(timeout, 0.0)):
-            raise self._timeout(timeout)
+        if not self._thread_lock.acquire(False):
+            if not self._thread_lock.acquire(timeout=max(timeout, 0.0)):
+                raise self._timeout(timeout)
         try:
             fd = self._fd
             if fd < 0:
                 raise ValueError("the buffer handle is closed")
-            delay = 0.0
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise self._timeout(timeout) from None
-                    time.sleep(delay)
-                    delay = min(max(delay * 2, 20e-6), 1e-3)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._wait(fd, time.monotonic() + timeout, timeout)
         except BaseException:
             self._thread_lock.release()
             raise
         if self._note is not None:
-            self._note(os.getpid())
+            self._note(self._pid)
+
+    def _wait(self, fd: int, deadline: float, timeout: float) -> None:
+        """Contended: poll with a growing sleep until the deadline."""
+        delay = 0.0
+        while True:
+            if time.monotonic() >= deadline:
+                raise self._timeout(timeout)
+            time.sleep(delay)
+            delay = min(max(delay * 2, 20e-6), 1e-3)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
 
     def release(self) -> None:
         if self._note is not None:
@@ -109,6 +118,7 @@ class HeaderLock:
 
     def _after_fork_in_child(self) -> None:
         self._thread_lock = threading.Lock()
+        self._pid = os.getpid()
         if self._fd >= 0:
             os.close(self._fd)  # drop the parent's open file description
             try:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -87,67 +87,82 @@ class Ring:
         lo = np.maximum(np.minimum(base, head), head - self.lane_capacity)
         return lo, head
 
+    def window1(self) -> tuple[int, int]:
+        """:meth:`window` of a single-lane ring, as Python ints (the fast path)."""
+        head, base = self.lane_table[0, LANE_HEAD:LANE_BASE + 1].tolist()
+        return max(min(base, head), head - self.lane_capacity), head
+
     def size(self) -> int:
         lo, head = self.window()
         return int((head - lo).sum())
-
-    def lane_rows(self, lane: int, first: int, n: int) -> Iterator[tuple[int, int, int]]:
-        """The (row_lo, row_hi, offset) runs of ``n`` rows from sequence ``first``:
-        at most two, since a run may wrap past the end of the lane."""
-        lc = self.lane_capacity
-        base = lane * lc
-        slot = first % lc
-        k = min(n, lc - slot)
-        yield base + slot, base + slot + k, 0
-        if k < n:
-            yield base, base + n - k, k
 
     # -- writing ---------------------------------------------------------------------
 
     def reserve(self, lane: int, n: int, timeout: float) -> tuple[int, int]:
         """Reserve ``n`` rows of ``lane``; returns (first sequence number, entry)."""
         pid, ctime = procs.identity()
-        with self.lock.hold(timeout):
+        lock = self.lock
+        lock.acquire(timeout)
+        try:
             entry = self._free_entry()
-            row = self.res[entry]
+            res = self.res
             head = int(self.lane_table[lane, LANE_HEAD])
-            row[RES_LANE] = lane
-            row[RES_START] = head
-            row[RES_COUNT] = n
+            res[entry, RES_LANE] = lane
+            res[entry, RES_START] = head
+            res[entry, RES_COUNT] = n
             self.res_f[entry, RES_CTIME] = ctime
-            row[RES_PID] = pid  # the entry is valid from here
+            res[entry, RES_PID] = pid  # the entry is valid from here
             self.lane_table[lane, LANE_HEAD] = head + n  # the reservation is committed here
             if HOOK is not None:
                 HOOK("locked")
+        finally:
+            lock.release()
         return head, entry
 
-    def write(self, lane: int, first: int, entry: int, sources: list[np.ndarray],
+    def write(self, lane: int, first: int, entry: int, sources: list[np.ndarray], n: int,
               deadline: float) -> None:
-        """Copy ``sources`` (one array per field, in layout order, ``n`` rows each) into
-        the reserved rows and publish them. Frees the entry whatever happens."""
-        n = len(sources[0])
-        runs = list(self.lane_rows(lane, first, n))
+        """Copy ``sources`` (one array per field, in layout order, ``n`` rows each, or one
+        row without a row axis) into the reserved rows and publish them. Frees the entry
+        whatever happens."""
+        lc = self.lane_capacity
+        base = lane * lc
+        slot = first % lc
+        k = min(n, lc - slot)  # rows before the end of the lane; the rest wrap to its start
+        runs = [(base + slot, base + slot + k, 0)]
+        if k < n:
+            runs.append((base, base + n - k, k))
+        stamps = self.stamps
         stamped = False
         try:
             if HOOK is not None:
                 HOOK("reserved")
-            self._wait_for_older(lane, first, n, entry, runs, deadline)
-            stamps = self.stamps
-            for lo, hi, off in runs:
-                stamps[lo:hi] = np.arange(2 * (first + off) + 1, 2 * (first + off + hi - lo), 2)
-            stamped = True
-            for dest, src in zip(self.arrays.values(), sources):
+            if first + n > lc and not self._older_done(first, runs):
+                self._wait_for_older(lane, first, n, entry, runs, deadline)
+            if n == 1:
+                row = base + slot
+                stamps[row] = 2 * first + 1
+                stamped = True
+                for dest, src in zip(self.arrays.values(), sources):
+                    dest[row:row + 1] = src
+                    if HOOK is not None:
+                        HOOK("writing")
+                stamps[row] = 2 * first + 2
+            else:
                 for lo, hi, off in runs:
-                    dest[lo:hi] = src[off:off + hi - lo]
-                if HOOK is not None:
-                    HOOK("writing")
-            for lo, hi, off in runs:
-                stamps[lo:hi] = np.arange(2 * (first + off) + 2, 2 * (first + off + hi - lo) + 1, 2)
+                    stamps[lo:hi] = np.arange(2 * (first + off) + 1, 2 * (first + off + hi - lo), 2)
+                stamped = True
+                for dest, src in zip(self.arrays.values(), sources):
+                    for lo, hi, off in runs:
+                        dest[lo:hi] = src[off:off + hi - lo]
+                    if HOOK is not None:
+                        HOOK("writing")
+                for lo, hi, off in runs:
+                    stamps[lo:hi] = np.arange(2 * (first + off) + 2, 2 * (first + off + hi - lo) + 1, 2)
             stamped = False
         finally:
             if stamped:  # failed half-way: these rows will never be valid
                 for lo, hi, _ in runs:
-                    self.stamps[lo:hi] = 0
+                    stamps[lo:hi] = 0
             self.res_pid[entry] = 0
 
     def _free_entry(self) -> int:
@@ -171,6 +186,8 @@ class Ring:
     def _older_done(self, first: int, runs: list[tuple[int, int, int]]) -> bool:
         """True if each slot holds the published row it held one lap before ours."""
         lc = self.lane_capacity
+        if len(runs) == 1 and runs[0][1] - runs[0][0] == 1:  # one row: a scalar check
+            return first < lc or self.stamps[runs[0][0]] == 2 * (first - lc) + 2
         for lo, hi, off in runs:
             prev = first + off - lc
             if prev + (hi - lo) <= 0:
@@ -184,10 +201,9 @@ class Ring:
 
     def _wait_for_older(self, lane: int, first: int, n: int, entry: int,
                         runs: list[tuple[int, int, int]], deadline: float) -> None:
-        """Block until no live writer still owns a row older than ours in our slots."""
+        """Block until no live writer still owns a row older than ours in our slots.
+        (The caller has seen that the fast check, :meth:`_older_done`, fails.)"""
         lc = self.lane_capacity
-        if first + n <= lc or self._older_done(first, runs):
-            return
         lo_seq, hi_seq = first - lc, first + n - lc  # the rows our slots held a lap ago
         delay = 0.0
         alive: dict[tuple[int, float], bool] = {}

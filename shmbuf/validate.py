@@ -38,38 +38,57 @@ def check_keys(fields: Sequence[Field], data: Any, what: str = "data") -> None:
         raise ValueError(f"{what} does not match the buffer's fields {names}: " + "; ".join(parts))
 
 
-def check_rows(fields: Sequence[Field], data: Any, single: bool) -> tuple[list[np.ndarray], int]:
-    """Validate one transition (``single``) or a batch along axis 0.
+class Schema:
+    """The fields of a buffer, prepared for fast checks of incoming rows."""
 
-    Returns the arrays in field order, each with a leading row axis, and the row count.
-    """
-    check_keys(fields, data, "a transition" if single else "a batch")
-    arrays, lengths = [], {}
-    for f in fields:
-        try:
-            a = np.asarray(data[f.name])
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"field {f.name!r}: cannot make an array of the value ({exc})") from None
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = tuple(fields)
+        self.names = frozenset(f.name for f in fields)
+        self._specs = [(f.name, f.shape, f.dtype, f) for f in fields]
+
+    def check_rows(self, data: Any, single: bool) -> tuple[list[np.ndarray], int]:
+        """Validate one transition (``single``) or a batch along axis 0.
+
+        Returns the arrays in field order (a single transition's without a row axis)
+        and the row count. Raises before anything is written.
+        """
+        if not isinstance(data, Mapping) or data.keys() != self.names:
+            check_keys(self.fields, data, "a transition" if single else "a batch")
+        arrays = []
+        n = -1
+        for name, shape, dtype, f in self._specs:
+            a = data[name]
+            if type(a) is not np.ndarray:
+                try:
+                    a = np.asarray(a)
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"field {name!r}: cannot make an array of the value ({exc})") from None
+            if single:
+                if a.shape != shape:
+                    raise ValueError(
+                        f"field {name!r}: expected one row of shape {_shape_str(shape)}, got "
+                        f"shape {a.shape}; use extend() to add several rows along axis 0")
+            else:
+                if a.shape[1:] != shape or a.ndim != len(shape) + 1:
+                    raise ValueError(
+                        f"field {name!r}: expected shape {_shape_str(shape, 'n')} (n rows along "
+                        f"axis 0), got {a.shape}; use add() for a single transition")
+                if n != len(a):
+                    if n >= 0:
+                        raise ValueError("all fields must have the same number of rows, got "
+                                         f"{ {k: len(v) for k, v in zip(self.names_in_order(), arrays + [a])} }")
+                    n = len(a)
+            if a.dtype is not dtype and a.dtype != dtype:
+                _check_cast(f, a)
+            arrays.append(a)
         if single:
-            if a.shape != f.shape:
-                raise ValueError(
-                    f"field {f.name!r}: expected one row of shape {_shape_str(f.shape)}, got "
-                    f"shape {a.shape}; use extend() to add several rows along axis 0")
-            a = a[np.newaxis]
-        elif a.ndim != len(f.shape) + 1 or a.shape[1:] != f.shape:
-            raise ValueError(
-                f"field {f.name!r}: expected shape {_shape_str(f.shape, 'n')} (n rows along axis "
-                f"0), got {a.shape}; use add() for a single transition")
-        if a.dtype != f.dtype:
-            _check_cast(f, a)
-        arrays.append(a)
-        lengths[f.name] = len(a)
-    n = arrays[0].shape[0]
-    if len(set(lengths.values())) > 1:
-        raise ValueError(f"all fields must have the same number of rows, got {lengths}")
-    if n == 0:
-        raise ValueError("a batch must hold at least one row, got 0")
-    return arrays, n
+            return arrays, 1
+        if n == 0:
+            raise ValueError("a batch must hold at least one row, got 0")
+        return arrays, n
+
+    def names_in_order(self) -> list[str]:
+        return [f.name for f in self.fields]
 
 
 def _check_cast(f: Field, a: np.ndarray) -> None:

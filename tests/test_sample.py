@@ -64,6 +64,17 @@ def test_out_is_filled_in_place(name):
             buf.sample(7, out={"x": np.empty((7, 2), np.float32)})
 
 
+def test_out_in_another_key_order(name):
+    with shmbuf.Buffer.create({"a": ((), "int64"), "b": ((), "int64")}, 10, name=name) as buf:
+        buf.extend({"a": np.arange(10), "b": np.arange(10) * 10})
+        out = {"b": np.empty(50, np.int64), "a": np.empty(50, np.int64)}
+        buf.sample(50, out=out)
+        assert (out["b"] == out["a"] * 10).all()
+        seq = {"b": np.empty((5, 3), np.int64), "a": np.empty((5, 3), np.int64)}
+        buf.sample_sequences(5, 3, out=seq)
+        assert (seq["b"] == seq["a"] * 10).all()
+
+
 def test_same_seed_same_samples(name):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 100, name=name, seed=42) as a:
         a.extend({"x": np.arange(100)})
