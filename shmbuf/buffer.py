@@ -77,7 +77,8 @@ class Buffer:
         self._fields = layout.fields
         self._schema = validate.Schema(layout.fields)
         self._names = [f.name for f in layout.fields]
-        self._out_ok: list[Any] = []  # the last out= that passed its check
+        self._out_ok: list[Any] = []  # the last out= that passed its check, and its shape
+        self._out_lead: tuple[int, ...] = ()
         self.timeout = float(timeout)
         ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
 
@@ -448,10 +449,11 @@ class Buffer:
             arrays = [out[k] for k in self._names]
         except (KeyError, TypeError):
             arrays = []
-        key = [out, lead, *arrays]
-        if len(key) != len(self._out_ok) or not all(map(operator.is_, key, self._out_ok)):
+        key = [out, *arrays]
+        if lead != self._out_lead or len(key) != len(self._out_ok) \
+                or not all(map(operator.is_, key, self._out_ok)):
             validate.check_out(self._fields, out, lead)
-            self._out_ok = key
+            self._out_ok, self._out_lead = key, lead
         return out, arrays
 
     # -- state -----------------------------------------------------------------------

@@ -79,6 +79,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # it has its own options
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="shmbuf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="rollout workers write while a learner samples")
@@ -88,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--capacity", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=256)
     p.set_defaults(run=_demo)
+    sub.add_parser("bench", help="benchmark against the peers (scripts/bench; bench --help)")
     p = sub.add_parser("ls", help="list the buffers in /dev/shm")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_ls)

@@ -1,0 +1,38 @@
+"""``shmbuf bench``: shmbuf side by side with its peers on the reference workloads.
+
+Run it with ``scripts/bench`` (``--quick`` for a 2-minute version), which installs
+the peers it compares against (cpprb) into the project's virtualenv.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from . import report, run
+
+    p = argparse.ArgumentParser(prog="shmbuf bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="3 short repeats: under 2 minutes")
+    p.add_argument("--workloads", default="mujoco,atari")
+    p.add_argument("--peers", default="shmbuf,cpprb,naive,numpy")
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--window", type=float, help="seconds per measurement window")
+    p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
+    p.add_argument("--results", default="results", help="folder for the JSON file")
+    a = p.parse_args(argv)
+    kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
+          if v is not None}
+    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")),
+                          peers=tuple(a.peers.split(",")), **kw)
+    res = run.run(cfg)
+    text = report.markdown(res)
+    print(text)
+    path = run.save(res, a.results)
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(text + "\n")
+    print(f"\nsaved {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,243 @@
+"""The systems the benchmark compares, behind one small interface.
+
+Each system is built in the benchmark process (the learner) and stays alive for the
+whole run, so measurement windows of all systems can be interleaved. Writers are
+forked children: they inherit the system object and call :meth:`System.writer` to
+get their add function (shmbuf's writer attaches by name instead, as users do).
+
+* ``shmbuf``: :class:`shmbuf.Buffer`.
+* ``cpprb``: cpprb's ``MPReplayBuffer``, the closest shared-memory peer.
+* ``naive``: what users write without a shared buffer: writers push chunks through a
+  ``multiprocessing.Queue``; the learner drains it into an in-process numpy ring and
+  samples that.
+* ``numpy``: the in-process numpy ring with no IPC at all (one process): the floor.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import shmbuf
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    capacity: int
+    fields: dict[str, tuple[tuple[int, ...], Any]]
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in self.fields.values())
+
+    def data(self, n: int, seed: int) -> Batch:
+        """Random rows of every field's dtype (done true 1% of the time)."""
+        rng = np.random.default_rng(seed)
+        out = {}
+        for k, (shape, dtype) in self.fields.items():
+            dtype = np.dtype(dtype)
+            if dtype == np.bool_:
+                out[k] = rng.random((n,) + shape) < 0.01
+            elif dtype.kind == "f":
+                out[k] = rng.standard_normal((n,) + shape, dtype=np.float32).astype(dtype)
+            else:
+                out[k] = rng.integers(0, 256 if dtype == np.uint8 else 18, (n,) + shape).astype(dtype)
+        return out
+
+
+WORKLOADS = {
+    "mujoco": Workload("mujoco", 1_000_000, {
+        "obs": ((17,), np.float32), "next_obs": ((17,), np.float32),
+        "action": ((6,), np.float32), "reward": ((), np.float32), "done": ((), np.bool_)}),
+    "atari": Workload("atari", 100_000, {
+        "obs": ((4, 84, 84), np.uint8), "next_obs": ((4, 84, 84), np.uint8),
+        "action": ((), np.int64), "reward": ((), np.float32), "done": ((), np.bool_)}),
+}
+
+BATCH = 256
+
+
+def chunks(data: Batch, chunk: int) -> list[Batch]:
+    """Pre-cut add arguments: single rows (chunk 1) or ``chunk``-row slices."""
+    n = len(next(iter(data.values())))
+    if chunk == 1:
+        return [{k: v[i] for k, v in data.items()} for i in range(n)]
+    return [{k: v[i:i + chunk] for k, v in data.items()} for i in range(0, n - chunk + 1, chunk)]
+
+
+class System:
+    """One buffer implementation under test."""
+
+    name = "?"
+    shared = True  # writers in other processes can add to it directly
+
+    def __init__(self, wl: Workload) -> None:
+        self.wl = wl
+
+    def fill(self, data: Batch) -> None:
+        """Fill to capacity (sampling is measured on a full buffer)."""
+        n = len(next(iter(data.values())))
+        step = min(n, 1024)
+        add = self.local_adder(step)
+        for start in range(0, self.wl.capacity - step + 1, step):
+            add({f: v[:step] for f, v in data.items()})
+
+    def writer(self, chunk: int) -> Callable[[Batch], None]:
+        """In a forked writer process: a function adding one item of :func:`chunks`."""
+        raise NotImplementedError
+
+    def local_adder(self, chunk: int) -> Callable[[Batch], None]:
+        """The same, in the learner's own process."""
+        return self.writer(chunk)
+
+    def sampler(self) -> Callable[[], Any]:
+        """In the learner: a function sampling one batch of 256."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ShmbufSystem(System):
+    name = "shmbuf"
+
+    def __init__(self, wl: Workload) -> None:
+        super().__init__(wl)
+        self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, name=f"bench-{os.getpid()}-{wl.name}",
+                                        seed=0)
+        self.bytes = self.buf._layout.total_size
+
+    def writer(self, chunk: int) -> Callable[[Batch], None]:
+        buf = shmbuf.Buffer.attach(self.buf.name)  # as a real worker would
+        return buf.add if chunk == 1 else buf.extend
+
+    def local_adder(self, chunk: int) -> Callable[[Batch], None]:
+        return self.buf.add if chunk == 1 else self.buf.extend
+
+    def sampler(self) -> Callable[[], Any]:
+        out = self.buf.empty_batch(BATCH)
+        sample = self.buf.sample
+        return lambda: sample(BATCH, out=out)
+
+    def close(self) -> None:
+        self.buf.close()
+
+
+class CpprbSystem(System):
+    name = "cpprb"
+
+    def __init__(self, wl: Workload, ctx: Any) -> None:
+        super().__init__(wl)
+        from cpprb import MPReplayBuffer
+
+        env = {k: {"shape": s if s else 1, "dtype": d} for k, (s, d) in wl.fields.items()}
+        self.rb = MPReplayBuffer(wl.capacity, env, ctx=ctx)
+        self.bytes = wl.row_bytes * wl.capacity
+
+    def writer(self, chunk: int) -> Callable[[Batch], None]:
+        add = self.rb.add
+        return lambda rows: add(**rows)
+
+    def sampler(self) -> Callable[[], Any]:
+        sample = self.rb.sample
+        return lambda: sample(BATCH)
+
+
+class NumpyRing:
+    """The in-process ring a user writes with numpy: slices, wrap-around, np.take."""
+
+    def __init__(self, wl: Workload) -> None:
+        self.cap = wl.capacity
+        self.arrays = {k: np.zeros((wl.capacity,) + s, d) for k, (s, d) in wl.fields.items()}
+        self.pos = self.size = 0
+        self.rng = np.random.default_rng(0)
+        self.out = {k: np.empty((BATCH,) + s, d) for k, (s, d) in wl.fields.items()}
+
+    def add(self, rows: Batch, n: int) -> None:
+        """Add ``n`` rows; ``n == 1`` means one row without a row axis."""
+        pos, cap = self.pos, self.cap
+        if n == 1:
+            for k, a in self.arrays.items():
+                a[pos] = rows[k]
+        else:
+            k1 = min(n, cap - pos)
+            for k, a in self.arrays.items():
+                a[pos:pos + k1] = rows[k][:k1]
+                if k1 < n:
+                    a[:n - k1] = rows[k][k1:]
+        self.pos = (pos + n) % cap
+        self.size = min(self.size + n, cap)
+
+    def sample(self) -> Batch:
+        idx = self.rng.integers(0, self.size, BATCH)
+        for k, a in self.arrays.items():
+            np.take(a, idx, axis=0, out=self.out[k], mode="clip")
+        return self.out
+
+
+class NumpySystem(System):
+    """No IPC at all: the learner's own ring (one writer, in-process)."""
+
+    name = "numpy"
+    shared = False
+
+    def __init__(self, wl: Workload) -> None:
+        super().__init__(wl)
+        self.ring = NumpyRing(wl)
+        self.bytes = wl.row_bytes * wl.capacity
+
+    def local_adder(self, chunk: int) -> Callable[[Batch], None]:
+        add = self.ring.add
+        return lambda rows: add(rows, chunk)
+
+    def sampler(self) -> Callable[[], Any]:
+        return self.ring.sample
+
+
+class NaiveSystem(System):
+    """Writers -> multiprocessing.Queue -> the learner's numpy ring."""
+
+    name = "naive"
+
+    def __init__(self, wl: Workload, ctx: Any, ring: NumpyRing) -> None:
+        super().__init__(wl)
+        self.queue = ctx.Queue(maxsize=64)
+        self.ring = ring  # shares the floor's ring: same memory, same sampling code
+        self.bytes = wl.row_bytes * wl.capacity
+
+    def fill(self, data: Batch) -> None:
+        pass  # the ring is the numpy system's, filled already
+
+    def writer(self, chunk: int) -> Callable[[Batch], None]:
+        put = self.queue.put
+        return lambda rows: put((rows, chunk))
+
+    def drain(self, limit: int = 1_000_000) -> int:
+        """Learner side: move whatever has arrived into the ring; returns rows moved."""
+        rows = 0
+        get, add = self.queue.get_nowait, self.ring.add
+        while rows < limit:
+            try:
+                chunk, n = get()
+            except queue_mod.Empty:
+                break
+            add(chunk, n)
+            rows += n
+        return rows
+
+    def sampler(self) -> Callable[[], Any]:
+        return self.ring.sample
+
+    def flush(self) -> None:
+        while True:
+            try:
+                self.queue.get(timeout=0.2)
+            except queue_mod.Empty:
+                return

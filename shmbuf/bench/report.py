@@ -1,0 +1,149 @@
+"""Turning benchmark results into markdown: the figures, the ratios, the targets."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .run import Results
+
+SYSTEMS = ["shmbuf", "cpprb", "naive", "numpy"]
+METRICS = [  # (key, what, unit)
+    ("add 1w x1", "add, 1 writer, 1 row per call", "rows/s"),
+    ("add 1w x64", "add, 1 writer, 64 rows per call", "rows/s"),
+    ("add 2w x1", "add, 2 writers, 1 row per call", "rows/s"),
+    ("add 2w x64", "add, 2 writers, 64 rows per call", "rows/s"),
+    ("sample", "sample 256, no writer", "batches/s"),
+    ("sample GB/s", "sample 256, no writer", "GB/s"),
+    ("sample +1w", "sample 256, 1 writer adding x64", "batches/s"),
+    ("writer during sample", "that writer meanwhile", "rows/s"),
+    ("e2e ingest", "end to end (2 writers x64 + learner): ingest", "rows/s"),
+    ("e2e batches", "end to end: batches sampled", "batches/s"),
+]
+
+
+def si(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suf}"
+    return f"{x:.3g}"
+
+
+def _cell(vals: list[float] | None, unit: str) -> str:
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    fmt = (lambda v: f"{v:.2f}") if unit == "GB/s" else si
+    return f"{fmt(med)} ({fmt(min(vals))}-{fmt(max(vals))})" if len(vals) > 1 else fmt(med)
+
+
+def figures_table(r: Results, wl: str) -> str:
+    fig = r.figures.get(wl, {})
+    systems = [s for s in SYSTEMS if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
+    lines = [f"| {wl}: metric | unit | " + " | ".join(systems) + " |",
+             "|---|---|" + "---:|" * len(systems)]
+    for key, what, unit in METRICS:
+        if key in fig:
+            lines.append(f"| {what} | {unit} | " + " | ".join(_cell(fig[key].get(s), unit) for s in systems) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(r: Results, wl: str, key: str, other: str, other_key: str | None = None) -> float | None:
+    a = r.median(wl, key, "shmbuf")
+    b = r.median(wl, other_key or key, other)
+    return a / b if a is not None and b else None
+
+
+def targets(r: Results, wl: str) -> list[tuple[str, float | None, str, bool | None]]:
+    """(what, ratio, target, met) for every target of the benchmark issue."""
+    out: list[tuple[str, float | None, str, bool | None]] = []
+    for key in ("add 1w x1", "add 1w x64", "add 2w x1", "add 2w x64"):
+        vs_cpprb = _ratio(r, wl, key, "cpprb")
+        floor_key = key.replace("2w", "1w")
+        vs_floor = _ratio(r, wl, key, "numpy", floor_key)
+        cpprb, floor = r.median(wl, key, "cpprb"), r.median(wl, floor_key, "numpy")
+        capped = cpprb is not None and floor is not None and 2 * cpprb > floor
+        if capped:
+            out.append((f"{key} vs numpy floor (2x cpprb is above it)", vs_floor, ">= 0.8",
+                        None if vs_floor is None else vs_floor >= 0.8))
+        else:
+            out.append((f"{key} vs cpprb", vs_cpprb, ">= 2", None if vs_cpprb is None else vs_cpprb >= 2))
+    for key in ("e2e ingest", "e2e batches"):
+        v = _ratio(r, wl, key, "cpprb")
+        out.append((f"{key} vs cpprb", v, ">= 2", None if v is None else v >= 2))
+        v = _ratio(r, wl, key, "naive")
+        out.append((f"{key} vs naive queue", v, ">= 10", None if v is None else v >= 10))
+    v = _ratio(r, wl, "sample", "numpy")
+    out.append(("sample (no writer) vs numpy floor", v, ">= 0.8", None if v is None else v >= 0.8))
+    v = _ratio(r, wl, "add 1w x64", "numpy")
+    out.append(("add 1w x64 vs numpy floor", v, ">= 0.6", None if v is None else v >= 0.6))
+    a, b = r.median(wl, "add 2w x64", "shmbuf"), r.median(wl, "add 1w x64", "shmbuf")
+    v = a / b if a and b else None
+    out.append(("2 writers x64 vs 1 writer x64", v, ">= 1.6", None if v is None else v >= 1.6))
+    a, b = r.median(wl, "sample +1w", "shmbuf"), r.median(wl, "sample", "shmbuf")
+    v = a / b if a and b else None
+    out.append(("sample with a writer vs without", v, ">= 0.75", None if v is None else v >= 0.75))
+    return out
+
+
+def ratios_table(r: Results, wl: str) -> str:
+    lines = [f"| {wl}: shmbuf ... | shmbuf / cpprb | shmbuf / naive | shmbuf / numpy |",
+             "|---|---:|---:|---:|"]
+    fig = r.figures.get(wl, {})
+    for key, what, unit in METRICS:
+        if key not in fig or unit == "GB/s":
+            continue
+        floor_key = key.replace("2w", "1w") if key.startswith("add") else key
+        cells = [_ratio(r, wl, key, "cpprb"), _ratio(r, wl, key, "naive"),
+                 _ratio(r, wl, key, "numpy", floor_key)]
+        lines.append(f"| {what} | " + " | ".join("-" if c is None else f"{c:.2f}x" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def targets_table(r: Results, wl: str) -> str:
+    lines = [f"| {wl}: target | ratio | wanted | met |", "|---|---:|---|---|"]
+    for what, ratio, want, met in targets(r, wl):
+        lines.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | {want} | "
+                     f"{'-' if met is None else ('yes' if met else '**no**')} |")
+    return "\n".join(lines)
+
+
+def extra_table(r: Results) -> str:
+    e: dict[str, Any] = r.extra
+    lines = ["| physical limit / piece | value |", "|---|---:|"]
+    if "memcpy GB/s" in e:
+        lines.append(f"| memcpy of 256 MiB (numpy) | {e['memcpy GB/s']:.1f} GB/s |")
+    for wl, d in e.get("gather GB/s", {}).items():
+        for where, v in d.items():
+            lines.append(f"| random gather of 256 {wl} rows, {where} memory | {v:.2f} GB/s "
+                         f"({si(e['gather batches/s'][wl][where])} batches/s) |")
+    if "lock uncontended ns/pair" in e:
+        lines.append(f"| header lock, uncontended acquire + release | {e['lock uncontended ns/pair']:.0f} ns |")
+        lines.append(f"| header lock, 2 processes contending, per acquire + release | "
+                     f"{e['lock contended ns/pair']:.0f} ns |")
+    for wl, v in e.get("torn-read check us/batch", {}).items():
+        lines.append(f"| torn-read check (2 stamp gathers + compare), {wl} batch of 256 | {v:.1f} us |")
+    for wl, d in e.get("bytes per transition", {}).items():
+        cells = ", ".join(f"{k} {v:,.0f}" for k, v in d.items() if v is not None)
+        lines.append(f"| {wl}: bytes of memory per transition (PSS growth / capacity) | {cells} |")
+    for wl, d in e.get("attached processes", {}).items():
+        uss = ", ".join(f"{p['uss'] / 2**20:.0f} MiB" for p in d["per process"])
+        lines.append(f"| {wl}: 2 attached processes after sampling {d['batches sampled each']:,} batches each: "
+                     f"private memory (USS) | {uss} (buffer: {d['buffer bytes'] / 2**20:,.0f} MiB) |")
+    return "\n".join(lines)
+
+
+def markdown(r: Results) -> str:
+    m = r.machine
+    head = (f"shmbuf bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
+            f"{r.config['window']} s windows, end to end {r.config['e2e_window']} s) on {m['cpus']} cores, "
+            f"{m['memory GiB']} GiB, Python {m['python']}, numpy {m['numpy']}, cpprb {m['cpprb']}, {m['date']}.\n"
+            "Figures: median (min-max) over repeats. numpy = in-process ring, no IPC (the floor); "
+            "naive = writers -> multiprocessing.Queue -> learner's numpy ring.\n")
+    parts = [head]
+    for wl in r.figures:
+        parts += [figures_table(r, wl), "", ratios_table(r, wl), "", targets_table(r, wl), ""]
+    parts.append(extra_table(r))
+    return "\n".join(parts)

@@ -1,0 +1,419 @@
+"""Running the benchmark: interleaved windows, writer processes, medians, JSON.
+
+All systems of a workload are built and filled first; then every repeat runs one
+window of each (metric, system) in turn, so the systems are measured side by side
+and drift on this noisy machine hits them alike. Figures are medians over repeats,
+with min and max.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+
+import shmbuf
+from shmbuf import lock as lockmod
+from shmbuf import segment
+
+from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, ShmbufSystem, System,
+                    Workload, chunks)
+
+CTX = mp.get_context("fork")  # writers inherit the systems (cpprb needs it); shmbuf's attach by name
+E2E_CHUNK = 64
+
+
+@dataclass
+class Config:
+    quick: bool = False
+    workloads: tuple[str, ...] = ("mujoco", "atari")
+    peers: tuple[str, ...] = ("shmbuf", "cpprb", "naive", "numpy")
+    repeats: int = 5
+    window: float = 1.0
+    e2e_window: float = 10.0
+    progress: bool = True
+
+    @classmethod
+    def make(cls, quick: bool, **kw: Any) -> "Config":
+        if quick:
+            kw = {"repeats": 3, "window": 0.4, "e2e_window": 1.0, **kw}
+        return cls(quick=quick, **kw)
+
+
+@dataclass
+class Results:
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    # figures[workload][metric][system] = list of values, one per repeat
+    figures: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, wl: str, metric: str, system: str, value: float) -> None:
+        self.figures.setdefault(wl, {}).setdefault(metric, {}).setdefault(system, []).append(value)
+
+    def median(self, wl: str, metric: str, system: str) -> float | None:
+        vals = self.figures.get(wl, {}).get(metric, {}).get(system)
+        return statistics.median(vals) if vals else None
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            sys.stderr.write(f"\r\033[K  [{self.done}/{self.total}] {time.monotonic() - self.t0:5.0f} s  {what}")
+            sys.stderr.flush()
+
+    def note(self, what: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r\033[K  {what}")
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+# -- writer processes ----------------------------------------------------------------
+
+def _writer_main(system: System, chunk: int, seconds: float, seed: int, barrier: Any,
+                 stop: Any, results: Any) -> None:
+    add = system.writer(chunk)
+    rows_needed = 4096 if system.wl.row_bytes < 4096 else 2 * max(chunk, 64)
+    items = chunks(system.wl.data(rows_needed, seed), chunk)
+    barrier.wait(120)
+    n, i, count = 0, 0, len(items)
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        add(items[i])
+        n += chunk
+        i += 1
+        if i == count:
+            i = 0
+        if (i & 7) == 0 and (time.perf_counter() >= deadline or stop.is_set()):
+            break
+    results.put((n, time.perf_counter() - t0))
+
+
+def _window(system: System, writers: int, chunk: int, seconds: float,
+            learner: str) -> dict[str, float]:
+    """Run ``writers`` writer processes for ``seconds``; the learner meanwhile idles
+    ("idle"), drains a naive queue ("drain"), or samples ("sample")."""
+    barrier, stop, results = CTX.Barrier(writers + 1), CTX.Event(), CTX.Queue()
+    procs = [CTX.Process(target=_writer_main, args=(system, chunk, seconds, 1000 + i, barrier, stop, results),
+                         daemon=True) for i in range(writers)]
+    for p in procs:
+        p.start()
+    barrier.wait(120)
+    naive = isinstance(system, NaiveSystem)
+    sample = system.sampler()
+    batches = drained = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    if learner == "idle" and not naive:
+        time.sleep(seconds)
+    else:
+        while time.perf_counter() < deadline:
+            if naive:
+                drained += system.drain()  # type: ignore[attr-defined]
+            if learner == "sample":
+                sample()
+                batches += 1
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    got = []
+    end = time.monotonic() + 120
+    while len(got) < writers and time.monotonic() < end:
+        if naive:
+            system.drain()  # type: ignore[attr-defined]  # unblock writers stuck on a full queue
+        try:
+            got.append(results.get(timeout=0.05))
+        except Exception:
+            pass
+    for p in procs:
+        while p.is_alive() and time.monotonic() < end:
+            if naive:
+                system.drain()  # type: ignore[attr-defined]
+            p.join(0.05)
+        if p.is_alive():
+            p.kill()
+    if len(got) < writers:
+        raise RuntimeError(f"{system.name}: a writer did not report within 120 s")
+    written = drained / elapsed if naive else sum(n / t for n, t in got)
+    return {"rows/s": written, "batches/s": batches / elapsed}
+
+
+def _local_loop(fn: Any, seconds: float) -> float:
+    """Calls per second of ``fn`` in this process."""
+    n = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while True:
+        for _ in range(8):
+            fn()
+        n += 8
+        if time.perf_counter() >= deadline:
+            return n / (time.perf_counter() - t0)
+
+
+# -- the measurement plan ----------------------------------------------------------------
+
+PLAN = [("add", w, c, f"add {w}w x{c}") for w in (1, 2) for c in (1, 64)] + [
+    ("sample", 0, 0, "sample"), ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
+"""(kind, writers, chunk, label): what every repeat measures, in this order."""
+
+
+def _cycle(fn: Any, items: list[Any]) -> Any:
+    """A no-argument function calling ``fn`` on ``items`` in turn."""
+    state = [0]
+
+    def one() -> None:
+        i = state[0]
+        fn(items[i])
+        state[0] = i + 1 if i + 1 < len(items) else 0
+    return one
+
+
+def _measure(r: Results, wl: Workload, s: System, kind: str, writers: int, chunk: int,
+             label: str, cfg: Config) -> None:
+    """One window of one system; records its figures under ``label``-derived metrics."""
+    if kind == "add" and not s.shared:  # the in-process floor: one writer, no IPC
+        if writers == 1:
+            items = chunks(wl.data(4096 if wl.row_bytes < 4096 else 128, 7), chunk)
+            rate = _local_loop(_cycle(s.local_adder(chunk), items), cfg.window)
+            r.add(wl.name, label, s.name, rate * chunk)
+    elif kind == "add":
+        r.add(wl.name, label, s.name, _window(s, writers, chunk, cfg.window, "idle")["rows/s"])
+    elif kind == "sample":
+        if not isinstance(s, NaiveSystem):  # naive samples the same in-process ring as numpy
+            rate = _local_loop(s.sampler(), cfg.window)
+            r.add(wl.name, "sample", s.name, rate)
+            r.add(wl.name, "sample GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
+    elif s.shared:  # a learner sampling while writers write
+        res = _window(s, writers, chunk, cfg.e2e_window if kind == "e2e" else cfg.window, "sample")
+        if kind == "e2e":
+            r.add(wl.name, "e2e ingest", s.name, res["rows/s"])
+            r.add(wl.name, "e2e batches", s.name, res["batches/s"])
+        else:
+            r.add(wl.name, "sample +1w", s.name, res["batches/s"])
+            r.add(wl.name, "writer during sample", s.name, res["rows/s"])
+
+
+def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> list[System]:
+    systems: list[System] = []
+    floor = None
+    me = psutil.Process()
+    for name in cfg.peers:
+        prog.note(f"{wl.name}: building and filling {name}")
+        before = me.memory_full_info().pss
+        if name == "shmbuf":
+            s: System = ShmbufSystem(wl)
+        elif name == "cpprb":
+            s = CpprbSystem(wl, CTX)
+        elif name == "numpy":
+            s = floor = NumpySystem(wl)
+        elif name == "naive":
+            s = NaiveSystem(wl, CTX, floor.ring if floor else NumpySystem(wl).ring)
+        else:
+            raise ValueError(f"unknown peer {name!r}")
+        s.fill(wl.data(1024 if wl.row_bytes < 4096 else 64, 3))
+        grown = me.memory_full_info().pss - before
+        r.extra.setdefault("bytes per transition", {}).setdefault(wl.name, {})[name] = \
+            grown / wl.capacity if name != "naive" else None
+        systems.append(s)
+    return systems
+
+
+# -- physical limits and pieces ---------------------------------------------------------
+
+def physical_limits(r: Results, cfg: Config) -> None:
+    src = np.ones(256 << 20, np.uint8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
+    del src, dst
+    for wl in (WORKLOADS[w] for w in cfg.workloads):
+        cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
+        rng = np.random.default_rng(0)
+        for where in ("shared", "private"):
+            if where == "shared":
+                seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes, track=True)
+                mem: Any = seg.mmap
+            else:
+                seg, mem = None, bytearray(cap * wl.row_bytes)
+            arrays, off = [], 0
+            for shape, dtype in wl.fields.values():
+                a = np.ndarray((cap,) + shape, dtype, mem, off)
+                a.view(np.uint8)[...] = 1
+                arrays.append(a)
+                off += a.nbytes
+            outs = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
+
+            def gather() -> None:
+                idx = rng.integers(0, cap, BATCH)
+                for a, o in zip(arrays, outs):
+                    np.take(a, idx, axis=0, out=o, mode="clip")
+            rate = statistics.median(_local_loop(gather, 0.3) for _ in range(3))
+            r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = rate * BATCH * wl.row_bytes / 1e9
+            r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
+            del arrays, outs, a
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _contend(name: str, seconds: float, barrier: Any, results: Any) -> None:
+    buf = shmbuf.Buffer.attach(name)
+    lk = buf._lock
+    barrier.wait(60)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(64):
+            lk.acquire(1.0)
+            lk.release()
+        n += 64
+    results.put((n, time.perf_counter() - t0))
+    buf.close()
+
+
+def pieces(r: Results, cfg: Config) -> None:
+    """What the lock and the torn-read check cost."""
+    seconds = 0.3 if cfg.quick else 1.0
+    with shmbuf.Buffer.create({"x": ((), np.int64)}, 64, name=f"bench-lock-{os.getpid()}") as buf:
+        lk = buf._lock
+        def pair() -> None:
+            lk.acquire(1.0)
+            lk.release()
+        r.extra["lock uncontended ns/pair"] = 1e9 / _local_loop(pair, seconds)
+        barrier, results = CTX.Barrier(3), CTX.Queue()
+        procs = [CTX.Process(target=_contend, args=(buf.name, seconds, barrier, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        barrier.wait(60)
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        total = sum(n / t for n, t in got)
+        r.extra["lock contended (2 processes) pairs/s"] = total
+        r.extra["lock contended ns/pair"] = 1e9 * 2 / total
+    for wl in (WORKLOADS[w] for w in cfg.workloads):
+        cap = min(wl.capacity, 100_000)
+        rows = wl.data(64, 5)
+        with shmbuf.Buffer.create(wl.fields, cap, name=f"bench-check-{os.getpid()}") as buf:
+            for _ in range(cap // 64):
+                buf.extend(rows)
+            stamps, rng = buf._ring.stamps, np.random.default_rng(0)
+
+            def check() -> None:
+                flat = rng.integers(0, cap, BATCH)
+                before = stamps.take(flat)
+                after = stamps.take(flat)
+                ok = before == flat
+                ok &= after == before
+                ok.all()
+
+            def draw() -> None:
+                rng.integers(0, cap, BATCH)
+            cost = 1e6 / _local_loop(check, seconds) - 1e6 / _local_loop(draw, seconds)
+            r.extra.setdefault("torn-read check us/batch", {})[wl.name] = cost
+
+
+# -- memory: attaching processes do not copy --------------------------------------------
+
+def _attached_memory(name: str, batches: int, results: Any) -> None:
+    buf = shmbuf.Buffer.attach(name)
+    out = buf.empty_batch(BATCH)
+    for _ in range(batches):
+        buf.sample(BATCH, out=out)
+    info = psutil.Process().memory_full_info()
+    results.put({"uss": info.uss, "pss": info.pss, "rss": info.rss})
+    buf.close()
+
+
+def attach_memory(r: Results, system: ShmbufSystem, batches: int) -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_attached_memory, args=(system.buf.name, batches, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    r.extra.setdefault("attached processes", {})[system.wl.name] = {
+        "buffer bytes": system.bytes, "batches sampled each": batches, "per process": got}
+
+
+# -- the whole run ----------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {"cpus": os.cpu_count(), "memory GiB": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
+            "cpprb": _version("cpprb"), "shmbuf": shmbuf.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _version(pkg: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run(cfg: Config) -> Results:
+    r = Results(config=cfg.__dict__.copy(), machine=machine())
+    plan_len = len(PLAN) * cfg.repeats * len(cfg.workloads)
+    prog = Progress(plan_len + 2, cfg.progress)
+    prog.note("physical limits")
+    physical_limits(r, cfg)
+    prog.step("lock and torn-read check")
+    pieces(r, cfg)
+    prog.step("workloads")
+    for wl in (WORKLOADS[w] for w in cfg.workloads):
+        systems = _build(wl, cfg, prog, r)
+        try:
+            for rep in range(cfg.repeats):
+                for kind, writers, chunk, label in PLAN:
+                    prog.step(f"{wl.name} repeat {rep + 1}/{cfg.repeats}: {label}")
+                    for s in systems:  # side by side, in the same minute
+                        _measure(r, wl, s, kind, writers, chunk, label, cfg)
+            shm = next((s for s in systems if isinstance(s, ShmbufSystem)), None)
+            if shm is not None:
+                prog.note(f"{wl.name}: memory of attached processes")
+                attach_memory(r, shm, 200 if cfg.quick else 2000)
+        finally:
+            for s in systems:
+                s.close()
+            del systems
+    prog.end()
+    return r
+
+
+def save(r: Results, folder: str = "results") -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump({"config": r.config, "machine": r.machine, "figures": r.figures, "extra": r.extra},
+                  f, indent=1)
+    return path
