@@ -77,13 +77,21 @@ class HeaderLock:
             self._note(self._pid)
 
     def _wait(self, fd: int, deadline: float, timeout: float) -> None:
-        """Contended: poll with a growing sleep until the deadline."""
-        delay = 0.0
+        """Contended. The holder keeps the lock for microseconds, so first retry at once
+        (a few microseconds), then yield the CPU (its holder may need it: 2 cores, 3
+        processes), and only then sleep, growing to 1 ms, until the deadline."""
+        spins = 0
+        delay = 20e-6
         while True:
-            if time.monotonic() >= deadline:
-                raise self._timeout(timeout)
-            time.sleep(delay)
-            delay = min(max(delay * 2, 20e-6), 1e-3)
+            spins += 1
+            if spins > 64:
+                if time.monotonic() >= deadline:
+                    raise self._timeout(timeout)
+                if spins > 128:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1e-3)
+                else:
+                    os.sched_yield() if hasattr(os, "sched_yield") else time.sleep(0)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
