@@ -152,3 +152,19 @@ def test_interrupted_write_is_abandoned_not_published(name, monkeypatch):
         assert set(buf.sample(200)["x"].tolist()) == {0, 1, 2}
         buf.extend({"x": np.arange(5, 8), "y": np.arange(5, 8)})
         assert set(buf.sample(400)["x"].tolist()) == {0, 1, 2, 5, 6, 7}
+
+
+def test_prefault_maps_the_pages_once(name):
+    import psutil
+
+    me = psutil.Process()
+    with shmbuf.Buffer.create({"x": ((1024,), "uint8")}, 64 * 1024, lanes=2, name=name) as buf:
+        other = shmbuf.Buffer.attach(name)  # 64 MiB, never touched by this process
+        rss = me.memory_info().rss
+        other.add({"x": np.ones(1024, np.uint8)}, lane=1)  # the first write maps lane 1
+        grown = me.memory_info().rss - rss
+        assert 30 << 20 < grown < 40 << 20, grown  # half of 64 MiB
+        assert other._prefaulted == {1}
+        other.prefault()  # now all of it
+        assert me.memory_info().rss - rss > 60 << 20
+        other.close()

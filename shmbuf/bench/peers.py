@@ -206,10 +206,10 @@ class NaiveSystem(System):
 
     name = "naive"
 
-    def __init__(self, wl: Workload, ctx: Any, ring: NumpyRing) -> None:
+    def __init__(self, wl: Workload, ctx: Any) -> None:
         super().__init__(wl)
         self.queue = ctx.Queue(maxsize=64)
-        self.ring = ring  # shares the floor's ring: same memory, same sampling code
+        self.ring: NumpyRing | None = None  # set later: the floor's ring (same memory and code)
         self.bytes = wl.row_bytes * wl.capacity
 
     def fill(self, data: Batch) -> None:

@@ -87,72 +87,98 @@ class Progress:
 
 # -- writer processes ----------------------------------------------------------------
 
-def _writer_main(system: System, chunk: int, seconds: float, seed: int, barrier: Any,
-                 stop: Any, results: Any) -> None:
-    add = system.writer(chunk)
-    rows_needed = 4096 if system.wl.row_bytes < 4096 else 2 * max(chunk, 64)
-    items = chunks(system.wl.data(rows_needed, seed), chunk)
-    barrier.wait(120)
-    n, i, count = 0, 0, len(items)
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
+def _writer_main(system: System, seed: int, conn: Any) -> None:
+    """A writer process, alive for the whole workload, as a real rollout worker is.
+    Each window: get (chunk, seconds), warm up once (untimed: first calls, page
+    mapping), say ready, wait for go, add for ``seconds``, report (rows, seconds)."""
+    adders: dict[int, Any] = {}
+    rows_needed = 4096 if system.wl.row_bytes < 4096 else 128
+    data = system.wl.data(rows_needed, seed)
     while True:
-        add(items[i])
-        n += chunk
-        i += 1
-        if i == count:
-            i = 0
-        if (i & 7) == 0 and (time.perf_counter() >= deadline or stop.is_set()):
-            break
-    results.put((n, time.perf_counter() - t0))
+        cmd = conn.recv()
+        if cmd is None:
+            return
+        chunk, seconds = cmd
+        if chunk not in adders:
+            adders[chunk] = (system.writer(chunk), chunks(data, chunk))
+            adders[chunk][0](adders[chunk][1][0])
+        add, items = adders[chunk]
+        conn.send("ready")
+        conn.recv()  # go
+        n, i, count = 0, 0, len(items)
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while True:
+            add(items[i])
+            n += chunk
+            i += 1
+            if i == count:
+                i = 0
+            if (i & 7) == 0 and time.perf_counter() >= deadline:
+                break
+        conn.send((n, time.perf_counter() - t0))
 
 
-def _window(system: System, writers: int, chunk: int, seconds: float,
-            learner: str) -> dict[str, float]:
-    """Run ``writers`` writer processes for ``seconds``; the learner meanwhile idles
-    ("idle"), drains a naive queue ("drain"), or samples ("sample")."""
-    barrier, stop, results = CTX.Barrier(writers + 1), CTX.Event(), CTX.Queue()
-    procs = [CTX.Process(target=_writer_main, args=(system, chunk, seconds, 1000 + i, barrier, stop, results),
-                         daemon=True) for i in range(writers)]
-    for p in procs:
-        p.start()
-    barrier.wait(120)
-    naive = isinstance(system, NaiveSystem)
-    sample = system.sampler()
-    batches = drained = 0
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
-    if learner == "idle" and not naive:
-        time.sleep(seconds)
-    else:
-        while time.perf_counter() < deadline:
-            if naive:
-                drained += system.drain()  # type: ignore[attr-defined]
-            if learner == "sample":
-                sample()
-                batches += 1
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    got = []
-    end = time.monotonic() + 120
-    while len(got) < writers and time.monotonic() < end:
+class WriterPool:
+    """Two writer processes forked once per workload and system."""
+
+    def __init__(self, system: System, size: int = 2) -> None:
+        self.system = system
+        self.conns, self.procs = [], []
+        for i in range(size):
+            mine, theirs = CTX.Pipe()
+            p = CTX.Process(target=_writer_main, args=(system, 1000 + i, theirs), daemon=True)
+            p.start()
+            self.conns.append(mine)
+            self.procs.append(p)
+
+    def window(self, writers: int, chunk: int, seconds: float, learner: str) -> dict[str, float]:
+        """Run ``writers`` of the pool for ``seconds``; the learner meanwhile idles
+        ("idle"), drains a naive queue, or samples ("sample")."""
+        system, conns = self.system, self.conns[:writers]
+        naive = isinstance(system, NaiveSystem)
+        for c in conns:
+            c.send((chunk, seconds))
+        for c in conns:
+            self._recv(c, naive)  # "ready"
+        sample = system.sampler()
+        for c in conns:
+            c.send("go")
+        batches = drained = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        if learner == "idle" and not naive:
+            time.sleep(seconds)
+        else:
+            while time.perf_counter() < deadline:
+                if naive:
+                    drained += system.drain()  # type: ignore[attr-defined]
+                if learner == "sample":
+                    sample()
+                    batches += 1
+        elapsed = time.perf_counter() - t0
+        got = [self._recv(c, naive) for c in conns]
         if naive:
-            system.drain()  # type: ignore[attr-defined]  # unblock writers stuck on a full queue
-        try:
-            got.append(results.get(timeout=0.05))
-        except Exception:
-            pass
-    for p in procs:
-        while p.is_alive() and time.monotonic() < end:
+            system.drain()  # type: ignore[attr-defined]  # leave the queue empty
+        written = drained / elapsed if naive else sum(n / t for n, t in got)
+        return {"rows/s": written, "batches/s": batches / elapsed}
+
+    def _recv(self, conn: Any, naive: bool) -> Any:
+        end = time.monotonic() + 300
+        while not conn.poll(0.01):
             if naive:
-                system.drain()  # type: ignore[attr-defined]
-            p.join(0.05)
-        if p.is_alive():
-            p.kill()
-    if len(got) < writers:
-        raise RuntimeError(f"{system.name}: a writer did not report within 120 s")
-    written = drained / elapsed if naive else sum(n / t for n, t in got)
-    return {"rows/s": written, "batches/s": batches / elapsed}
+                self.system.drain()  # type: ignore[attr-defined]  # a writer may block on a full queue
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.system.name}: a writer process stopped answering")
+        return conn.recv()
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
 
 
 def _local_loop(fn: Any, seconds: float) -> float:
@@ -186,8 +212,8 @@ def _cycle(fn: Any, items: list[Any]) -> Any:
     return one
 
 
-def _measure(r: Results, wl: Workload, s: System, kind: str, writers: int, chunk: int,
-             label: str, cfg: Config) -> None:
+def _measure(r: Results, wl: Workload, s: System, pool: WriterPool | None, kind: str,
+             writers: int, chunk: int, label: str, cfg: Config) -> None:
     """One window of one system; records its figures under ``label``-derived metrics."""
     if kind == "add" and not s.shared:  # the in-process floor: one writer, no IPC
         if writers == 1:
@@ -195,14 +221,14 @@ def _measure(r: Results, wl: Workload, s: System, kind: str, writers: int, chunk
             rate = _local_loop(_cycle(s.local_adder(chunk), items), cfg.window)
             r.add(wl.name, label, s.name, rate * chunk)
     elif kind == "add":
-        r.add(wl.name, label, s.name, _window(s, writers, chunk, cfg.window, "idle")["rows/s"])
+        r.add(wl.name, label, s.name, pool.window(writers, chunk, cfg.window, "idle")["rows/s"])
     elif kind == "sample":
         if not isinstance(s, NaiveSystem):  # naive samples the same in-process ring as numpy
             rate = _local_loop(s.sampler(), cfg.window)
             r.add(wl.name, "sample", s.name, rate)
             r.add(wl.name, "sample GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
     elif s.shared:  # a learner sampling while writers write
-        res = _window(s, writers, chunk, cfg.e2e_window if kind == "e2e" else cfg.window, "sample")
+        res = pool.window(writers, chunk, cfg.e2e_window if kind == "e2e" else cfg.window, "sample")
         if kind == "e2e":
             r.add(wl.name, "e2e ingest", s.name, res["rows/s"])
             r.add(wl.name, "e2e batches", s.name, res["batches/s"])
@@ -211,29 +237,55 @@ def _measure(r: Results, wl: Workload, s: System, kind: str, writers: int, chunk
             r.add(wl.name, "writer during sample", s.name, res["rows/s"])
 
 
-def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> list[System]:
-    systems: list[System] = []
-    floor = None
+def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[System], dict[str, "WriterPool"]]:
+    """Build and fill every system, and fork the writer pools.
+
+    The pools are forked before the in-process numpy ring exists: children of a
+    process with large private memory would make each of its writes copy a page
+    (copy-on-write). naive's learner uses that same ring, given to it afterwards.
+    """
+    buffers = sum(1 for p in cfg.peers if p != "naive") + ("naive" in cfg.peers and "numpy" not in cfg.peers)
+    need = buffers * wl.capacity * wl.row_bytes
+    avail = psutil.virtual_memory().available
+    if need > 0.85 * avail:
+        raise MemoryError(
+            f"{wl.name}: {buffers} buffers of {wl.capacity * wl.row_bytes / 2**30:.1f} GiB need "
+            f"{need / 2**30:.1f} GiB and {avail / 2**30:.1f} GiB are available; benchmark fewer "
+            "peers at once (--peers) or free memory")
+    built: dict[str, System] = {}
     me = psutil.Process()
+    fill_rows = wl.data(1024 if wl.row_bytes < 4096 else 64, 3)
+
+    def measure_fill(s: System) -> None:
+        before = me.memory_full_info().pss
+        s.fill(fill_rows)
+        r.extra.setdefault("bytes per transition", {}).setdefault(wl.name, {})[s.name] = \
+            (me.memory_full_info().pss - before) / wl.capacity
+
     for name in cfg.peers:
         prog.note(f"{wl.name}: building and filling {name}")
-        before = me.memory_full_info().pss
         if name == "shmbuf":
-            s: System = ShmbufSystem(wl)
+            built[name] = ShmbufSystem(wl)
         elif name == "cpprb":
-            s = CpprbSystem(wl, CTX)
-        elif name == "numpy":
-            s = floor = NumpySystem(wl)
+            built[name] = CpprbSystem(wl, CTX)
         elif name == "naive":
-            s = NaiveSystem(wl, CTX, floor.ring if floor else NumpySystem(wl).ring)
-        else:
-            raise ValueError(f"unknown peer {name!r}")
-        s.fill(wl.data(1024 if wl.row_bytes < 4096 else 64, 3))
-        grown = me.memory_full_info().pss - before
-        r.extra.setdefault("bytes per transition", {}).setdefault(wl.name, {})[name] = \
-            grown / wl.capacity if name != "naive" else None
-        systems.append(s)
-    return systems
+            built[name] = NaiveSystem(wl, CTX)
+        elif name != "numpy":
+            raise ValueError(f"unknown peer {name!r}: expected shmbuf, cpprb, naive or numpy")
+        if name in ("shmbuf", "cpprb"):
+            measure_fill(built[name])
+    pools = {name: WriterPool(s) for name, s in built.items()}
+    ring = None
+    if "numpy" in cfg.peers or "naive" in cfg.peers:
+        prog.note(f"{wl.name}: building and filling the in-process numpy ring")
+        floor = NumpySystem(wl)
+        measure_fill(floor)
+        ring = floor.ring
+        if "numpy" in cfg.peers:
+            built["numpy"] = floor
+    if "naive" in built:
+        built["naive"].ring = ring  # type: ignore[attr-defined]
+    return [built[p] for p in cfg.peers], pools
 
 
 # -- physical limits and pieces ---------------------------------------------------------
@@ -391,18 +443,20 @@ def run(cfg: Config) -> Results:
     pieces(r, cfg)
     prog.step("workloads")
     for wl in (WORKLOADS[w] for w in cfg.workloads):
-        systems = _build(wl, cfg, prog, r)
+        systems, pools = _build(wl, cfg, prog, r)
         try:
             for rep in range(cfg.repeats):
                 for kind, writers, chunk, label in PLAN:
                     prog.step(f"{wl.name} repeat {rep + 1}/{cfg.repeats}: {label}")
                     for s in systems:  # side by side, in the same minute
-                        _measure(r, wl, s, kind, writers, chunk, label, cfg)
+                        _measure(r, wl, s, pools.get(s.name), kind, writers, chunk, label, cfg)
             shm = next((s for s in systems if isinstance(s, ShmbufSystem)), None)
             if shm is not None:
                 prog.note(f"{wl.name}: memory of attached processes")
                 attach_memory(r, shm, 200 if cfg.quick else 2000)
         finally:
+            for pool in pools.values():
+                pool.close()
             for s in systems:
                 s.close()
             del systems
