@@ -138,7 +138,7 @@ def extra_table(r: Results) -> str:
 def markdown(r: Results) -> str:
     m = r.machine
     head = (f"shmbuf bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
-            f"{r.config['window']} s windows, end to end {r.config['e2e_window']} s) on {m['cpus']} cores, "
+            f"{r.config['window']} s windows; end to end {r.config['e2e_repeats']} x {r.config['e2e_window']} s) on {m['cpus']} cores, "
             f"{m['memory GiB']} GiB, Python {m['python']}, numpy {m['numpy']}, cpprb {m['cpprb']}, {m['date']}.\n"
             "Figures: median (min-max) over repeats. numpy = in-process ring, no IPC (the floor); "
             "naive = writers -> multiprocessing.Queue -> learner's numpy ring.\n")

@@ -1,0 +1,67 @@
+"""The benchmark machinery, on a tiny workload (its figures are not checked: speed is
+measured by scripts/bench, never asserted by tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from shmbuf.bench import peers, report, run
+
+TINY = peers.Workload("tiny", 2048, {"obs": ((3,), np.float32), "reward": ((), np.float32),
+                                     "done": ((), np.bool_)})
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(peers.WORKLOADS, "tiny", TINY)
+    monkeypatch.setitem(run.WORKLOADS, "tiny", TINY)
+
+
+def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path):
+    names = ["shmbuf", "naive", "numpy"] + (["cpprb"] if importlib.util.find_spec("cpprb") else [])
+    cfg = run.Config.make(True, workloads=("tiny",), peers=tuple(names), repeats=2, window=0.05,
+                          e2e_window=0.1, e2e_repeats=1, progress=False)
+    res = run.run(cfg)
+    fig = res.figures["tiny"]
+    for metric in ("add 1w x1", "add 1w x64", "add 2w x1", "add 2w x64", "sample +1w", "e2e ingest"):
+        assert len(fig[metric]["shmbuf"]) == (1 if metric.startswith("e2e") else 2), metric
+        assert all(v > 0 for v in fig[metric]["shmbuf"])
+        assert "naive" in fig[metric]
+    assert "numpy" in fig["add 1w x64"] and "numpy" not in fig["add 2w x64"]
+    assert fig["sample"].keys() == set(names) - {"naive"}
+    assert res.extra["bytes per transition"]["tiny"]["shmbuf"] > 0
+    assert res.extra["lock uncontended ns/pair"] > 0
+    assert len(res.extra["attached processes"]["tiny"]["per process"]) == 2
+    text = report.markdown(res)
+    for title in ("| tiny: metric |", "| tiny: shmbuf ... |", "| tiny: target |", "| physical limit"):
+        assert title in text
+    assert "2 writers x64 vs 1 writer x64" in text
+    path = run.save(res, str(tmp_path))
+    with open(path) as f:
+        saved = json.load(f)
+    assert saved["figures"]["tiny"]["add 1w x1"]["shmbuf"] == fig["add 1w x1"]["shmbuf"]
+
+
+def test_targets_judge_ratios():
+    r = run.Results(config={}, machine={})
+    for system, v in (("shmbuf", 300.0), ("cpprb", 100.0), ("numpy", 1000.0)):
+        r.add("w", "add 1w x1", system, v)
+    r.add("w", "sample", "shmbuf", 70.0)
+    r.add("w", "sample", "numpy", 100.0)
+    got = {what: (ratio, met) for what, ratio, _, met in report.targets(r, "w")}
+    assert got["add 1w x1 vs cpprb"] == (3.0, True)
+    assert got["sample (no writer) vs numpy floor"] == (0.7, False)
+    assert got["e2e ingest vs cpprb"] == (None, None)
+
+
+def test_memory_guard(tiny, monkeypatch):
+    class Tiny:
+        available = 1000
+    monkeypatch.setattr(run.psutil, "virtual_memory", lambda: Tiny)
+    with pytest.raises(MemoryError, match="--peers"):
+        run._build(TINY, run.Config(workloads=("tiny",)), run.Progress(1, False),
+                   run.Results(config={}, machine={}))
