@@ -65,3 +65,14 @@ def test_memory_guard(tiny, monkeypatch):
     with pytest.raises(MemoryError, match="--peers"):
         run._build(TINY, run.Config(workloads=("tiny",)), run.Progress(1, False),
                    run.Results(config={}, machine={}))
+
+
+@pytest.mark.skipif(not (importlib.util.find_spec("torchrl") and importlib.util.find_spec("stable_baselines3")),
+                    reason="the optional torch peers are not installed (scripts/bench --torch installs them)")
+def test_torch_peers_on_a_tiny_run(tiny):
+    cfg = run.Config.make(True, workloads=("tiny",), peers=("shmbuf", "torchrl", "sb3"), repeats=1,
+                          window=0.05, e2e_window=0.1, e2e_repeats=1, progress=False)
+    fig = run.run(cfg).figures["tiny"]
+    assert fig["add 2w x64"]["torchrl"][0] > 0 and fig["e2e ingest"]["torchrl"][0] > 0
+    assert fig["add 1w x1"]["sb3"][0] > 0 and fig["sample"]["sb3"][0] > 0
+    assert "sb3" not in fig["add 1w x64"]  # it has no batched add

@@ -19,6 +19,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 short repeats: under 2 minutes")
     p.add_argument("--workloads", default="mujoco,atari")
     p.add_argument("--peers", default="shmbuf,cpprb,naive,numpy")
+    p.add_argument("--torch", action="store_true",
+                   help="also TorchRL's shared ReplayBuffer and stable-baselines3's (needs torch)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -26,8 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
           if v is not None}
-    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")),
-                          peers=tuple(a.peers.split(",")), **kw)
+    peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
+    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers), **kw)
     res = run.run(cfg)
     text = report.markdown(res)
     print(text)

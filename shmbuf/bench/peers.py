@@ -11,6 +11,10 @@ get their add function (shmbuf's writer attaches by name instead, as users do).
   ``multiprocessing.Queue``; the learner drains it into an in-process numpy ring and
   samples that.
 * ``numpy``: the in-process numpy ring with no IPC at all (one process): the floor.
+* ``torchrl`` (optional, ``--torch``): TorchRL's ``ReplayBuffer(shared=True)`` over a
+  ``LazyTensorStorage``; writers in processes, like cpprb.
+* ``sb3`` (optional, ``--torch``): stable-baselines3's ``ReplayBuffer``: one process,
+  one transition per ``add`` (it has no batched add), like the numpy floor.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class System:
 
     name = "?"
     shared = True  # writers in other processes can add to it directly
+    chunks = (1, 64)  # rows per add call it supports
 
     def __init__(self, wl: Workload) -> None:
         self.wl = wl
@@ -90,8 +95,12 @@ class System:
             add({f: v[:step] for f, v in data.items()})
 
     def writer(self, chunk: int) -> Callable[[Batch], None]:
-        """In a forked writer process: a function adding one item of :func:`chunks`."""
+        """In a forked writer process: a function adding one item of :func:`prepare`."""
         raise NotImplementedError
+
+    def prepare(self, items: list[Batch], chunk: int) -> list[Any]:
+        """Convert :func:`chunks` items to what this system's add takes (untimed)."""
+        return items
 
     def local_adder(self, chunk: int) -> Callable[[Batch], None]:
         """The same, in the learner's own process."""
@@ -241,3 +250,75 @@ class NaiveSystem(System):
                 self.queue.get(timeout=0.2)
             except queue_mod.Empty:
                 return
+
+
+class TorchRLSystem(System):
+    """TorchRL's ReplayBuffer(shared=True): storage in shared memory, one mp.Lock."""
+
+    name = "torchrl"
+
+    def __init__(self, wl: Workload) -> None:
+        super().__init__(wl)
+        import torch
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+        torch.set_num_threads(1)  # 2 cores, 3 processes: no intra-op threads
+        self.rb = ReplayBuffer(storage=LazyTensorStorage(wl.capacity), shared=True, batch_size=BATCH)
+        self.bytes = wl.row_bytes * wl.capacity
+
+    def prepare(self, items: list[Batch], chunk: int) -> list[Any]:
+        import torch
+        from tensordict import TensorDict
+
+        return [TensorDict({k: torch.from_numpy(np.asarray(v)) for k, v in it.items()},
+                           batch_size=[] if chunk == 1 else [chunk]) for it in items]
+
+    def fill(self, data: Batch) -> None:
+        n = len(next(iter(data.values())))
+        items = self.prepare([data], n)
+        for _ in range(self.wl.capacity // n + 1):  # also initialises the shared storage
+            self.rb.extend(items[0])
+
+    def writer(self, chunk: int) -> Callable[[Any], None]:
+        return self.rb.add if chunk == 1 else self.rb.extend
+
+    def sampler(self) -> Callable[[], Any]:
+        return self.rb.sample
+
+
+class SB3System(System):
+    """stable-baselines3's ReplayBuffer (single process; obs and next_obs stored)."""
+
+    name = "sb3"
+    shared = False
+    chunks = (1,)
+
+    def __init__(self, wl: Workload) -> None:
+        super().__init__(wl)
+        import torch
+        from gymnasium import spaces
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        torch.set_num_threads(1)
+        (oshape, odtype), (ashape, adtype) = wl.fields["obs"], wl.fields["action"]
+        obs = spaces.Box(0, 255, oshape, np.dtype(odtype)) if np.dtype(odtype) == np.uint8 \
+            else spaces.Box(-np.inf, np.inf, oshape, np.dtype(odtype))
+        act = spaces.Discrete(18) if np.dtype(adtype).kind == "i" else spaces.Box(-1, 1, ashape, np.dtype(adtype))
+        self.rb = ReplayBuffer(wl.capacity, obs, act, device="cpu", n_envs=1)
+        self.bytes = wl.row_bytes * wl.capacity
+
+    def prepare(self, items: list[Batch], chunk: int) -> list[Any]:
+        return [(it["obs"][None], it["next_obs"][None], np.asarray(it["action"])[None],
+                 np.asarray(it["reward"])[None], np.asarray(it["done"])[None], [{}]) for it in items]
+
+    def fill(self, data: Batch) -> None:
+        add, items = self.rb.add, self.prepare(chunks(data, 1), 1)
+        for i in range(self.wl.capacity):
+            add(*items[i % len(items)])
+
+    def local_adder(self, chunk: int) -> Callable[[Any], None]:
+        add = self.rb.add
+        return lambda item: add(*item)
+
+    def sampler(self) -> Callable[[], Any]:
+        return lambda: self.rb.sample(BATCH)

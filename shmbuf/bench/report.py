@@ -7,7 +7,7 @@ from typing import Any
 
 from .run import Results
 
-SYSTEMS = ["shmbuf", "cpprb", "naive", "numpy"]
+SYSTEMS = ["shmbuf", "cpprb", "torchrl", "sb3", "naive", "numpy"]
 METRICS = [  # (key, what, unit)
     ("add 1w x1", "add, 1 writer, 1 row per call", "rows/s"),
     ("add 1w x64", "add, 1 writer, 64 rows per call", "rows/s"),
@@ -89,15 +89,15 @@ def targets(r: Results, wl: str) -> list[tuple[str, float | None, str, bool | No
 
 
 def ratios_table(r: Results, wl: str) -> str:
-    lines = [f"| {wl}: shmbuf ... | shmbuf / cpprb | shmbuf / naive | shmbuf / numpy |",
-             "|---|---:|---:|---:|"]
     fig = r.figures.get(wl, {})
+    others = [s for s in SYSTEMS[1:] if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
+    lines = [f"| {wl}: shmbuf ... | " + " | ".join(f"shmbuf / {o}" for o in others) + " |",
+             "|---|" + "---:|" * len(others)]
     for key, what, unit in METRICS:
         if key not in fig or unit == "GB/s":
             continue
         floor_key = key.replace("2w", "1w") if key.startswith("add") else key
-        cells = [_ratio(r, wl, key, "cpprb"), _ratio(r, wl, key, "naive"),
-                 _ratio(r, wl, key, "numpy", floor_key)]
+        cells = [_ratio(r, wl, key, o, floor_key if o in ("numpy", "sb3") else None) for o in others]
         lines.append(f"| {what} | " + " | ".join("-" if c is None else f"{c:.2f}x" for c in cells) + " |")
     return "\n".join(lines)
 
@@ -139,10 +139,15 @@ def markdown(r: Results) -> str:
     m = r.machine
     head = (f"shmbuf bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
             f"{r.config['window']} s windows; end to end {r.config['e2e_repeats']} x {r.config['e2e_window']} s) on {m['cpus']} cores, "
-            f"{m['memory GiB']} GiB, Python {m['python']}, numpy {m['numpy']}, cpprb {m['cpprb']}, {m['date']}.\n"
+            f"{m['memory GiB']} GiB, Python {m['python']}, numpy {m['numpy']}, cpprb {m['cpprb']}"
+            + (f", torch {m['torch']}, torchrl {m['torchrl']}, stable-baselines3 {m['stable-baselines3']}"
+               if m.get("torchrl") else "") + f", {m['date']}.\n"
             "Figures: median (min-max) over repeats. numpy = in-process ring, no IPC (the floor); "
-            "naive = writers -> multiprocessing.Queue -> learner's numpy ring.\n")
+            "naive = writers -> multiprocessing.Queue -> learner's numpy ring; sb3 = one process, "
+            "one transition per add.\n")
     parts = [head]
+    for wl, names in r.extra.get("skipped", {}).items():
+        parts.append(f"{wl}: {', '.join(names)} left out: not enough memory for every buffer at once.\n")
     for wl in r.figures:
         parts += [figures_table(r, wl), "", ratios_table(r, wl), "", targets_table(r, wl), ""]
     parts.append(extra_table(r))

@@ -24,8 +24,8 @@ import shmbuf
 from shmbuf import lock as lockmod
 from shmbuf import segment
 
-from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, ShmbufSystem, System,
-                    Workload, chunks)
+from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
+                    System, TorchRLSystem, Workload, chunks)
 
 CTX = mp.get_context("fork")  # writers inherit the systems (cpprb needs it); shmbuf's attach by name
 E2E_CHUNK = 64
@@ -36,6 +36,8 @@ class Config:
     quick: bool = False
     workloads: tuple[str, ...] = ("mujoco", "atari")
     peers: tuple[str, ...] = ("shmbuf", "cpprb", "naive", "numpy")
+    # peers dropped first, in this order, when a workload's buffers do not all fit in memory
+    optional: tuple[str, ...] = ("sb3", "torchrl")
     repeats: int = 5
     window: float = 1.0
     e2e_window: float = 10.0
@@ -101,7 +103,7 @@ def _writer_main(system: System, seed: int, conn: Any) -> None:
             return
         chunk, seconds = cmd
         if chunk not in adders:
-            adders[chunk] = (system.writer(chunk), chunks(data, chunk))
+            adders[chunk] = (system.writer(chunk), system.prepare(chunks(data, chunk), chunk))
             adders[chunk][0](adders[chunk][1][0])
         add, items = adders[chunk]
         conn.send("ready")
@@ -221,9 +223,11 @@ def _cycle(fn: Any, items: list[Any]) -> Any:
 def _measure(r: Results, wl: Workload, s: System, pool: WriterPool | None, kind: str,
              writers: int, chunk: int, label: str, cfg: Config) -> None:
     """One window of one system; records its figures under ``label``-derived metrics."""
-    if kind == "add" and not s.shared:  # the in-process floor: one writer, no IPC
+    if kind == "add" and chunk not in s.chunks:
+        pass
+    elif kind == "add" and not s.shared:  # in-process systems: one writer, no IPC
         if writers == 1:
-            items = chunks(wl.data(4096 if wl.row_bytes < 4096 else 128, 7), chunk)
+            items = s.prepare(chunks(wl.data(4096 if wl.row_bytes < 4096 else 128, 7), chunk), chunk)
             rate = _local_loop(_cycle(s.local_adder(chunk), items), cfg.window)
             r.add(wl.name, label, s.name, rate * chunk)
     elif kind == "add":
@@ -250,14 +254,21 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
     process with large private memory would make each of its writes copy a page
     (copy-on-write). naive's learner uses that same ring, given to it afterwards.
     """
-    buffers = sum(1 for p in cfg.peers if p != "naive") + ("naive" in cfg.peers and "numpy" not in cfg.peers)
-    need = buffers * wl.capacity * wl.row_bytes
-    avail = psutil.virtual_memory().available
-    if need > 0.85 * avail:
+    peers = list(cfg.peers)
+
+    def need() -> int:
+        buffers = sum(1 for p in peers if p != "naive") + ("naive" in peers and "numpy" not in peers)
+        return buffers * wl.capacity * wl.row_bytes
+    avail = 0.85 * psutil.virtual_memory().available
+    for opt in cfg.optional:
+        if need() > avail and opt in peers:
+            peers.remove(opt)
+            r.extra.setdefault("skipped", {}).setdefault(wl.name, []).append(opt)
+    if need() > avail:
         raise MemoryError(
-            f"{wl.name}: {buffers} buffers of {wl.capacity * wl.row_bytes / 2**30:.1f} GiB need "
-            f"{need / 2**30:.1f} GiB and {avail / 2**30:.1f} GiB are available; benchmark fewer "
-            "peers at once (--peers) or free memory")
+            f"{wl.name}: the buffers of {', '.join(peers)} need {need() / 2**30:.1f} GiB and "
+            f"{avail / 0.85 / 2**30:.1f} GiB are available; benchmark fewer peers at once "
+            "(--peers) or free memory")
     built: dict[str, System] = {}
     me = psutil.Process()
     fill_rows = wl.data(1024 if wl.row_bytes < 4096 else 64, 3)
@@ -271,7 +282,9 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
             (me.memory_full_info().pss - before) / wl.capacity
         return s
 
-    for name in cfg.peers:
+    for name in peers:
+        if name in ("numpy", "sb3"):
+            continue  # private memory: built after the writer pools are forked
         prog.note(f"{wl.name}: building and filling {name}")
         if name == "shmbuf":
             built[name] = build(lambda: ShmbufSystem(wl))
@@ -279,9 +292,11 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
             built[name] = build(lambda: CpprbSystem(wl, CTX))
         elif name == "naive":
             built[name] = NaiveSystem(wl, CTX)
-        elif name != "numpy":
-            raise ValueError(f"unknown peer {name!r}: expected shmbuf, cpprb, naive or numpy")
-    pools = {name: WriterPool(s) for name, s in built.items()}
+        elif name == "torchrl":
+            built[name] = build(lambda: TorchRLSystem(wl))
+        else:
+            raise ValueError(f"unknown peer {name!r}: expected shmbuf, cpprb, naive, numpy, torchrl or sb3")
+    pools = {name: WriterPool(s) for name, s in built.items() if s.shared}
     ring = None
     if "numpy" in cfg.peers or "naive" in cfg.peers:
         prog.note(f"{wl.name}: building and filling the in-process numpy ring")
@@ -291,7 +306,10 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
             built["numpy"] = floor
     if "naive" in built:
         built["naive"].ring = ring  # type: ignore[attr-defined]
-    return [built[p] for p in cfg.peers], pools
+    if "sb3" in peers:  # in-process private memory too: after the fork
+        prog.note(f"{wl.name}: building and filling sb3")
+        built["sb3"] = build(lambda: SB3System(wl))
+    return [built[p] for p in peers], pools
 
 
 # -- physical limits and pieces ---------------------------------------------------------
@@ -427,7 +445,8 @@ def machine() -> dict[str, Any]:
 
     return {"cpus": os.cpu_count(), "memory GiB": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-            "cpprb": _version("cpprb"), "shmbuf": shmbuf.__version__,
+            "cpprb": _version("cpprb"), "torch": _version("torch"), "torchrl": _version("torchrl"),
+            "stable-baselines3": _version("stable-baselines3"), "shmbuf": shmbuf.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
