@@ -11,8 +11,9 @@ import pytest
 
 from shmbuf.bench import peers, report, run
 
-TINY = peers.Workload("tiny", 2048, {"obs": ((3,), np.float32), "reward": ((), np.float32),
-                                     "done": ((), np.bool_)})
+TINY = peers.Workload("tiny", 2048, {
+    "obs": ((3,), np.float32), "next_obs": ((3,), np.float32), "action": ((2,), np.float32),
+    "reward": ((), np.float32), "done": ((), np.bool_)})
 
 
 @pytest.fixture
