@@ -34,6 +34,17 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class _Closed:
+    """Stands in for the ring of a closed handle: any use says so clearly."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise ValueError(f"this handle of buffer {self._name!r} is closed; "
+                         f"attach again with shmbuf.Buffer.attach({self._name!r})")
+
+
 def _finalize(seg: Segment, lock: HeaderLock, owner_pid: int | None, ino: int) -> None:
     """Close a handle; the creating process (not a forked copy of it) also destroys it."""
     lock.close()
@@ -557,7 +568,7 @@ class Buffer:
             self.release_lane(timeout=1.0)
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
-        self._ring = None  # type: ignore[assignment]
+        self._ring = _Closed(self.name)  # type: ignore[assignment]
         self._finalizer()
 
     def unlink(self) -> None:

@@ -84,3 +84,7 @@ def test_closed_handle(name):
     buf.close()
     buf.close()
     assert buf.closed and "closed" in repr(buf)
+    for use in (lambda: buf.add({"x": 1}), lambda: buf.sample(1), lambda: len(buf),
+                lambda: buf.sample_sequences(1, 1), buf.clear):
+        with pytest.raises(ValueError, match=f"handle of buffer {name!r} is closed"):
+            use()
