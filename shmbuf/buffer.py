@@ -347,12 +347,13 @@ class Buffer:
                     f"truncate_ok=True to keep only the last {cap}")
             arrays = [a[n - cap:] for a in arrays]
             n = cap
+        if n == 1:
+            arrays = [a[0] for a in arrays]  # one row is written without its row axis
         self._write(arrays, n, lane, timeout)
 
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
                timeout: float | None) -> None:
         timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
         if lane is None and self._layout.lanes == 1:
             lane = 0
         else:
@@ -360,7 +361,7 @@ class Buffer:
         if lane not in self._prefaulted:
             self.prefault(lane)
         first, entry = self._ring.reserve(lane, n, timeout)
-        self._ring.write(lane, first, entry, arrays, n, deadline)
+        self._ring.write(lane, first, entry, arrays, n, timeout)
 
     def prefault(self, lane: int | None = None) -> None:
         """Map the buffer's pages (one lane's, or all) into this process now.

@@ -99,8 +99,6 @@ class HeaderLock:
                 pass
 
     def release(self) -> None:
-        if self._note is not None:
-            self._note(0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._thread_lock.release()
 

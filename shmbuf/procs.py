@@ -21,10 +21,18 @@ _me: tuple[int, float] | None = None
 def identity() -> tuple[int, float]:
     """``(pid, start_time)`` of the calling process (cached; renewed after fork)."""
     global _me
-    if _me is None or _me[0] != os.getpid():
+    if _me is None:
         pid = os.getpid()
         _me = (pid, psutil.Process(pid).create_time())
     return _me
+
+
+def _forget_identity() -> None:
+    global _me
+    _me = None
+
+
+os.register_at_fork(after_in_child=_forget_identity)
 
 
 def is_alive(pid: int, start_time: float) -> bool:

@@ -132,10 +132,10 @@ class Ring:
         return head, entry
 
     def write(self, lane: int, first: int, entry: int, sources: list[np.ndarray], n: int,
-              deadline: float) -> None:
-        """Copy ``sources`` (one array per field, in layout order, ``n`` rows each, or one
-        row without a row axis) into the reserved rows and publish them. Frees the entry
-        whatever happens."""
+              timeout: float) -> None:
+        """Copy ``sources`` (one array per field, in layout order: ``n`` rows each, or for
+        ``n == 1`` one row without a row axis) into the reserved rows and publish them.
+        Frees the entry whatever happens; waits at most ``timeout`` for older writers."""
         lc = self.lane_capacity
         base = lane * lc
         slot = first % lc
@@ -149,13 +149,13 @@ class Ring:
             if HOOK is not None:
                 HOOK("reserved")
             if first + n > lc and not self._older_done(first, runs):
-                self._wait_for_older(lane, first, n, entry, runs, deadline)
+                self._wait_for_older(lane, first, n, entry, runs, time.monotonic() + timeout)
             if n == 1:
                 row = base + slot
                 stamps[row] = 2 * first + 1
                 stamped = True
                 for dest, src in zip(self.arrays.values(), sources):
-                    dest[row:row + 1] = src
+                    dest[row] = src
                     if HOOK is not None:
                         HOOK("writing")
                 stamps[row] = 2 * first + 2
