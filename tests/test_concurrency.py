@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import ring, sampling
+from shmbuf import sampling
 from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
                      write_and_hang)
 
@@ -221,7 +221,7 @@ def test_live_slow_writer_makes_a_wrapping_writer_wait_then_time_out(name, tmp_p
 def _fork_then_hold_lock(name, flag, child_pid_file):
     """Attach, fork a long-lived child (it inherits our descriptors), then take the lock
     and stop there. If the lock lived on a shared descriptor, killing us would not free it."""
-    buf = shmbuf.Buffer.attach(name)
+    held = shmbuf.Buffer.attach(name)  # its lock descriptor is what the child inherits
     pid = os.fork()
     if pid == 0:
         time.sleep(60)
@@ -229,6 +229,7 @@ def _fork_then_hold_lock(name, flag, child_pid_file):
     with open(child_pid_file, "w") as f:
         f.write(str(pid))
     write_and_hang(name, "locked", flag)
+    held.close()  # not reached: write_and_hang stops for good
 
 
 def test_lock_is_released_even_if_the_holder_forked(name, tmp_path):

@@ -158,7 +158,7 @@ def test_prefault_maps_the_pages_once(name):
     import psutil
 
     me = psutil.Process()
-    with shmbuf.Buffer.create({"x": ((1024,), "uint8")}, 64 * 1024, lanes=2, name=name) as buf:
+    with shmbuf.Buffer.create({"x": ((1024,), "uint8")}, 64 * 1024, lanes=2, name=name):
         other = shmbuf.Buffer.attach(name)  # 64 MiB, never touched by this process
         rss = me.memory_info().rss
         other.add({"x": np.ones(1024, np.uint8)}, lane=1)  # the first write maps lane 1

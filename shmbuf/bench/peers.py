@@ -91,8 +91,9 @@ class System:
         n = len(next(iter(data.values())))
         step = min(n, 1024)
         add = self.local_adder(step)
-        for start in range(0, self.wl.capacity - step + 1, step):
-            add({f: v[:step] for f, v in data.items()})
+        rows = {f: v[:step] for f, v in data.items()}
+        for _ in range(self.wl.capacity // step):
+            add(rows)
 
     def writer(self, chunk: int) -> Callable[[Batch], None]:
         """In a forked writer process: a function adding one item of :func:`prepare`."""

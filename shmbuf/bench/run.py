@@ -21,7 +21,6 @@ import numpy as np
 import psutil
 
 import shmbuf
-from shmbuf import lock as lockmod
 from shmbuf import segment
 
 from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
@@ -315,39 +314,41 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
 # -- physical limits and pieces ---------------------------------------------------------
 
 def physical_limits(r: Results, cfg: Config) -> None:
+    """memcpy bandwidth, and random-row gathers of each workload from shared and private memory."""
     src = np.ones(256 << 20, np.uint8)
     dst = np.empty_like(src)
     best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
     r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
-    del src, dst
     for wl in (WORKLOADS[w] for w in cfg.workloads):
         cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
-        rng = np.random.default_rng(0)
-        for where in ("shared", "private"):
-            if where == "shared":
-                seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes, track=True)
-                mem: Any = seg.mmap
-            else:
-                seg, mem = None, bytearray(cap * wl.row_bytes)
-            arrays, off = [], 0
-            for shape, dtype in wl.fields.values():
-                a = np.ndarray((cap,) + shape, dtype, mem, off)
-                a.view(np.uint8)[...] = 1
-                arrays.append(a)
-                off += a.nbytes
-            outs = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
+        seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes, track=True)
+        try:
+            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes))):
+                rate = _gather_rate(wl, mem, cap)
+                r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
+                    rate * BATCH * wl.row_bytes / 1e9
+                r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
+        finally:
+            seg.unlink()
+            seg.close()
 
-            def gather() -> None:
-                idx = rng.integers(0, cap, BATCH)
-                for a, o in zip(arrays, outs):
-                    np.take(a, idx, axis=0, out=o, mode="clip")
-            rate = statistics.median(_local_loop(gather, 0.3) for _ in range(3))
-            r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = rate * BATCH * wl.row_bytes / 1e9
-            r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
-            del arrays, outs, a
-            if seg is not None:
-                seg.unlink()
-                seg.close()
+
+def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:
+    """Batches/s of plain numpy gathers of 256 random rows of every field laid out in ``mem``."""
+    arrays, off = [], 0
+    for shape, dtype in wl.fields.values():
+        a = np.ndarray((cap,) + shape, dtype, mem, off)
+        a.view(np.uint8)[...] = 1
+        arrays.append(a)
+        off += a.nbytes
+    outs = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
+    rng = np.random.default_rng(0)
+
+    def gather() -> None:
+        idx = rng.integers(0, cap, BATCH)
+        for a, o in zip(arrays, outs):
+            np.take(a, idx, axis=0, out=o, mode="clip")
+    return statistics.median(_local_loop(gather, 0.3) for _ in range(3))
 
 
 def _timed(fn: Any) -> float:
@@ -391,26 +392,32 @@ def pieces(r: Results, cfg: Config) -> None:
         r.extra["lock contended (2 processes) pairs/s"] = total
         r.extra["lock contended ns/pair"] = 1e9 * 2 / total
     for wl in (WORKLOADS[w] for w in cfg.workloads):
-        # the check reads stamps only: a one-byte field with the workload's capacity will do
-        with shmbuf.Buffer.create({"x": ((), np.int8)}, wl.capacity, name=f"bench-check-{os.getpid()}") as buf:
-            step = min(4096, wl.capacity)
-            block = {"x": np.zeros(step, np.int8)}
-            for _ in range(wl.capacity // step + 1):
-                buf.extend(block)
-            stamps, rng, cap = buf._ring.stamps, np.random.default_rng(0), wl.capacity
+        r.extra.setdefault("torn-read check us/batch", {})[wl.name] = _check_cost(wl, seconds)
 
-            def check() -> None:
-                flat = rng.integers(0, cap, BATCH)
-                before = stamps.take(flat)
-                after = stamps.take(flat)
-                ok = before == flat
-                ok &= after == before
-                ok.all()
 
-            def draw() -> None:
-                rng.integers(0, cap, BATCH)
-            cost = 1e6 / _local_loop(check, seconds) - 1e6 / _local_loop(draw, seconds)
-            r.extra.setdefault("torn-read check us/batch", {})[wl.name] = cost
+def _check_cost(wl: Workload, seconds: float) -> float:
+    """Microseconds per batch that the torn-read check adds: the stamp reads before and
+    after the copy and the comparisons, as sampling.py does them."""
+    # the check reads stamps only: a one-byte field with the workload's capacity will do
+    with shmbuf.Buffer.create({"x": ((), np.int8)}, wl.capacity, name=f"bench-check-{os.getpid()}") as buf:
+        step = min(4096, wl.capacity)
+        block = {"x": np.zeros(step, np.int8)}
+        for _ in range(wl.capacity // step + 1):
+            buf.extend(block)
+        stamps, rng, cap = buf._ring.stamps, np.random.default_rng(0), wl.capacity
+
+        def check() -> None:
+            flat = rng.integers(0, cap, BATCH)
+            expected = flat * 2 + 2
+            before = stamps.take(flat)
+            after = stamps.take(flat)
+            ok = before == expected
+            ok &= after == before
+            ok.all()
+
+        def draw() -> None:
+            rng.integers(0, cap, BATCH)
+        return 1e6 / _local_loop(check, seconds) - 1e6 / _local_loop(draw, seconds)
 
 
 # -- memory: attaching processes do not copy --------------------------------------------
