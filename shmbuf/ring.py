@@ -180,6 +180,14 @@ class Ring:
                     stamps[lo:hi] = 0
             self.res_pid[entry] = 0
 
+    @staticmethod
+    def _entry_alive(res: np.ndarray, i: int, cache: dict[tuple[int, float], bool]) -> bool:
+        """Is the process that holds reservation entry ``i`` (of a copy ``res``) alive?"""
+        who = (int(res[i, RES_PID]), float(res[i].view(np.float64)[RES_CTIME]))
+        if who not in cache:
+            cache[who] = procs.is_alive(*who)
+        return cache[who]
+
     def _free_entry(self) -> int:
         """A free reservation entry (caller holds the lock)."""
         hint = getattr(self._hint, "entry", 0)
@@ -187,8 +195,9 @@ class Ring:
             return hint
         free = np.flatnonzero(self.res_pid == 0)
         if len(free) == 0:  # reclaim entries of dead writers
-            for i in range(len(self.res_pid)):
-                if not procs.is_alive(int(self.res_pid[i]), float(self.res_f[i, RES_CTIME])):
+            res, cache = self.res.copy(), {}
+            for i in range(len(res)):
+                if not self._entry_alive(res, i, cache):
                     self.res_pid[i] = 0
             free = np.flatnonzero(self.res_pid == 0)
             if len(free) == 0:
@@ -234,17 +243,11 @@ class Ring:
         alive: dict[tuple[int, float], bool] = {}
         while True:
             res = self.res.copy()
-            pids = res[:, RES_PID]
-            older = ((pids != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < hi_seq)
+            older = ((res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < hi_seq)
                      & (res[:, RES_START] + res[:, RES_COUNT] > lo_seq))
             older[entry] = False
-            blockers = []
-            for i in np.flatnonzero(older):
-                who = (int(pids[i]), float(res[i].view(np.float64)[RES_CTIME]))
-                if who not in alive:
-                    alive[who] = procs.is_alive(*who)
-                if alive[who]:
-                    blockers.append(who[0])
+            blockers = [int(res[i, RES_PID]) for i in np.flatnonzero(older)
+                        if self._entry_alive(res, i, alive)]
             if not blockers or self._older_done(first, runs):
                 return
             if time.monotonic() >= deadline:
@@ -258,11 +261,8 @@ class Ring:
 
     def live_writers_in_flight(self) -> bool:
         """True if some live process has rows reserved and not yet published."""
-        res = self.res.copy()
-        for i in np.flatnonzero(res[:, RES_PID] != 0):
-            if procs.is_alive(int(res[i, RES_PID]), float(res[i].view(np.float64)[RES_CTIME])):
-                return True
-        return False
+        res, cache = self.res.copy(), {}
+        return any(self._entry_alive(res, i, cache) for i in np.flatnonzero(res[:, RES_PID] != 0))
 
     # -- lanes -----------------------------------------------------------------------
 

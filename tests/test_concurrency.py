@@ -261,3 +261,21 @@ def test_dead_processes_lane_can_be_claimed_again(name):
         p.join(30)
         assert p.exitcode == -signal.SIGKILL
         assert buf.claim_lane() == 0  # 1 if the dead process still held lane 0
+
+
+def test_full_reservation_table_of_dead_writers_is_reclaimed(name):
+    """Entries left by writers killed mid-write are taken back when none is free."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(30)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
+        res = buf._ring.res
+        res[:, 0] = dead.pid  # every entry held by a process that has exited
+        res[:, 2] = 0
+        res[:, 3] = 10**6  # far ahead: overlaps nothing anyone waits for
+        res[:, 4] = 1
+        buf.add({"x": 7}, timeout=5)
+        assert buf.sample(5)["x"].tolist() == [7] * 5
+        assert (res[:, 0] == 0).sum() >= len(res) - 1
