@@ -117,7 +117,7 @@ class Buffer:
         self._prefaulted: set[int] = set()  # lanes whose pages this handle has mapped
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
-        self._ino = os.fstat(self._lock._fd).st_ino
+        self._ino = os.fstat(self._lock.fileno()).st_ino  # identifies this segment
         owner_pid = os.getpid() if owner else None
         self._owner_pid = owner_pid
         self._finalizer = weakref.finalize(self, _finalize, seg, self._lock, owner_pid, self._ino)

@@ -102,6 +102,10 @@ class HeaderLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._thread_lock.release()
 
+    def fileno(self) -> int:
+        """This handle's own descriptor on the segment (-1 once closed)."""
+        return self._fd
+
     def hold(self, timeout: float) -> "_Held":
         """Context manager: ``with lock.hold(timeout): ...``."""
         self.acquire(timeout)
