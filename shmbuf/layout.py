@@ -7,7 +7,7 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
     256          schema: UTF-8 JSON list of {name, dtype, shape, offset}
     aligned      control   (16 int64)      lock-holder pid (diagnostics), spare words
     aligned      lanes     (lanes x 8)     head, base, claim pid, claim start time, spare
-    aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count
+    aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count, token
     aligned      stamps    (capacity)      per-slot sequence stamp (see ring.py)
     aligned      one array per field       (capacity, *shape), C order
 
@@ -29,6 +29,8 @@ from typing import Any, Mapping
 import numpy as np
 from numpy.lib import format as npformat
 
+from .segment import FormatError, NotReadyError
+
 MAGIC = b"\x93SHMBUF\x01"
 VERSION = 1
 ALIGN = 64
@@ -43,14 +45,16 @@ FLAG_PERSIST = 1
 
 # Column indices of the int64 tables.
 LANE_HEAD, LANE_BASE, LANE_CLAIM_PID, LANE_CLAIM_CTIME = 0, 1, 2, 3
-RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT = 0, 1, 2, 3, 4
+RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
 CONTROL_WORDS = 16
 
 
-class FormatError(ValueError):
-    """The segment exists but is not a (compatible, complete) shmbuf buffer."""
+MAX_DIMS = 62
+"""Dimensions a field's rows may have: a batch of sequences adds two axes, and numpy
+arrays have at most 64 (32 before numpy 2, so fewer there)."""
+MAX_RESERVATIONS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,21 @@ class Field:
     @property
     def row_bytes(self) -> int:
         return self.dtype.itemsize * math.prod(self.shape)
+
+
+def _max_dims() -> int:
+    """:data:`MAX_DIMS`, or fewer where numpy allows fewer than 64 dimensions."""
+    global _MAX_DIMS_HERE
+    if _MAX_DIMS_HERE is None:
+        try:
+            np.empty((1,) * 64)
+            _MAX_DIMS_HERE = MAX_DIMS
+        except ValueError:  # numpy 1.x: 32
+            _MAX_DIMS_HERE = 30
+    return _MAX_DIMS_HERE
+
+
+_MAX_DIMS_HERE: int | None = None
 
 
 def _align(n: int) -> int:
@@ -108,6 +127,9 @@ def normalize_fields(fields: Mapping[str, Any]) -> list[Field]:
             shape = tuple(_as_count(d, f"field {name!r}: shape dimension", 0) for d in shape_in)
         else:
             shape = (_as_count(shape_in, f"field {name!r}: shape", 0),)
+        if len(shape) > _max_dims():
+            raise ValueError(f"field {name!r}: shape {shape} has {len(shape)} dimensions; at most "
+                             f"{_max_dims()} are supported")
         try:
             dtype = np.dtype(dtype_in)
         except TypeError as exc:
@@ -120,6 +142,9 @@ def normalize_fields(fields: Mapping[str, Any]) -> list[Field]:
         if dtype.subdtype is not None:  # ('f4', (3,)) is a (3,) float32 sub-array
             dtype, sub = dtype.subdtype
             shape = shape + sub
+            if len(shape) > _max_dims():
+                raise ValueError(f"field {name!r}: shape {shape} (with the dtype's sub-array) has "
+                                 f"{len(shape)} dimensions; at most {_max_dims()} are supported")
         field = Field(name, shape, dtype)
         if field.row_bytes == 0:
             raise ValueError(
@@ -206,12 +231,17 @@ class Layout:
 
     @classmethod
     def read(cls, mem: Any, name: str) -> "Layout":
-        """Parse and validate a segment's header; never reads outside ``mem``."""
-        size = len(mem)
+        """Parse and validate a segment's header and schema; never reads outside ``mem``.
 
+        Everything in a segment is untrusted (another program, a bug or an attacker may
+        have written it): every problem is a :class:`FormatError`, and a layout that
+        passes cannot make later array views overlap, leave the segment, hold Python
+        objects or break numpy's limits.
+        """
         def bad(why: str) -> FormatError:
             return FormatError(f"shared-memory segment {name!r} is not a usable shmbuf buffer: {why}")
 
+        size = len(mem)
         if size < HEADER_SIZE:
             raise bad(f"it is {size} bytes, smaller than a header ({HEADER_SIZE})")
         (magic, version, flags, total, capacity, lanes, lane_cap, schema_off, schema_size,
@@ -219,36 +249,75 @@ class Layout:
             _HEADER.unpack_from(mem, 0)
         if magic != MAGIC:
             if magic == b"\0" * 8:
-                raise bad("its header is not written (still being created, or the creator "
-                          "died while creating it)")
+                raise NotReadyError(
+                    f"shared-memory segment {name!r} is not ready: its header is not written "
+                    "(it is still being created, or its creator died while creating it)")
             raise bad(f"bad magic {magic!r}")
         if version != VERSION:
             raise bad(f"format version {version}, but this shmbuf reads version {VERSION}; "
                       "use the shmbuf release that created it")
+        if flags & ~FLAG_PERSIST:
+            raise bad(f"unknown flags {flags:#x}")
         if total > size:
             raise bad(f"truncated: the header says {total} bytes, the segment has {size}")
         if not (capacity >= 1 and lanes >= 1 and capacity % lanes == 0
                 and lane_cap == capacity // lanes):
             raise bad(f"inconsistent capacity {capacity} / lanes {lanes} / lane capacity {lane_cap}")
-        blocks = [(schema_off, schema_size), (control, CONTROL_WORDS * 8),
-                  (lanes_off, lanes * TABLE_WIDTH * 8), (res_off, n_res * TABLE_WIDTH * 8),
-                  (stamps, capacity * 8)]
-        for off, length in blocks:
-            if off < HEADER_SIZE or off + length > total:
-                raise bad("a table lies outside the segment")
+        if not 1 <= n_res <= MAX_RESERVATIONS:
+            raise bad(f"{n_res} reservation entries (expected 1 to {MAX_RESERVATIONS})")
+        if pid < 0 or not (math.isfinite(ctime) and math.isfinite(created_at)):
+            raise bad(f"bad creator fields (pid {pid}, start time {ctime}, created {created_at})")
+        if schema_off < HEADER_SIZE or schema_off + schema_size > total:
+            raise bad(f"the schema lies outside the segment ({schema_off} + {schema_size})")
         try:
-            raw = json.loads(bytes(mem[schema_off:schema_off + schema_size]).decode("utf-8"))
-            fields = tuple(
-                Field(d["name"], tuple(int(x) for x in d["shape"]),
-                      npformat.descr_to_dtype(_tupleize(d["dtype"])), int(d["offset"]))
-                for d in raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise bad(f"unreadable schema ({exc})") from None
-        for f in fields:
-            if f.offset < HEADER_SIZE or f.offset + capacity * f.row_bytes > total:
-                raise bad(f"field {f.name!r} lies outside the segment")
+            fields = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
+        except FormatError as exc:
+            raise bad(str(exc)) from None
+        blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
+                  ("lane table", lanes_off, lanes * TABLE_WIDTH * 8),
+                  ("reservation table", res_off, n_res * TABLE_WIDTH * 8),
+                  ("stamps", stamps, capacity * 8)]
+        blocks += [(f"field {f.name!r}", f.offset, capacity * f.row_bytes) for f in fields]
+        end = HEADER_SIZE
+        for what, off, length in sorted(blocks, key=lambda b: b[1]):
+            if off % ALIGN:
+                raise bad(f"the {what} at offset {off} is not aligned to {ALIGN} bytes")
+            if off < end:
+                raise bad(f"the {what} at offset {off} overlaps the header or another block")
+            end = off + length
+            if end > total:
+                raise bad(f"the {what} lies outside the segment ({off} + {length} > {total})")
         return cls(fields, capacity, lanes, flags, total, schema_off, schema_size, control,
                    lanes_off, res_off, n_res, stamps, pid, ctime, created_at)
+
+
+def _parse_schema(raw: bytes) -> tuple[Field, ...]:
+    """The fields of a stored schema, checked like a user's schema; FormatError if bad."""
+    try:
+        items = json.loads(raw.decode("utf-8"))
+        if not isinstance(items, list) or not items:
+            raise FormatError("the schema is not a non-empty list of fields")
+        spec, offsets = {}, []
+        for d in items:
+            if not isinstance(d, dict) or set(d) != {"name", "dtype", "shape", "offset"}:
+                raise FormatError(f"a schema entry is not a field description: {d!r:.200}")
+            name, shape, offset = d["name"], d["shape"], d["offset"]
+            if not isinstance(name, str) or name in spec:
+                raise FormatError(f"field names must be unique strings, got {name!r:.100}")
+            if not isinstance(shape, list) or not all(type(x) is int for x in shape) \
+                    or type(offset) is not int or offset < 0:
+                raise FormatError(f"field {name!r:.100}: bad shape {shape!r:.100} or offset {offset!r}")
+            spec[name] = (tuple(shape), npformat.descr_to_dtype(_tupleize(d["dtype"])))
+            offsets.append(offset)
+        fields = normalize_fields(spec)
+    except FormatError:
+        raise
+    except Exception as exc:  # json, unicode, numpy and our own schema checks: all untrusted input
+        raise FormatError(f"unreadable schema ({type(exc).__name__}: {exc})"[:500]) from None
+    for f, (shape, _) in zip(fields, spec.values()):
+        if f.shape != shape:
+            raise FormatError(f"field {f.name!r}: its dtype has a sub-array")
+    return tuple(Field(f.name, f.shape, f.dtype, off) for f, off in zip(fields, offsets))
 
 
 def _tupleize(descr: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -14,18 +15,18 @@ import pytest
 import shmbuf
 from shmbuf import layout, segment
 
-from conftest import MUJOCO
+from conftest import MUJOCO, shm_path
 
 
 def test_create_attach_unlink(name):
     buf = shmbuf.Buffer.create(MUJOCO, 100, name=name)
-    assert os.path.exists(f"/dev/shm/shmbuf-{name}")
+    assert os.path.exists(shm_path(name))
     other = shmbuf.Buffer.attach(name)
     assert other.fields == buf.fields and other.capacity == 100 and other.name == name
     other.close()
-    assert os.path.exists(f"/dev/shm/shmbuf-{name}"), "an attached handle's close destroyed it"
+    assert os.path.exists(shm_path(name)), "an attached handle's close destroyed it"
     buf.close()
-    assert not os.path.exists(f"/dev/shm/shmbuf-{name}")
+    assert not os.path.exists(shm_path(name))
     with pytest.raises(FileNotFoundError, match="no shared-memory buffer named"):
         shmbuf.Buffer.attach(name)
 
@@ -35,7 +36,7 @@ def test_unlink_twice_is_harmless_and_handles_keep_working(name):
     other = shmbuf.Buffer.attach(name)
     other.unlink()
     other.unlink()
-    assert not os.path.exists(f"/dev/shm/shmbuf-{name}")
+    assert not os.path.exists(shm_path(name))
     buf.add({"x": 3})  # still mapped: keeps working
     assert other.sample(1)["x"][0] == 3
     other.close()
@@ -64,8 +65,9 @@ def test_creator_close_does_not_destroy_a_recreated_name(name):
 
 
 def _raw_segment(name: str, data: bytes) -> None:
-    seg = segment.Segment.create(name, max(len(data), 1), track=False)
+    seg = segment.Segment.create(name, max(len(data), 1))
     seg.mmap[:len(data)] = data
+    seg.untrack()  # the test unlinks it
     seg.close()
 
 
@@ -85,6 +87,16 @@ def real_header(patch) -> bytes:
         raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
     patch(raw)
     return bytes(raw)
+
+
+def patch_schema(raw: bytearray, edit) -> None:
+    """Rewrite the schema JSON of a segment image with ``edit(list_of_field_dicts)``."""
+    off, size = struct.unpack_from("<QQ", raw, 48)  # schema offset and size
+    fields = json.loads(bytes(raw[off:off + size]))
+    edit(fields)
+    new = json.dumps(fields).encode()
+    assert len(new) <= size, "the edited schema must fit where the old one was"
+    raw[off:off + size] = new.ljust(size)
 
 
 def test_attach_rejects_foreign_segment(name):
@@ -109,14 +121,12 @@ def test_attach_rejects_truncated_segment(name):
 def test_attach_rejects_lying_offsets(name):
     # a field offset pointing past the end must be caught before anything is read
     def lie(raw):
-        off, size = layout.HEADER_SIZE, struct.unpack_from("<Q", raw, 64)[0]
-        schema = bytes(raw[off:off + size]).replace(b'"offset":', b'"offset":9', 1)
-        raw[off:off + size] = schema[:size]
+        patch_schema(raw, lambda fields: fields[0].update(offset=64 * 10**6))
     assert_rejected(name, real_header(lie), "outside the segment")
 
 
 def test_attach_waits_for_a_header_being_written_then_gives_up(name):
-    assert_rejected(name, b"\0" * 4096, "not written", timeout=0.2)
+    assert_rejected(name, b"\0" * 4096, "did not become a complete buffer within 0.2 s", timeout=0.2)
 
 
 def test_too_big_for_dev_shm_fails_at_creation(name):
@@ -129,7 +139,7 @@ def test_too_big_for_dev_shm_fails_at_creation(name):
     needed = layout.Layout.plan({"x": ((8,), "float64")}, capacity).total_size
     assert f"needs {needed:,} bytes" in msg
     assert f"{segment.free_bytes():,}"[:4] in msg  # states what is available
-    assert not os.path.exists(f"/dev/shm/shmbuf-{name}")
+    assert not os.path.exists(shm_path(name))
 
 
 def test_fallocate_failure_is_reported_not_sigbus(name, monkeypatch):
@@ -138,7 +148,7 @@ def test_fallocate_failure_is_reported_not_sigbus(name, monkeypatch):
     too_big = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize * 2
     with pytest.raises(shmbuf.ShmSpaceError, match="--shm-size"):
         segment.Segment.create(name, too_big)
-    assert not os.path.exists(f"/dev/shm/shmbuf-{name}")
+    assert not os.path.exists(shm_path(name))
 
 
 SMALL_SHM = textwrap.dedent("""

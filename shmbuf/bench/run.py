@@ -321,7 +321,7 @@ def physical_limits(r: Results, cfg: Config) -> None:
     r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
     for wl in (WORKLOADS[w] for w in cfg.workloads):
         cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
-        seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes, track=True)
+        seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
         try:
             for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes))):
                 rate = _gather_rate(wl, mem, cap)
