@@ -10,9 +10,16 @@ A flock is released by the kernel when the last descriptor of its open file
 description closes, which process death does.
 
 The fork trap: a forked child shares its parent's open file descriptions. If the
-child kept the parent's lock descriptor, killing the parent while it holds the lock
-would not release it. So after a fork every live lock closes the inherited
-descriptor and opens its own (``os.register_at_fork``).
+child locked the parent's descriptor, killing the parent while it holds the lock
+would not release it. So the descriptor is the segment handle's own, which a forked
+child replaces by a new one (``Segment`` does that at fork); the lock reads it at each
+acquire.
+
+**Ctrl-C.** ``KeyboardInterrupt`` can be raised between any two bytecodes, also right
+after ``flock`` returned. ``acquire`` either returns with both locks held or raises
+with neither (unlocking an flock one does not hold is a no-op, so its error path
+always unlocks); ``release`` releases the thread lock whatever happens to the flock.
+A notebook that catches the interrupt and goes on never leaves the buffer locked.
 
 Acquisition polls with a short backoff up to a deadline, so every acquire takes a
 timeout; the critical sections it guards are a few microseconds long.
@@ -37,22 +44,23 @@ class LockTimeout(TimeoutError):
 class HeaderLock:
     """Cross-process, crash-safe, thread-safe mutex on a segment.
 
-    ``open_fd`` returns a new descriptor on the segment (a new open file description);
-    ``note_holder`` records the holder's pid in the header for diagnostics.
+    ``fileno`` returns this handle's own descriptor on the segment (its own open file
+    description; -1 once closed); ``note_holder`` records the holder's pid in the header
+    for diagnostics, ``describe_holder`` reads it back for error messages.
 
     Example:
-        >>> lock = HeaderLock(lambda: os.open("/tmp/doc.lock", os.O_CREAT | os.O_RDWR))
+        >>> fd = os.open("/tmp/doc.lock", os.O_CREAT | os.O_RDWR)
+        >>> lock = HeaderLock(lambda: fd)
         >>> with lock.hold(timeout=1.0):
         ...     pass
-        >>> lock.close()
+        >>> os.close(fd)
     """
 
-    def __init__(self, open_fd: Callable[[], int], note_holder: Callable[[int], None] | None = None,
+    def __init__(self, fileno: Callable[[], int], note_holder: Callable[[int], None] | None = None,
                  describe_holder: Callable[[], str] | None = None) -> None:
-        self._open_fd = open_fd
+        self.fileno = fileno
         self._note = note_holder
         self._describe = describe_holder
-        self._fd = open_fd()
         self._pid = os.getpid()
         self._thread_lock = threading.Lock()
         _live.add(self)
@@ -62,19 +70,24 @@ class HeaderLock:
         if not self._thread_lock.acquire(False):
             if not self._thread_lock.acquire(timeout=max(timeout, 0.0)):
                 raise self._timeout(timeout)
+        fd = -1
         try:
-            fd = self._fd
+            fd = self.fileno()
             if fd < 0:
                 raise ValueError("the buffer handle is closed")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 self._wait(fd, time.monotonic() + timeout, timeout)
+            if self._note is not None:
+                self._note(self._pid)
         except BaseException:
-            self._thread_lock.release()
+            try:
+                if fd >= 0:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                self._thread_lock.release()
             raise
-        if self._note is not None:
-            self._note(self._pid)
 
     def _wait(self, fd: int, deadline: float, timeout: float) -> None:
         """Contended. The holder keeps the lock for microseconds, so first retry at once
@@ -99,23 +112,15 @@ class HeaderLock:
                 pass
 
     def release(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._thread_lock.release()
-
-    def fileno(self) -> int:
-        """This handle's own descriptor on the segment (-1 once closed)."""
-        return self._fd
+        try:
+            fcntl.flock(self.fileno(), fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
 
     def hold(self, timeout: float) -> "_Held":
-        """Context manager: ``with lock.hold(timeout): ...``."""
-        self.acquire(timeout)
-        return _Held(self)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        _live.discard(self)
+        """Context manager: ``with lock.hold(timeout): ...`` (acquired on entry, so no
+        interrupt can fall between taking the lock and the ``with`` owning it)."""
+        return _Held(self, timeout)
 
     def _timeout(self, timeout: float) -> LockTimeout:
         who = f" ({self._describe()})" if self._describe is not None else ""
@@ -129,30 +134,25 @@ class HeaderLock:
     def _after_fork_in_child(self) -> None:
         self._thread_lock = threading.Lock()
         self._pid = os.getpid()
-        if self._fd >= 0:
-            os.close(self._fd)  # drop the parent's open file description
-            try:
-                self._fd = self._open_fd()
-            except OSError:  # unlinked meanwhile: this child's handle is unusable
-                self._fd = -1
 
 
 class _Held:
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_timeout")
 
-    def __init__(self, lock: HeaderLock) -> None:
+    def __init__(self, lock: HeaderLock, timeout: float) -> None:
         self._lock = lock
+        self._timeout = timeout
 
     def __enter__(self) -> None:
-        return None
+        self._lock.acquire(self._timeout)
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
 
-def _reopen_all_in_child() -> None:
+def _reset_all_in_child() -> None:
     for lock in list(_live):
         lock._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_reopen_all_in_child)
+os.register_at_fork(after_in_child=_reset_all_in_child)
