@@ -12,6 +12,7 @@ same pid namespace (containers sharing ``/dev/shm`` with ``--ipc=host`` but not
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
@@ -49,3 +50,31 @@ def is_alive(pid: int, start_time: float) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+class Liveness:
+    """:func:`is_alive` with a memory for loops that ask again and again.
+
+    A dead process stays dead (a pid and start time never come back), so that answer
+    is kept; "alive" is asked again once it is ``refresh`` seconds old, so a process
+    killed while someone waits on it is noticed within that time.
+    """
+
+    def __init__(self, refresh: float = 0.002) -> None:
+        self._refresh = refresh
+        self._dead: set[tuple[int, float]] = set()
+        self._alive: dict[tuple[int, float], float] = {}
+
+    def __call__(self, pid: int, start_time: float) -> bool:
+        who = (pid, start_time)
+        if who in self._dead:
+            return False
+        now = time.monotonic()
+        if now - self._alive.get(who, -1e9) < self._refresh:
+            return True
+        if is_alive(pid, start_time):
+            self._alive[who] = now
+            return True
+        self._dead.add(who)
+        self._alive.pop(who, None)
+        return False

@@ -15,17 +15,23 @@ that sees ``2*s + 2`` both before and after copying a row copied exactly row ``s
 (a seqlock). "Is this window ``s .. s+L-1`` consecutive, in write order and
 published?" is one vectorised comparison with ``2*(s + arange(L)) + 2``.
 
-**Writing** (``Ring.reserve`` then ``Ring.write``):
+**Writing** (:meth:`Ring.put`):
 
-1. Under the header lock: take an entry in the reservation table (who, lane, first
-   sequence, count), then advance the lane's head. The head store is the commit:
-   a writer killed before it reserved nothing; killed after it, its entry says which
-   rows it owns.
-2. Outside the lock: wait until every older row that lived in the same slots is
-   finished (published, abandoned, or its writer is dead). This matters only when a
-   tiny ring wraps onto a slow writer's rows. Waiting only ever goes to strictly older
-   rows, so it cannot deadlock.
+1. Under the header lock: take an entry in the reservation table (who, a token
+   unique to this write, lane, first sequence, count), then advance the lane's head.
+   The head store is the commit: a writer killed before it reserved nothing; killed
+   after it, its entry says which rows it owns.
+2. Outside the lock: wait until no live writer of an older reservation, on any lap,
+   still owns rows in our slots. A slot holding the published row of one lap ago
+   proves it at once (that row's writer waited the same way before publishing); only
+   a tiny ring that wraps onto a slow, dead or timed-out writer's rows needs the table
+   scan. Waiting only ever goes to strictly older rows, so it cannot deadlock; a
+   waiter re-checks every few milliseconds whether the writers it waits for died.
 3. Stamp the slots odd, copy the data, stamp them even, free the entry.
+
+Any exception on the way (a timeout, ``KeyboardInterrupt`` from Ctrl-C at any
+instant) abandons the write: stamps already made odd are zeroed and the entry is
+freed, so a live process never keeps rows that nobody will finish.
 
 **Memory ordering.** Stamps are written and read without the lock. This is correct
 on x86-64 (total store order: stores become visible in program order, loads are not
@@ -37,6 +43,7 @@ still exact (it happens under the lock, whose system call is a full barrier).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, Callable
@@ -45,8 +52,11 @@ import numpy as np
 
 from . import procs
 from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD,
-                     RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, TABLE_WIDTH, Layout)
+                     RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
+                     Layout)
 from .lock import HeaderLock
+
+_TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 
 HOOK: Callable[[str], None] | None = None
 """Test hook, called at "locked" (holding the lock, head advanced), "reserved" (lock
@@ -63,6 +73,12 @@ def _stamp_run(stamps: np.ndarray, lo: int, hi: int, first_stamp: int) -> None:
         np.add(_RAMP[:hi - lo], first_stamp, out=stamps[lo:hi])
     else:
         stamps[lo:hi] = np.arange(first_stamp, first_stamp + 2 * (hi - lo), 2)
+
+
+def _owners(res: np.ndarray, entries: Any) -> list[tuple[int, float]]:
+    """(pid, start time) of the writers holding ``entries`` of a reservation-table copy."""
+    ctimes = res.view(np.float64)[:, RES_CTIME]
+    return [(int(res[i, RES_PID]), float(ctimes[i])) for i in entries]
 
 
 class WriteTimeout(TimeoutError):
@@ -93,15 +109,21 @@ class Ring:
     # -- lane state ------------------------------------------------------------------
 
     def window(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now."""
-        head = self.lane_table[:, LANE_HEAD].copy()
+        """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now.
+
+        The base is read before the head: heads only grow, and whoever moves both
+        (a restore) stores the head first, so a reader never pairs a new base with an
+        old head (an empty window that never existed)."""
         base = self.lane_table[:, LANE_BASE].copy()
+        head = self.lane_table[:, LANE_HEAD].copy()
         lo = np.maximum(np.minimum(base, head), head - self.lane_capacity)
         return lo, head
 
     def window1(self) -> tuple[int, int]:
         """:meth:`window` of a single-lane ring, as Python ints (the fast path)."""
-        head, base = self.lane_table[0, LANE_HEAD:LANE_BASE + 1].tolist()
+        table = self.lane_table
+        base = int(table[0, LANE_BASE])
+        head = int(table[0, LANE_HEAD])
         return max(min(base, head), head - self.lane_capacity), head
 
     def size(self) -> int:
@@ -110,50 +132,56 @@ class Ring:
 
     # -- writing ---------------------------------------------------------------------
 
-    def reserve(self, lane: int, n: int, timeout: float) -> tuple[int, int]:
-        """Reserve ``n`` rows of ``lane``; returns (first sequence number, entry)."""
-        pid, ctime = procs.identity()
-        lock = self.lock
-        lock.acquire(timeout)
-        try:
-            entry = self._free_entry()
-            res = self.res
-            head = int(self.lane_table[lane, LANE_HEAD])
-            res[entry, RES_LANE] = lane
-            res[entry, RES_START] = head
-            res[entry, RES_COUNT] = n
-            self.res_f[entry, RES_CTIME] = ctime
-            res[entry, RES_PID] = pid  # the entry is valid from here
-            self.lane_table[lane, LANE_HEAD] = head + n  # the reservation is committed here
-            if HOOK is not None:
-                HOOK("locked")
-        finally:
-            lock.release()
-        return head, entry
+    def put(self, lane: int, n: int, sources: list[np.ndarray], timeout: float) -> None:
+        """Reserve ``n`` rows of ``lane``, copy ``sources`` into them and publish them.
 
-    def write(self, lane: int, first: int, entry: int, sources: list[np.ndarray], n: int,
-              timeout: float) -> None:
-        """Copy ``sources`` (one array per field, in layout order: ``n`` rows each, or for
-        ``n == 1`` one row without a row axis) into the reserved rows and publish them.
-        Frees the entry whatever happens; waits at most ``timeout`` for older writers."""
-        lc = self.lane_capacity
-        base = lane * lc
-        slot = first % lc
-        k = min(n, lc - slot)  # rows before the end of the lane; the rest wrap to its start
-        runs = [(base + slot, base + slot + k, 0)]
-        if k < n:
-            runs.append((base, base + n - k, k))
+        ``sources`` holds one array per field, in layout order: ``n`` rows each, or for
+        ``n == 1`` one row without a row axis. Waits at most ``timeout`` for the lock
+        and for older writers. Whatever happens, the reservation is released: published,
+        or abandoned (never sampled) if anything raised.
+        """
+        pid, ctime = procs.identity()
+        token = next(_TOKENS)
+        entry = -1
+        runs: list[tuple[int, int, int]] = []
+        stamped = done = False
         stamps = self.stamps
-        stamped = False
         try:
+            # 1. reserve, under the lock
+            lock = self.lock
+            lock.acquire(timeout)
+            try:
+                entry = self._free_entry()
+                res = self.res
+                first = int(self.lane_table[lane, LANE_HEAD])
+                res[entry, RES_LANE] = lane
+                res[entry, RES_START] = first
+                res[entry, RES_COUNT] = n
+                res[entry, RES_TOKEN] = token
+                self.res_f[entry, RES_CTIME] = ctime
+                res[entry, RES_PID] = pid  # the entry is valid from here
+                self.lane_table[lane, LANE_HEAD] = first + n  # the reservation is committed here
+                if HOOK is not None:
+                    HOOK("locked")
+            finally:
+                lock.release()
             if HOOK is not None:
                 HOOK("reserved")
+            lc = self.lane_capacity
+            base = lane * lc
+            slot = first % lc
+            k = min(n, lc - slot)  # rows before the end of the lane; the rest wrap to its start
+            runs.append((base + slot, base + slot + k, 0))
+            if k < n:
+                runs.append((base, base + n - k, k))
+            # 2. wait for older writers of our slots
             if first + n > lc and not self._older_done(first, runs):
                 self._wait_for_older(lane, first, n, entry, runs, time.monotonic() + timeout)
+            # 3. stamp odd, copy, stamp even
+            stamped = True
             if n == 1:
                 row = base + slot
                 stamps[row] = 2 * first + 1
-                stamped = True
                 for dest, src in zip(self.arrays.values(), sources):
                     dest[row] = src
                     if HOOK is not None:
@@ -162,7 +190,6 @@ class Ring:
             else:
                 for lo, hi, off in runs:
                     _stamp_run(stamps, lo, hi, 2 * (first + off) + 1)
-                stamped = True
                 for dest, src in zip(self.arrays.values(), sources):
                     if k == n:  # no wrap: one copy of the whole source
                         dest[runs[0][0]:runs[0][1]] = src
@@ -173,20 +200,24 @@ class Ring:
                         HOOK("writing")
                 for lo, hi, off in runs:
                     _stamp_run(stamps, lo, hi, 2 * (first + off) + 2)
-            stamped = False
+            done = True
         finally:
-            if stamped:  # failed half-way: these rows will never be valid
-                for lo, hi, _ in runs:
-                    stamps[lo:hi] = 0
-            self.res_pid[entry] = 0
+            if done:
+                self.res_pid[entry] = 0
+            else:
+                self._abandon(pid, token, runs if stamped else [])
 
-    @staticmethod
-    def _entry_alive(res: np.ndarray, i: int, cache: dict[tuple[int, float], bool]) -> bool:
-        """Is the process that holds reservation entry ``i`` (of a copy ``res``) alive?"""
-        who = (int(res[i, RES_PID]), float(res[i].view(np.float64)[RES_CTIME]))
-        if who not in cache:
-            cache[who] = procs.is_alive(*who)
-        return cache[who]
+    def _abandon(self, pid: int, token: int, runs: list[tuple[int, int, int]]) -> None:
+        """Undo a write that raised: its rows will never be valid, its entry is freed.
+
+        The entry is found by (pid, token), not by a local variable, so an interrupt
+        that fell anywhere, even between the commit and the next bytecode, is covered;
+        a live writer's entry is only ever freed by that writer, so the match is stable.
+        """
+        for lo, hi, _ in runs:
+            self.stamps[lo:hi] = 0
+        mine = np.flatnonzero((self.res_pid == pid) & (self.res[:, RES_TOKEN] == token))
+        self.res_pid[mine] = 0
 
     def _free_entry(self) -> int:
         """A free reservation entry (caller holds the lock)."""
@@ -195,9 +226,9 @@ class Ring:
             return hint
         free = np.flatnonzero(self.res_pid == 0)
         if len(free) == 0:  # reclaim entries of dead writers
-            res, cache = self.res.copy(), {}
-            for i in range(len(res)):
-                if not self._entry_alive(res, i, cache):
+            res, alive = self.res.copy(), procs.Liveness()
+            for i, (pid, ct) in zip(range(len(res)), _owners(res, range(len(res)))):
+                if not alive(pid, ct):
                     self.res_pid[i] = 0
             free = np.flatnonzero(self.res_pid == 0)
             if len(free) == 0:
@@ -235,34 +266,38 @@ class Ring:
 
     def _wait_for_older(self, lane: int, first: int, n: int, entry: int,
                         runs: list[tuple[int, int, int]], deadline: float) -> None:
-        """Block until no live writer still owns a row older than ours in our slots.
-        (The caller has seen that the fast check, :meth:`_older_done`, fails.)"""
+        """Block until no live writer of an older reservation, on any lap, still owns
+        rows in our slots. (The caller has seen the fast check, :meth:`_older_done`, fail.)
+
+        Any lap, not just the previous one: if the writer one lap back died or gave up,
+        a writer two laps back may still be copying into the same slot.
+        """
         lc = self.lane_capacity
-        lo_seq, hi_seq = first - lc, first + n - lc  # the rows our slots held a lap ago
+        alive = procs.Liveness()
         delay = 0.0
-        alive: dict[tuple[int, float], bool] = {}
         while True:
             res = self.res.copy()
-            older = ((res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < hi_seq)
-                     & (res[:, RES_START] + res[:, RES_COUNT] > lo_seq))
+            start, count = res[:, RES_START], res[:, RES_COUNT]
+            older = (res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (start < first)
+            # their slots and ours, as arcs of the lane's circle, intersect
+            older &= ((first - start) % lc < count) | ((start - first) % lc < n)
             older[entry] = False
-            blockers = [int(res[i, RES_PID]) for i in np.flatnonzero(older)
-                        if self._entry_alive(res, i, alive)]
+            blockers = sorted({pid for pid, ct in _owners(res, np.flatnonzero(older)) if alive(pid, ct)})
             if not blockers or self._older_done(first, runs):
                 return
             if time.monotonic() >= deadline:
                 raise WriteTimeout(
                     f"rows {first}..{first + n - 1} of lane {lane} could not be written: "
-                    f"process(es) {sorted(set(blockers))} are still writing the rows these "
-                    "slots held one lap ago (a ring this small wraps faster than they write). "
-                    "Use a larger capacity, or pass a larger timeout=")
+                    f"live process(es) {blockers} are still writing older rows into the same "
+                    "slots (a ring this small wraps faster than they write). Use a larger "
+                    "capacity, or pass a larger timeout=")
             time.sleep(delay)
             delay = min(max(delay * 2, 20e-6), 1e-3)
 
     def live_writers_in_flight(self) -> bool:
         """True if some live process has rows reserved and not yet published."""
-        res, cache = self.res.copy(), {}
-        return any(self._entry_alive(res, i, cache) for i in np.flatnonzero(res[:, RES_PID] != 0))
+        res = self.res.copy()
+        return any(procs.is_alive(pid, ct) for pid, ct in _owners(res, np.flatnonzero(res[:, RES_PID] != 0)))
 
     # -- lanes -----------------------------------------------------------------------
 
