@@ -12,10 +12,12 @@ is really there.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from .layout import LANE_BASE
+from .lock import LockTimeout
 from .ring import Ring
 
 _UNIFORM_ROUNDS = 4
@@ -25,38 +27,63 @@ class SampleTimeout(TimeoutError):
     """No published row could be copied in time."""
 
 
-def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
-          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``n`` windows of ``length`` rows. Returns (rows, expected stamps), (n, length).
+def _check_enough(lo: Any, head: Any, length: int, lanes: int) -> None:
+    """Raise the ValueError that says why no window of ``length`` rows can be drawn from
+    the lane windows ``lo .. head`` (ints for one lane, arrays for several), if none can."""
+    if lanes == 1:
+        if head - lo >= length:
+            return
+        size, longest = head - lo, head - lo
+    else:
+        if (head - lo >= length).any():
+            return
+        size, longest = int((head - lo).sum()), int((head - lo).max())
+    if size == 0:
+        raise ValueError("cannot sample from an empty buffer: add rows first")
+    raise ValueError(
+        f"no lane holds {length} consecutive rows yet (the buffer holds {size} rows"
+        + (f" over {lanes} lanes" if lanes > 1 else "")
+        + f"); add more rows or ask for a length <= {longest}")
 
-    Without ``pool``: uniform over the windows inside each lane's current rows.
+
+def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
+          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, Any, Any, Any]:
+    """Draw ``n`` windows of ``length`` rows. Returns (rows, expected stamps), both
+    ``(n, length)``, the lane and first sequence number of each window, and for a
+    uniform draw from one lane the lowest sequence number it could draw (else None).
+
+    Without ``pool``: uniform over the windows inside one snapshot of each lane's
+    current rows (``ValueError`` if there are none, e.g. just after a clear).
     With ``pool`` (lanes, first sequence numbers of windows known to be published):
     uniform over those.
     """
     lc = ring.lane_capacity
     if pool is not None:
         pick = rng.integers(0, len(pool[0]), n)
-        lane, first = pool[0][pick][:, None], pool[1][pick]
+        lane, first = pool[0][pick], pool[1][pick]
     elif ring.lanes == 1:
         lo, head = ring.window1()
+        _check_enough(lo, head, length, 1)
         # floor(u * m) for uniform floats u: as uniform as integers() (bias below m / 2**53)
         # and twice as fast for a batch of a few hundred
         first = (rng.random(n) * (head - length + 1 - lo)).astype(np.int64)
         first += lo
         if length == 1:  # the common case: uniform rows of one lane
-            return (first % lc)[:, None], (first * 2 + 2)[:, None]
+            return (first % lc)[:, None], (first * 2 + 2)[:, None], 0, first, lo
         lane = 0
     else:
         lo, head = ring.window()
+        _check_enough(lo, head, length, ring.lanes)
         starts_per_lane = np.maximum(head - lo - length + 1, 0)
         cum = np.cumsum(starts_per_lane)
         u = rng.integers(0, cum[-1], n)
         lane = np.searchsorted(cum, u, side="right")
         first = lo[lane] + u - (cum[lane] - starts_per_lane[lane])
-        lane = lane[:, None]
     seq = first[:, None] + np.arange(length)
-    rows = lane * lc + seq % lc
-    return rows, 2 * seq + 2
+    rows = seq % lc
+    if ring.lanes > 1:
+        rows += (lane * lc)[:, None]
+    return rows, 2 * seq + 2, lane, first, (lo if pool is None and ring.lanes == 1 else None)
 
 
 def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,33 +100,43 @@ def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(lanes), np.concatenate(firsts)
 
 
-def _pool_or_raise(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray, np.ndarray] | None:
     """The published windows; None if there are none *yet*; ValueError if there never
-    will be without new writes (everything counted is held by dead writers)."""
-    before = ring.window()
+    will be without new writes (the buffer is empty, or everything it counts is held
+    by writers that died or gave up).
+
+    The final verdict is taken under the header lock, where nothing can be reserved,
+    cleared or restored, and only once no live writer is in flight: it is exact."""
+    _check_enough(*ring.window(), length, ring.lanes)
     pool = published_windows(ring, length)
-    if len(pool[0]):
-        return pool
-    # Empty, but maybe only because rows moved while we scanned. It is final only if no
-    # live writer is in flight and nothing was reserved or cleared across a second scan.
-    if ring.live_writers_in_flight():
-        return None
-    pool = published_windows(ring, length)
-    after = ring.window()
-    if len(pool[0]):
-        return pool
-    if np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1]):
-        raise ValueError(
-            "the buffer has no published rows to sample: every row it counts was "
-            "reserved by a writer that died before publishing it")
-    return None
+    if len(pool[0]) or ring.live_writers_in_flight():
+        return pool if len(pool[0]) else None
+    try:
+        ring.lock.acquire(max(0.0, min(deadline - time.monotonic(), 0.05)))
+    except LockTimeout:
+        return None  # busy (a restore?): look again later
+    try:
+        _check_enough(*ring.window(), length, ring.lanes)
+        pool = published_windows(ring, length)
+        if len(pool[0]) or ring.live_writers_in_flight():
+            return pool if len(pool[0]) else None
+    finally:
+        ring.lock.release()
+    raise ValueError(
+        "the buffer has no published rows to sample: every row it counts was "
+        "reserved by a writer that died (or gave up) before publishing it")
 
 
-def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray,
-                  out: Sequence[np.ndarray]) -> np.ndarray | None:
+def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray, lane: Any, first: Any,
+                  lo: Any, out: Sequence[np.ndarray]) -> np.ndarray | None:
     """Copy ``rows`` into ``out`` (field order, first axes flattened).
 
-    Returns None if every window is intact, else a boolean mask of the intact ones.
+    A window is intact if every stamp named its row before and after the copy, and
+    the window still starts at or after its lane's base (no clear() fell in between:
+    a window drawn before a clear could otherwise join rows from both sides of it).
+    ``lo`` (if not None) is a lower bound of ``first``: the common case is then one
+    scalar comparison. Returns None if every window is intact, else a boolean mask of
+    the intact ones.
     """
     flat = rows.ravel()
     stamps = ring.stamps
@@ -109,34 +146,26 @@ def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray,
     after = stamps.take(flat)
     ok = before == expected.ravel()
     ok &= after == before
-    if ok.all():
-        return None
-    return ok.reshape(rows.shape).all(axis=1)
+    if ring.lanes == 1:
+        base = int(ring.lane_table[0, LANE_BASE])
+        cleared = None if lo is not None and lo >= base else first < base
+    else:
+        cleared = first < ring.lane_table[:, LANE_BASE].take(lane)
+    if cleared is None or not cleared.any():
+        if ok.all():
+            return None
+        return ok.reshape(rows.shape).all(axis=1)
+    return ok.reshape(rows.shape).all(axis=1) & ~cleared
 
 
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                    out: Sequence[np.ndarray], timeout: float) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
-    with ``n`` intact windows."""
-    if ring.lanes == 1:
-        lo1, head1 = ring.window1()
-        enough = head1 - lo1 >= length
-    else:
-        lo, head = ring.window()
-        enough = bool(np.any(head - lo >= length))
-    if not enough:
-        lo, head = ring.window()
-        size = int((head - lo).sum())
-        if size == 0:
-            raise ValueError("cannot sample from an empty buffer: add rows first")
-        raise ValueError(
-            f"no lane holds {length} consecutive rows yet (the buffer holds {size} rows"
-            + (f" over {ring.lanes} lanes" if ring.lanes > 1 else "")
-            + f"); add more rows or ask for a length <= {int((head - lo).max())}")
+    with ``n`` intact windows. ``ValueError`` if the buffer holds no such window."""
+    rows, expected, lane, first, lo = _draw(ring, rng, n, length, None)
     if n == 0:
         return
-    rows, expected = _draw(ring, rng, n, length, None)
-    ok = _copy_checked(ring, rows, expected, out)
+    ok = _copy_checked(ring, rows, expected, lane, first, lo, out)
     if ok is not None:
         _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout)
 
@@ -150,7 +179,7 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
         rounds += 1
         pool = None
         if rounds > _UNIFORM_ROUNDS:
-            pool = _pool_or_raise(ring, length)
+            pool = _pool_or_raise(ring, length, deadline)
         if time.monotonic() >= deadline:
             raise SampleTimeout(
                 f"could not copy {len(bad)} intact rows within {timeout:g} s: writers overwrite "
@@ -159,9 +188,9 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
             time.sleep(delay)  # rows exist but are all still being written
             delay = min(max(delay * 2, 20e-6), 1e-3)
             continue
-        rows, expected = _draw(ring, rng, len(bad), length, pool)
+        rows, expected, lane, first, lo = _draw(ring, rng, len(bad), length, pool)
         tmp = [np.empty((rows.size,) + a.shape[1:], a.dtype) for a in out]
-        ok = _copy_checked(ring, rows, expected, tmp)
+        ok = _copy_checked(ring, rows, expected, lane, first, lo, tmp)
         if ok is None:
             ok = np.ones(len(bad), bool)
         for dst, t in zip(shaped, tmp):

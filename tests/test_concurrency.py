@@ -84,7 +84,7 @@ def test_several_sampler_processes_at_once(name):
 
 def test_storm_detects_tears_when_the_stamp_check_is_off(name, monkeypatch):
     """The storm test is only worth something if it sees tears without the protection."""
-    def unchecked(ring_, rows, expected, out):
+    def unchecked(ring_, rows, expected, lane, first, lo, out):
         flat = rows.ravel()
         for src, dst in zip(ring_.arrays.values(), out):
             np.take(src, flat, axis=0, out=dst, mode="clip")
