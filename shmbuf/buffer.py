@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import secrets
@@ -12,10 +13,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import procs, sampling, segment, validate
-from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_BASE, LANE_HEAD, FormatError, Layout
+from . import state as _state
+from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
 from .lock import HeaderLock
 from .ring import Ring
-from .segment import Segment
+from .segment import NotReadyError, Segment
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
@@ -45,28 +47,11 @@ class _Closed:
                          f"attach again with shmbuf.Buffer.attach({self._name!r})")
 
 
-def _finalize(seg: Segment, lock: HeaderLock, owner_pid: int | None, ino: int) -> None:
+def _finalize(seg: Segment, owner_pid: int | None) -> None:
     """Close a handle; the creating process (not a forked copy of it) also destroys it."""
-    lock.close()
     if owner_pid is not None and owner_pid == os.getpid():
-        _unlink_if_same(seg, ino)
+        seg.unlink()  # only if the name is still ours; drops the tracker entry either way
     seg.close()
-
-
-def _unlink_if_same(seg: Segment, ino: int) -> bool:
-    """Unlink ``seg`` unless its name now belongs to another segment (recreated)."""
-    try:
-        fd = segment.open_fd(seg.name)
-    except FileNotFoundError:
-        seg.unlink()  # already gone; still drop our resource-tracker entry
-        return False
-    try:
-        same = os.fstat(fd).st_ino == ino
-    finally:
-        os.close(fd)
-    if same:
-        return seg.unlink()
-    return False
 
 
 class Buffer:
@@ -80,20 +65,33 @@ class Buffer:
     Example:
         >>> import numpy as np, shmbuf
         >>> fields = {"obs": ((3,), np.float32), "reward": ((), np.float32)}
-        >>> with shmbuf.Buffer.create(fields, capacity=100, seed=0) as buf:
+        >>> with shmbuf.Buffer(fields, capacity=100, seed=0) as buf:
         ...     buf.add({"obs": [1, 2, 3], "reward": 1.0})
         ...     buf.extend({"obs": np.zeros((4, 3)), "reward": np.ones(4)})
         ...     batch = buf.sample(8)
         ...     len(buf), batch["obs"].shape
         (5, (8, 3))
 
-    Create with :meth:`create` (or :meth:`from_data`), attach with :meth:`attach`.
+    ``Buffer(fields, capacity, ...)`` is :meth:`create`; attach to an existing buffer
+    with :meth:`attach`, or make one from arrays with :meth:`from_data`.
     """
 
     # -- construction ----------------------------------------------------------------
 
-    def __init__(self, seg: Segment, layout: Layout, *, owner: bool, seed: Any,
-                 timeout: float) -> None:
+    def __new__(cls, fields: Mapping[str, Any], capacity: int, **create_kwargs: Any) -> "Buffer":
+        """``Buffer(fields, capacity, ...)`` is :meth:`create` (the call cpprb and
+        stable-baselines3 users type)."""
+        return cls.create(fields, capacity, **create_kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # __new__ (create or _open) did everything
+
+    @classmethod
+    def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
+              timeout: float) -> "Buffer":
+        """A handle on a mapped, validated segment. The caller keeps ``seg`` until this
+        returns; from then on the handle owns it (closes it, and unlinks it if ``owner``)."""
+        self = object.__new__(cls)
         self._seg = seg
         self._layout = layout
         self._fields = layout.fields
@@ -101,7 +99,7 @@ class Buffer:
         self._names = [f.name for f in layout.fields]
         self._out_ok: list[Any] = []  # the last out= that passed its check, and its shape
         self._out_lead: tuple[int, ...] = ()
-        self.timeout = float(timeout)
+        self._timeout = timeout
         ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
 
         def note(pid: int) -> None:
@@ -111,17 +109,17 @@ class Buffer:
             pid = int(ctrl[0])
             return f"last taken by pid {pid}" if pid else "holder unknown"
 
-        self._lock = HeaderLock(lambda: segment.open_fd(seg.name), note, describe)
+        self._lock = HeaderLock(lambda: seg.fd, note, describe)
         self._ring = Ring(layout, seg.mmap, self._lock)
-        self._rng = np.random.default_rng(seed)
+        self._rng = rng
         self._prefaulted: set[int] = set()  # lanes whose pages this handle has mapped
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
-        self._ino = os.fstat(self._lock.fileno()).st_ino  # identifies this segment
         owner_pid = os.getpid() if owner else None
         self._owner_pid = owner_pid
-        self._finalizer = weakref.finalize(self, _finalize, seg, self._lock, owner_pid, self._ino)
+        self._finalizer = weakref.finalize(self, _finalize, seg, owner_pid)
         _handles.add(self)
+        return self
 
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
@@ -142,8 +140,8 @@ class Buffer:
 
         Raises:
             FileExistsError: the name is taken.
-            segment.ShmSpaceError: ``/dev/shm`` cannot hold it (nothing is allocated).
-            ValueError, TypeError: a bad schema, capacity or lanes.
+            ShmSpaceError: ``/dev/shm`` cannot hold it (nothing is allocated).
+            ValueError, TypeError: a bad schema, capacity, lanes, seed, timeout or persist.
 
         Example:
             >>> buf = Buffer.create({"x": ((), "int64")}, 10, name="doc-create")
@@ -154,16 +152,22 @@ class Buffer:
         if name is None:
             name = f"{os.getpid()}-{secrets.token_hex(4)}"
         segment.check_name(name)
+        persist = validate.flag(persist, "persist")
+        timeout = validate.timeout(timeout)
+        rng = validate.rng(seed)
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time())
-        seg = Segment.create(name, layout.total_size, track=not persist)
+        seg = Segment.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
-            return cls(seg, layout, owner=not persist, seed=seed, timeout=timeout)
+            buf = cls._open(seg, layout, owner=not persist, rng=rng, timeout=timeout)
         except BaseException:
             seg.unlink()
             seg.close()
             raise
+        if persist:
+            seg.untrack()  # complete: from now on it outlives us
+        return buf
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
@@ -174,7 +178,8 @@ class Buffer:
 
         Raises:
             FileNotFoundError: no buffer has this name.
-            layout.FormatError: the segment is not a (complete, compatible) shmbuf buffer.
+            FormatError: the segment is not a (complete, compatible, intact) shmbuf
+                buffer; everything read from it is checked.
 
         Example:
             >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-attach")
@@ -182,19 +187,35 @@ class Buffer:
             {'x': ((), dtype('int64'))}
             >>> owner.close()
         """
+        segment.check_name(name)
+        timeout = validate.timeout(timeout)
+        rng = validate.rng(seed)
         deadline = time.monotonic() + timeout
+        delay = 0.001
         while True:
-            seg = Segment.attach(name)
             try:
-                layout = Layout.read(seg.mmap, name)
-                break
-            except FormatError as exc:
-                seg.close()
-                if "not written" not in str(exc) or time.monotonic() >= deadline:
+                seg = Segment.attach(name)
+            except NotReadyError:
+                seg = None
+            if seg is not None:
+                try:
+                    layout = Layout.read(seg.mmap, name)
+                    break
+                except NotReadyError:
+                    seg.close()
+                except BaseException:
+                    seg.close()
                     raise
-            time.sleep(0.01)
+            if time.monotonic() >= deadline:
+                raise NotReadyError(
+                    f"shared-memory segment {name!r} did not become a complete buffer within "
+                    f"{timeout:g} s: its creator is still creating it, or died doing so (then "
+                    f"remove it with `shmbuf rm {name}`)")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
         try:
-            return cls(seg, layout, owner=False, seed=seed, timeout=timeout)
+            seg.ensure_allocated()
+            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout)
         except BaseException:
             seg.close()
             raise
@@ -207,7 +228,8 @@ class Buffer:
         Follows imitation's ``Buffer.from_data`` code (not its docstring): capacity
         defaults to the number of rows, so the buffer starts full; more rows than
         ``capacity`` raise ``ValueError`` unless ``truncate_ok=True``, which keeps the
-        last ``capacity`` rows. Arrays are copied; dtypes are kept.
+        last ``capacity`` rows. Arrays are copied; dtypes are kept. The buffer has one
+        lane (``lanes=`` is refused: create a multi-lane buffer and ``extend`` each lane).
 
         Example:
             >>> buf = Buffer.from_data({"x": np.arange(4)})
@@ -215,6 +237,10 @@ class Buffer:
             (4, True)
             >>> buf.close()
         """
+        truncate_ok = validate.flag(truncate_ok, "truncate_ok")
+        if create_kwargs.get("lanes", 1) != 1:
+            raise ValueError(f"from_data makes a one-lane buffer, got lanes={create_kwargs['lanes']!r}; "
+                             "use Buffer.create(..., lanes=k) and extend(..., lane=i) per lane")
         if not isinstance(data, Mapping) or len(data) == 0:
             raise ValueError("from_data needs a non-empty mapping of name -> array, got no keys")
         arrays = {k: np.asarray(v) for k, v in data.items()}
@@ -225,10 +251,11 @@ class Buffer:
         if len(set(lengths.values())) > 1:
             raise ValueError(f"all fields must have the same number of rows, got {lengths}")
         n = next(iter(lengths.values()))
-        if capacity is None:
-            capacity = n
         if n == 0:
             raise ValueError("from_data needs at least one row, got 0")
+        if capacity is None:
+            capacity = n
+        capacity = _count(capacity, "capacity", 1)
         if n > capacity and not truncate_ok:
             raise ValueError(f"{n} rows do not fit in capacity {capacity}; pass truncate_ok=True "
                              f"to keep the last {capacity}")
@@ -243,6 +270,36 @@ class Buffer:
         return buf
 
     # -- properties ------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """Default timeout, in seconds, of this handle's blocking calls."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = validate.timeout(value)
+
+    def _t(self, timeout: float | None) -> float:
+        return self._timeout if timeout is None else validate.timeout(timeout)
+
+    @property
+    def unlinked(self) -> bool:
+        """True once this buffer's name is gone (its creator closed it or exited, or
+        someone called :meth:`unlink` or ``shmbuf rm``), or names another buffer now.
+
+        The memory stays valid for this handle until it closes, but nobody new can
+        attach: a worker that sees True can stop writing. One system call.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 4)
+            >>> buf.unlinked
+            False
+            >>> buf.unlink(); buf.unlinked
+            True
+            >>> buf.close()
+        """
+        return not self._seg.is_linked()
 
     @property
     def name(self) -> str:
@@ -338,6 +395,8 @@ class Buffer:
             >>> buf.close()
         """
         arrays, n = self._schema.check_rows(batch, single=False)
+        if truncate_ok is not False:
+            truncate_ok = validate.flag(truncate_ok, "truncate_ok")
         cap = self._layout.lane_capacity
         if n > cap:
             if not truncate_ok:
@@ -353,15 +412,14 @@ class Buffer:
 
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
                timeout: float | None) -> None:
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self._timeout if timeout is None else validate.timeout(timeout)
         if lane is None and self._layout.lanes == 1:
             lane = 0
         else:
             lane = self._resolve_lane(lane, timeout)
         if lane not in self._prefaulted:
             self.prefault(lane)
-        first, entry = self._ring.reserve(lane, n, timeout)
-        self._ring.write(lane, first, entry, arrays, n, timeout)
+        self._ring.put(lane, n, arrays, timeout)
 
     def prefault(self, lane: int | None = None) -> None:
         """Map the buffer's pages (one lane's, or all) into this process now.
@@ -412,14 +470,14 @@ class Buffer:
             raise RuntimeError(f"this handle already claimed lane {self._lane}; release_lane() first")
         if lane is not None:
             lane = self._resolve_lane(lane, 0)
-        got = self._ring.claim(lane, self.timeout if timeout is None else timeout)
+        got = self._ring.claim(lane, self._t(timeout))
         self._lane, self._lane_pid = got, os.getpid()
         return got
 
     def release_lane(self, *, timeout: float | None = None) -> None:
         """Give up this handle's lane claim (no-op without one)."""
         if self.lane is not None:
-            self._ring.release(self._lane, self.timeout if timeout is None else timeout)  # type: ignore[arg-type]
+            self._ring.release(self._lane, self._t(timeout))  # type: ignore[arg-type]
         self._lane = None
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
@@ -457,7 +515,7 @@ class Buffer:
         n = _count(n, "n")
         out, arrays = self._prepare_out(out, (n,))
         sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
-                                self.timeout if timeout is None else timeout)
+                                self._t(timeout))
         return out
 
     def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
@@ -480,13 +538,19 @@ class Buffer:
         out, arrays = self._prepare_out(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
-                                self.timeout if timeout is None else timeout)
+                                self._t(timeout))
         return out
 
     def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> tuple[Batch, list[np.ndarray]]:
         """``out`` (made if None, checked if new) and its arrays in field order."""
         if out is None:
-            out = {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
+            try:
+                out = {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
+            except (ValueError, MemoryError):
+                rows = math.prod(lead)
+                raise ValueError(
+                    f"cannot allocate a batch of {rows:,} rows ({rows * self._layout.row_bytes:,} "
+                    "bytes); ask for fewer rows per call") from None
             return out, list(out.values())
         try:
             arrays = [out[k] for k in self._names]
@@ -510,51 +574,38 @@ class Buffer:
             0
             >>> buf.close()
         """
-        self._ring.clear(self.timeout if timeout is None else timeout)
+        self._ring.clear(self._t(timeout))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.
 
-        Rows being written during the copy are left out (their stamps are cleared in
-        the copy). :meth:`load_state_dict` on a buffer with the same fields, capacity
-        and lanes restores it; the following samples are then identical.
-        """
-        ring = self._ring
-        with self._lock.hold(self.timeout):
-            lanes = ring.lane_table[:, [LANE_HEAD, LANE_BASE]].copy()
-        before = ring.stamps.copy()
-        data = {name: a.copy() for name, a in ring.arrays.items()}
-        after = ring.stamps.copy()
-        stamps = np.where((before == after) & (before % 2 == 0), before, 0)
-        return {
-            "format": "shmbuf.Buffer", "version": 1,
-            "fields": self.fields,
-            "capacity": self.capacity, "lanes": self.lanes,
-            "heads": lanes[:, 0], "bases": lanes[:, 1], "stamps": stamps, "data": data,
-            "rng": self._rng.bit_generator.state,
-        }
+        Safe while other processes write and sample: rows being written or overwritten
+        during the copy are left out (see :mod:`shmbuf.state`).
+        :meth:`load_state_dict` on a buffer with the same fields, capacity and lanes
+        restores it; the following samples are then identical.
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output. Call it while no process is writing."""
-        if not isinstance(state, Mapping) or state.get("format") != "shmbuf.Buffer":
-            raise ValueError("not a shmbuf state_dict (expected the output of Buffer.state_dict())")
-        theirs = state["fields"]
-        if theirs != self.fields or state["capacity"] != self.capacity or state["lanes"] != self.lanes:
-            raise ValueError(
-                f"state_dict is for fields={theirs}, capacity={state['capacity']}, "
-                f"lanes={state['lanes']}; this buffer has fields={self.fields}, "
-                f"capacity={self.capacity}, lanes={self.lanes}")
-        ring = self._ring
-        rng = np.random.default_rng()
-        rng.bit_generator.state = state["rng"]  # validate before touching anything
-        with self._lock.hold(self.timeout):
-            ring.stamps[:] = 0
-            for name, a in ring.arrays.items():
-                a[...] = state["data"][name]
-            ring.stamps[:] = state["stamps"]
-            ring.lane_table[:, LANE_BASE] = state["bases"]
-            ring.lane_table[:, LANE_HEAD] = state["heads"]
-        self._rng = rng
+        Example:
+            >>> a = Buffer.from_data({"x": np.arange(5)}, seed=1)
+            >>> b = Buffer.create(a.fields, 5)
+            >>> b.load_state_dict(a.state_dict())
+            >>> a.sample(3)["x"].tolist() == b.sample(3)["x"].tolist()
+            True
+            >>> a.close(); b.close()
+        """
+        return _state.snapshot(self._ring, self.fields, self._rng.bit_generator.state,
+                               self._t(timeout))
+
+    def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
+        """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
+
+        Samplers in other processes may run meanwhile (they never mix old and restored
+        rows). Writers wait for the restore, up to their timeout: it holds the header
+        lock, after letting the writes in flight finish. Rows get new sequence numbers
+        (``total_added`` grows); ``len()``, the rows and the samples are as saved.
+        """
+        checked = _state.check(state, self._layout, self.fields)
+        _state.restore(self._ring, checked, self._t(timeout))
+        self._rng = checked["rng"]
 
     # -- lifetime --------------------------------------------------------------------
 
@@ -578,7 +629,7 @@ class Buffer:
         Processes that have it attached keep working on it until they close; nobody
         can attach any more.
         """
-        _unlink_if_same(self._seg, self._ino)
+        self._seg.unlink()
 
     def __enter__(self) -> "Buffer":
         return self
@@ -588,7 +639,7 @@ class Buffer:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickles as its name: unpickling attaches (in any process, any start method)."""
-        return (_attach, (self.name, self.timeout))
+        return (_attach, (self.name, self._timeout))
 
 
 def _attach(name: str, timeout: float) -> Buffer:

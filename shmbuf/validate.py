@@ -5,12 +5,17 @@ Values are accepted when numpy can cast them to the field's dtype under
 int -> bool and complex -> float are not). Integers going into a narrower or
 differently signed integer field (``3`` into uint8) are accepted when every value
 fits, and rejected when one would wrap around (which numpy's "same_kind" would allow).
-This is stricter than imitation and fishyrl, which cast anything silently (a float
-action 1.9 stored as int 1).
+Likewise values that would not survive the cast are rejected: strings longer than a
+fixed-size string field (``b"episode-17"`` into ``S4``) and finite numbers beyond a
+narrower float's range (70000 into ``float16`` would become ``inf``). Precision loss
+(float64 -> float32) is accepted. This is stricter than imitation and fishyrl, which
+cast anything silently (a float action 1.9 stored as int 1).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -91,8 +96,59 @@ class Schema:
         return [f.name for f in self.fields]
 
 
+def timeout(value: Any, what: str = "timeout") -> float:
+    """``value`` as a float number of seconds, or a clear error (not negative, not NaN,
+    not a bool; ``inf`` waits without limit)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    return value
+
+
+def flag(value: Any, what: str) -> bool:
+    """``value`` if it is a bool (numpy's too); else a TypeError: a truthy string such as
+    ``"False"`` must not quietly mean True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def rng(seed: Any) -> np.random.Generator:
+    """``numpy.random.default_rng(seed)`` with an error that says what a seed may be."""
+    try:
+        return np.random.default_rng(seed)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"seed must be None, a non-negative int, a sequence of them, a SeedSequence or a "
+            f"numpy Generator/BitGenerator; got {seed!r} ({exc})") from None
+
+
 def _check_cast(f: Field, a: np.ndarray) -> None:
-    if a.dtype.kind in "iu" and f.dtype.kind in "iu":
+    src, dst = a.dtype, f.dtype
+    if src.kind in "SU" and dst.kind in "SU" and np.can_cast(src, dst, "same_kind"):
+        chars = dst.itemsize // (4 if dst.kind == "U" else 1)
+        longest = int(np.char.str_len(a).max()) if a.size else 0
+        if longest > chars:
+            raise ValueError(
+                f"field {f.name!r}: a value of {longest} characters does not fit in {dst} "
+                f"(at most {chars}); it would be cut short. Create the field with a longer "
+                "string dtype")
+        return
+    if dst.kind == "f" and src.kind in "iuf" and not np.can_cast(src, dst, "safe") and a.size:
+        big = np.finfo(dst).max
+        if src.kind in "iu" and np.iinfo(src).max <= big:
+            return  # every integer of src fits (with rounding)
+        if max(abs(float(a.min())), abs(float(a.max()))) <= big:
+            return  # the common case; NaN and inf fall through to the exact check
+        finite = a[np.isfinite(a)]
+        if finite.size and float(np.abs(finite).max()) > big:
+            raise ValueError(
+                f"field {f.name!r}: values up to {float(np.abs(finite).max()):g} do not fit in "
+                f"{dst} (largest finite {float(big):g}); they would become inf")
+        return
+    if src.kind in "iu" and dst.kind in "iu":
         if np.can_cast(a.dtype, f.dtype, "safe") or a.size == 0:
             return
         info = np.iinfo(f.dtype)
@@ -102,7 +158,7 @@ def _check_cast(f: Field, a: np.ndarray) -> None:
                 f"field {f.name!r}: values from {lo} to {hi} do not fit in {f.dtype} "
                 f"([{info.min}, {info.max}]); they would wrap around")
         return
-    if not np.can_cast(a.dtype, f.dtype, "same_kind"):
+    if not np.can_cast(src, dst, "same_kind"):
         raise TypeError(
             f"field {f.name!r}: cannot store {a.dtype} values in a {f.dtype} field without "
             f"losing their kind (casting='same_kind'); convert them first, e.g. "

@@ -1,0 +1,159 @@
+"""A buffer's contents as a plain dict (``state_dict``) and back (``load_state_dict``).
+
+**Snapshot** (:func:`snapshot`) runs beside writers and samplers. The lane positions
+are read under the lock; stamps, data, stamps again are read outside it. A row is
+kept only if its stamp was the same published value before and after the data copy
+*and* names a row inside its lane's saved window; every other stamp is stored as 0,
+so a row reserved but unwritten at snapshot time, or overwritten during the copy, is
+never sampled after a restore.
+
+**Restore** (:func:`check` then :func:`restore`). Everything in the dict is checked
+first; a bad dict raises ``ValueError``/``TypeError`` and changes nothing. Then, under
+the header lock (new writes wait, up to their timeout) and once every live writer in
+flight has published, the rows are written back **renumbered**: each lane's sequence
+numbers move up by a multiple of its capacity, past every number the lane has used.
+Slots, order and samples stay the same, but no stamp after the restore equals one
+from before it, so a sampler whose copy straddles the restore always sees a changed
+stamp and draws again (the seqlock check stays exact). ``total_added`` grows by the
+renumbering; ``len()`` and the rows are as saved.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from .layout import LANE_BASE, LANE_HEAD, RES_PID, Layout
+from .ring import Ring
+
+FORMAT = "shmbuf.Buffer"
+VERSION = 1
+
+
+def _windows(heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
+    """Per lane, the lowest sequence number that counts (see ``Ring.window``)."""
+    return np.maximum(np.minimum(bases, heads), heads - lc)
+
+
+def _in_window(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
+    """Which stamps name a published row inside its lane's window ``lo .. head``."""
+    lane = np.arange(len(stamps)) // lc
+    seq = stamps // 2 - 1
+    lo = _windows(heads, bases, lc)
+    return (stamps > 0) & (stamps % 2 == 0) & (seq >= lo[lane]) & (seq < heads[lane])
+
+
+def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
+             timeout: float) -> dict[str, Any]:
+    """A consistent copy of ``ring``'s rows (see the module docstring)."""
+    with ring.lock.hold(timeout):
+        lanes = ring.lane_table[:, [LANE_HEAD, LANE_BASE]].copy()
+    heads, bases = lanes[:, 0], lanes[:, 1]
+    before = ring.stamps.copy()
+    data = {name: a.copy() for name, a in ring.arrays.items()}
+    after = ring.stamps.copy()
+    keep = (before == after) & _in_window(before, heads, bases, ring.lane_capacity)
+    return {"format": FORMAT, "version": VERSION, "fields": fields,
+            "capacity": ring.layout.capacity, "lanes": ring.lanes,
+            "heads": heads, "bases": bases, "stamps": np.where(keep, before, 0), "data": data,
+            "rng": rng_state}
+
+
+def _int_array(state: Mapping[str, Any], key: str, n: int) -> np.ndarray:
+    a = np.asarray(state[key])
+    if a.shape != (n,) or a.dtype.kind not in "iu":
+        raise ValueError(f"state_dict[{key!r}] must be {n} integers, got shape {a.shape} "
+                         f"and dtype {a.dtype}")
+    if n and (a.min() < 0 or a.max() >= 2**62):
+        raise ValueError(f"state_dict[{key!r}] holds values outside [0, 2**62)")
+    return a.astype(np.int64)
+
+
+def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
+    """Validate a state dict for a buffer of ``layout``; return it normalised.
+
+    Raises ``ValueError``/``TypeError`` that say what is wrong; touches nothing.
+    """
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        raise ValueError("not a shmbuf state_dict (expected the output of Buffer.state_dict())")
+    if state.get("version") != VERSION:
+        raise ValueError(f"state_dict version {state.get('version')!r}; this shmbuf reads "
+                         f"version {VERSION}")
+    missing = [k for k in ("fields", "capacity", "lanes", "heads", "bases", "stamps", "data", "rng")
+               if k not in state]
+    if missing:
+        raise ValueError(f"state_dict lacks {missing}")
+    theirs = (state["fields"], state["capacity"], state["lanes"])
+    if theirs != (fields, layout.capacity, layout.lanes):
+        raise ValueError(
+            f"state_dict is for fields={theirs[0]}, capacity={theirs[1]}, lanes={theirs[2]}; "
+            f"this buffer has fields={fields}, capacity={layout.capacity}, lanes={layout.lanes}")
+    lc = layout.lane_capacity
+    heads = _int_array(state, "heads", layout.lanes)
+    bases = _int_array(state, "bases", layout.lanes)
+    if (bases > heads).any():
+        raise ValueError(f"state_dict has a lane whose base is beyond its head: bases {bases.tolist()}, "
+                         f"heads {heads.tolist()}")
+    stamps = np.asarray(state["stamps"])
+    if stamps.shape != (layout.capacity,) or stamps.dtype.kind not in "iu":
+        raise ValueError(f"state_dict['stamps'] must be {layout.capacity} integers, got shape "
+                         f"{stamps.shape} and dtype {stamps.dtype}")
+    stamps = stamps.astype(np.int64)
+    slot = np.arange(layout.capacity) % lc
+    named = stamps != 0
+    if (stamps[named] % 2 == 1).any() or ((stamps[named] // 2 - 1) % lc != slot[named]).any():
+        raise ValueError("state_dict['stamps'] holds stamps that name no row of their slot "
+                         "(corrupt or edited)")
+    stamps = np.where(_in_window(stamps, heads, bases, lc), stamps, 0)
+    data = state["data"]
+    if not isinstance(data, Mapping) or set(data) != set(fields):
+        raise ValueError(f"state_dict['data'] must hold exactly the fields {list(fields)}, got "
+                         f"{list(data) if isinstance(data, Mapping) else type(data).__name__}")
+    arrays = {}
+    for name, (shape, dtype) in fields.items():
+        a = np.asarray(data[name])
+        if a.shape != (layout.capacity,) + shape or not np.can_cast(a.dtype, dtype, "safe"):
+            raise ValueError(f"state_dict['data'][{name!r}] must have shape "
+                             f"{(layout.capacity,) + shape} and dtype {dtype}, got {a.shape} {a.dtype}")
+        arrays[name] = a
+    rng = np.random.default_rng()
+    try:
+        rng.bit_generator.state = state["rng"]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"state_dict['rng'] is not a PCG64 generator state ({exc})") from None
+    return {"heads": heads, "bases": bases, "stamps": stamps, "data": arrays, "rng": rng}
+
+
+def restore(ring: Ring, checked: dict[str, Any], timeout: float) -> None:
+    """Write a :func:`check`-ed state into ``ring`` (see the module docstring).
+
+    Raises ``LockTimeout`` or ``TimeoutError`` (nothing changed) if the lock, or the
+    writers in flight, take longer than ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    lc = ring.lane_capacity
+    with ring.lock.hold(timeout):
+        delay = 0.0
+        while ring.live_writers_in_flight():  # they publish without the lock: let them
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"load_state_dict: writers still in flight after {timeout:g} s; "
+                                   "nothing was changed. Retry, or pass a larger timeout=")
+            time.sleep(delay)
+            delay = min(max(2 * delay, 1e-4), 1e-2)
+        ring.res[:, RES_PID] = 0  # what is left belongs to dead writers
+        now = ring.lane_table[:, LANE_HEAD].copy()
+        lo = _windows(checked["heads"], checked["bases"], lc)
+        shift = -(-np.maximum(now - lo, 0) // lc) * lc  # per lane: past every number used
+        stamps = checked["stamps"]
+        lane = np.arange(len(stamps)) // lc
+        new_stamps = np.where(stamps != 0, stamps + 2 * shift[lane], 0)
+        ring.stamps[:] = 0
+        for name, a in ring.arrays.items():
+            a[...] = checked["data"][name]
+        # head before base: a sampler reads base before head (Ring.window), so it never
+        # sees a new base with an old head, an empty window in the middle of a restore
+        ring.lane_table[:, LANE_HEAD] = checked["heads"] + shift
+        ring.lane_table[:, LANE_BASE] = checked["bases"] + shift
+        ring.stamps[:] = new_stamps
