@@ -1,6 +1,11 @@
-"""The ``shmbuf`` command: ``demo``, and ``ls`` / ``info`` / ``rm`` for live buffers.
+"""The shmbuf command: demo, bench, and ls / info / rm for live buffers.
 
-Every command works from any process: buffers are found by name in ``/dev/shm``.
+Every command works from any process: buffers are found by name in /dev/shm (in the
+namespace of $SHMBUF_NAMESPACE, if set).
+
+Exit status: 0 on success; 1 if a named buffer is missing or unusable, or could not
+be removed (each problem is one line on stderr, and the other names are still
+handled), or the demo saw a torn row; 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -10,17 +15,22 @@ import json
 import sys
 from typing import Any, Sequence
 
-from . import procs, segment
+from . import __version__, procs, segment
 from .buffer import Buffer
-from .layout import FormatError
 
 
 def describe(name: str) -> dict[str, Any]:
-    """Facts about a live buffer, read from its header without disturbing writers."""
+    """Facts about a live buffer, read from its header without disturbing writers.
+
+    A buffer that cannot be read gives ``{"name": name, "error": "..."}`` (one line)."""
     try:
         buf = Buffer.attach(name, timeout=0.5)
-    except (FormatError, ValueError) as exc:
-        return {"name": name, "error": str(exc)}
+    except FileNotFoundError:
+        return {"name": name, "error": "no such buffer (never created, or already removed)"}
+    except PermissionError:
+        return {"name": name, "error": "permission denied (another user's buffer)"}
+    except (OSError, ValueError, TimeoutError) as exc:  # FormatError is a ValueError
+        return {"name": name, "error": " ".join(str(exc).split())}
     with buf:
         lay = buf._layout
         alive = procs.is_alive(lay.creator_pid, lay.creator_ctime)
@@ -31,19 +41,25 @@ def describe(name: str) -> dict[str, Any]:
                 "fields": {k: [list(s), str(d)] for k, (s, d) in buf.fields.items()}}
 
 
+def _problem(command: str, name: str, why: str) -> None:
+    shown = name if name.isprintable() else repr(name)
+    print(f"shmbuf {command}: {shown}: {why}", file=sys.stderr)
+
+
 def _ls(args: argparse.Namespace) -> int:
-    names = segment.list_names()
+    found = [describe(n) for n in segment.list_names()]
+    found = [d for d in found if not d.get("error", "").startswith("no such buffer")]  # gone meanwhile
     if args.json:
-        print(json.dumps([describe(n) for n in names], indent=2))
+        print(json.dumps(found, indent=2))
         return 0
-    if not names:
+    if not found:
         print("no shmbuf buffers in /dev/shm")
         return 0
     print(f"{'NAME':30} {'ROWS':>12} {'CAPACITY':>12} {'MiB':>9}  CREATOR")
-    for n in names:
-        d = describe(n)
+    for d in found:
+        n = d["name"]
         if "error" in d:
-            print(f"{n:30} {'?':>12} {'?':>12} {'?':>9}  {d['error']}")
+            print(f"{n:30} {'?':>12} {'?':>12} {'?':>9}  unusable: {d['error']}")
             continue
         owner = f"pid {d['creator_pid']} ({'alive' if d['creator_alive'] else 'dead'})"
         owner += ", persistent" if d["persist"] else ""
@@ -52,19 +68,39 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    d = describe(args.name)
-    print(json.dumps(d, indent=2))
-    return 1 if "error" in d else 0
+    status = 0
+    for n in args.names:
+        try:
+            segment.check_name(n)
+        except ValueError as exc:
+            _problem("info", n, str(exc))
+            status = 1
+            continue
+        d = describe(n)
+        if "error" in d:
+            _problem("info", n, d["error"])
+            status = 1
+        else:
+            print(json.dumps(d, indent=2))
+    return status
 
 
 def _rm(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
-        if segment.unlink_name(segment.check_name(n)):
-            print(f"removed {n}")
-        else:
-            print(f"no buffer named {n!r}", file=sys.stderr)
-            status = 1
+        try:
+            if segment.unlink_name(n):
+                print(f"removed {n}")
+                continue
+            why = "no such buffer"
+        except ValueError as exc:
+            why = str(exc)
+        except PermissionError:
+            why = "permission denied (another user's buffer)"
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        _problem("rm", n, why)
+        status = 1
     return status
 
 
@@ -84,24 +120,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="shmbuf", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="rollout workers write while a learner samples")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--envs", type=int, default=16, help="CartPole envs per worker")
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--capacity", type=int, default=100_000)
-    p.add_argument("--batch", type=int, default=256)
+    parser = argparse.ArgumentParser(
+        prog="shmbuf", description="A replay buffer in shared memory that many processes write "
+        "and sample at once.", epilog="Exit status: 0 success; 1 a named buffer is missing, "
+        "unusable or could not be removed (one line each on stderr), or the demo saw a torn "
+        "row; 2 usage error.")
+    parser.add_argument("--version", action="version", version=f"shmbuf {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "demo", help="rollout workers write while a learner samples",
+        description="Rollout worker processes (each with its own vectorised CartPole and lane) "
+        "write transitions into one shared buffer while this process samples batches and "
+        "checks every sampled row for tears. Prints a table of rows written, batches sampled "
+        "and torn rows (always 0).")
+    p.add_argument("--workers", type=int, default=2, help="rollout worker processes (default 2)")
+    p.add_argument("--envs", type=int, default=16, help="CartPole envs per worker (default 16)")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")
+    p.add_argument("--capacity", type=int, default=100_000, help="buffer rows (default 100000)")
+    p.add_argument("--batch", type=int, default=256, help="rows per sampled batch (default 256)")
     p.set_defaults(run=_demo)
-    sub.add_parser("bench", help="benchmark against the peers (scripts/bench; bench --help)")
-    p = sub.add_parser("ls", help="list the buffers in /dev/shm")
-    p.add_argument("--json", action="store_true")
+    sub.add_parser("bench", help="benchmark against the peers (see: shmbuf bench --help)")
+    p = sub.add_parser("ls", help="list the buffers in /dev/shm",
+                       description="List this namespace's buffers: rows, capacity, size, creator.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=_ls)
-    p = sub.add_parser("info", help="describe one buffer (JSON)")
-    p.add_argument("name")
+    p = sub.add_parser("info", help="describe buffers (JSON)",
+                       description="Print each named buffer's header facts as JSON.")
+    p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(run=_info)
-    p = sub.add_parser("rm", help="destroy buffers by name")
-    p.add_argument("names", nargs="+")
+    p = sub.add_parser("rm", help="destroy buffers by name",
+                       description="Remove buffers' names; processes attached keep working "
+                       "until they close.")
+    p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(run=_rm)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -32,10 +32,15 @@ def checksum(b: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def worker(buf: Buffer, lane: int, envs: int, seed: int, stop: Any) -> None:
-    """Step ``envs`` CartPoles with a random policy; write every transition to ``lane``."""
+    """Step ``envs`` CartPoles with a random policy; write every transition to ``lane``.
+
+    Stops when told to, or when the buffer is gone (its creator closed it or died):
+    a worker whose learner crashed does not write on forever."""
     env = CartPole(envs, seed=seed)
     rng = np.random.default_rng(seed)
-    while not stop.is_set():
+    steps = 0
+    while not stop.is_set() and (steps % 64 or not buf.unlinked):
+        steps += 1
         obs, action = env.obs, rng.integers(0, 2, envs)
         next_obs, reward, terminated, truncated = env.step(action)
         row = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
