@@ -1,0 +1,55 @@
+"""What ``pip install .`` (not editable) gives a user: every subpackage, a working
+``shmbuf`` command and the README example, run from a fresh virtual environment."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import zipfile
+
+import numpy
+import psutil
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True,
+                   timeout=240, cwd=tmp_path)
+    wheel = next((tmp_path / "dist").glob("shmbuf-*.whl"))
+    packaged = set(zipfile.ZipFile(wheel).namelist())
+    for init in ROOT.glob("shmbuf/**/__init__.py"):
+        assert init.relative_to(ROOT).as_posix() in packaged, f"the wheel leaves out {init}"
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+                    str(wheel)], check=True, capture_output=True, timeout=240)
+    # numpy and psutil come from this environment (no network in tests); shmbuf must not
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    deps = {pathlib.Path(m.__file__).parent.parent for m in (numpy, psutil)}
+    pathlib.Path(purelib, "deps.pth").write_text("\n".join(map(str, deps)) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    where = subprocess.run([str(py), "-c", "import shmbuf, shmbuf.bench; print(shmbuf.__file__)"],
+                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(str(venv)), f"shmbuf was not imported from the wheel: {where.stdout}"
+    for args in (["--help"], ["--version"], ["bench", "--help"]):
+        res = subprocess.run([str(venv / "bin" / "shmbuf"), *args], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert res.returncode == 0, (args, res.stderr)
+    code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    (tmp_path / "example.py").write_text(code)  # spawn re-imports __main__ from its file
+    res = subprocess.run([str(py), "example.py"], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1000 (256, 4) True"
