@@ -1,5 +1,11 @@
-"""Fixtures shared by the suite. Every test gets a fresh buffer name and must leave no
-segment behind; the session checks /dev/shm as a whole at the end."""
+"""Fixtures shared by the suite.
+
+The whole run lives in its own namespace (``SHMBUF_NAMESPACE``, inherited by every
+child process, spawned or not), so every segment the suite makes is named
+``shmbuf@<run>-<name>`` and nothing else on the machine is ever seen, touched or
+removed by it: other programs' buffers and other runs of this suite are left alone.
+Every test gets a fresh buffer name and must leave no segment behind; the session
+checks the run's namespace as a whole at the end."""
 
 from __future__ import annotations
 
@@ -11,17 +17,18 @@ import pytest
 
 from shmbuf import segment
 
-
-def _ours() -> set[str]:
-    return set(segment.list_names())
+# Child processes that import this module (spawn re-imports test modules) keep the
+# run's namespace; a new run never inherits one from the shell.
+RUN = os.environ.get("SHMBUF_TEST_RUN") or f"test{os.getpid()}-{uuid.uuid4().hex[:8]}"
+os.environ["SHMBUF_TEST_RUN"] = os.environ[segment.NAMESPACE_ENV] = RUN
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_segments():
-    before = _ours()
+    assert segment.prefix() == f"shmbuf@{RUN}-"
     yield
     gc.collect()
-    leaked = _ours() - before
+    leaked = segment.list_names()  # only this run's namespace: all of it is ours
     for name in leaked:
         segment.unlink_name(name)
     assert not leaked, f"the suite left shared-memory segments behind: {sorted(leaked)}"
@@ -39,3 +46,8 @@ def name(request):
 
 MUJOCO = {"obs": ((17,), "float32"), "action": ((6,), "float32"),
           "reward": ((), "float32"), "done": ((), "bool")}
+
+
+def shm_path(name: str) -> str:
+    """Where the segment of buffer ``name`` lives (this run's namespace)."""
+    return segment.SHM_DIR + segment.os_name(name)

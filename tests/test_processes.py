@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import shmbuf
+from conftest import shm_path
 from helpers import report_rows, write_range
 
 METHODS = ["fork", "spawn", "forkserver"]
 
 
 def exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/shmbuf-{name}")
+    return os.path.exists(shm_path(name))
 
 
 def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
