@@ -190,11 +190,14 @@ class Layout:
         specs = normalize_fields(fields)
         capacity = _as_count(capacity, "capacity")
         lanes = _as_count(lanes, "lanes")
+        if capacity < lanes:
+            raise ValueError(f"capacity ({capacity}) must be at least lanes ({lanes}): each lane "
+                             f"holds capacity // lanes rows; use capacity={lanes} or more")
         if capacity % lanes:
             lo, hi = capacity - capacity % lanes, capacity + lanes - capacity % lanes
             raise ValueError(
                 f"capacity ({capacity}) must be a multiple of lanes ({lanes}), since each lane "
-                f"holds capacity // lanes rows: use capacity={lo or hi} or {hi}"
+                f"holds capacity // lanes rows: use capacity={lo} or {hi}"
             )
         # The schema's own size depends on the offsets it lists; offsets depend on the
         # schema size. Reserve generously (offsets are at most 20 digits), then fix.

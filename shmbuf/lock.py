@@ -62,17 +62,18 @@ class HeaderLock:
         self._note = note_holder
         self._describe = describe_holder
         self._pid = os.getpid()
-        self._thread_lock = threading.Lock()
+        self._thread_lock = threading.RLock()  # never re-entered: RLock for _is_owned()
+        self.held_fd = -1
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:
         """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""
-        if not self._thread_lock.acquire(False):
-            if not self._thread_lock.acquire(timeout=max(timeout, 0.0)):
-                raise self._timeout(timeout)
+        tl = self._thread_lock
         fd = -1
         try:
-            fd = self.fileno()
+            if not tl.acquire(False) and not tl.acquire(timeout=min(max(timeout, 0.0), 1e9)):
+                raise self._timeout(timeout)
+            self.held_fd = fd = self.fileno()
             if fd < 0:
                 raise ValueError("the buffer handle is closed")
             try:
@@ -82,11 +83,12 @@ class HeaderLock:
             if self._note is not None:
                 self._note(self._pid)
         except BaseException:
-            try:
-                if fd >= 0:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                self._thread_lock.release()
+            if tl._is_owned():  # this thread took it (an interrupt may have fallen right after)
+                try:
+                    if fd >= 0:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                finally:
+                    tl.release()
             raise
 
     def _wait(self, fd: int, deadline: float, timeout: float) -> None:
@@ -112,8 +114,10 @@ class HeaderLock:
                 pass
 
     def release(self) -> None:
+        """Release; the thread lock is released even if an interrupt falls in between.
+        (Hot paths inline these two calls: see ``Ring.put``.)"""
         try:
-            fcntl.flock(self.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(self.held_fd, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
 
@@ -132,7 +136,8 @@ class HeaderLock:
         )
 
     def _after_fork_in_child(self) -> None:
-        self._thread_lock = threading.Lock()
+        self._thread_lock = threading.RLock()
+        self.held_fd = -1
         self._pid = os.getpid()
 
 

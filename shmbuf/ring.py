@@ -43,6 +43,7 @@ still exact (it happens under the lock, whose system call is a full barrier).
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import threading
 import time
@@ -163,8 +164,11 @@ class Ring:
                 self.lane_table[lane, LANE_HEAD] = first + n  # the reservation is committed here
                 if HOOK is not None:
                     HOOK("locked")
-            finally:
-                lock.release()
+            finally:  # lock.release(), inlined: a Python call could take an interrupt first
+                try:
+                    fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
+                finally:
+                    lock._thread_lock.release()
             if HOOK is not None:
                 HOOK("reserved")
             lc = self.lane_capacity

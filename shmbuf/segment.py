@@ -249,15 +249,16 @@ class Segment:
         st = os.fstat(self.fd)
         if st.st_blocks * 512 >= st.st_size:
             return
-        try:
-            _allocate(self.fd, st.st_size)
-        except OSError as exc:
-            raise FormatError(
-                f"shared-memory segment {self.name!r} is sparse: only "
-                f"{st.st_blocks * 512:,} of its {st.st_size:,} bytes have memory behind them, "
-                f"and allocating the rest failed ({exc}). Writing to it could crash with SIGBUS. "
-                "Free space in /dev/shm, or remove it (`shmbuf rm`) and create it again with "
-                "shmbuf") from None
+        try:  # fallocate keeps the contents; never write zeros over a live buffer
+            os.posix_fallocate(self.fd, 0, st.st_size)
+            return
+        except (AttributeError, OSError) as exc:
+            why = str(exc)
+        raise FormatError(
+            f"shared-memory segment {self.name!r} is sparse: only {st.st_blocks * 512:,} of its "
+            f"{st.st_size:,} bytes have memory behind them, and allocating the rest failed "
+            f"({why}). Writing to it could crash with SIGBUS. Free space in /dev/shm, or remove "
+            "it (`shmbuf rm`) and create it again with shmbuf")
 
     def is_linked(self) -> bool:
         """True while this segment's name still refers to this very segment."""

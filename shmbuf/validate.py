@@ -137,7 +137,7 @@ def _check_cast(f: Field, a: np.ndarray) -> None:
                 "string dtype")
         return
     if dst.kind == "f" and src.kind in "iuf" and not np.can_cast(src, dst, "safe") and a.size:
-        big = np.finfo(dst).max
+        big = float(np.finfo(dst).max)
         if src.kind in "iu" and np.iinfo(src).max <= big:
             return  # every integer of src fits (with rounding)
         if max(abs(float(a.min())), abs(float(a.max()))) <= big:

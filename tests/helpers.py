@@ -57,7 +57,7 @@ def write_range(name: str, lo: int, hi: int) -> None:
         buf.extend({"x": np.arange(lo, hi)})
 
 
-def write_and_hang(name: str, point: str, flag_path: str, lane=None) -> None:
+def write_and_hang(name: str, point: str, flag_path: str, lane=None, rows: int = 4) -> None:
     """Write one batch, stopping forever at ``point`` of the write protocol
     ("locked", "reserved" or "writing"); touches ``flag_path`` when it gets there."""
     def hook(where: str) -> None:
@@ -69,7 +69,7 @@ def write_and_hang(name: str, point: str, flag_path: str, lane=None) -> None:
     ring.HOOK = hook
     buf = shmbuf.Buffer.attach(name)
     lo = len(buf)
-    buf.extend({"x": np.arange(lo, lo + 4) + 10_000}, lane=lane)
+    buf.extend({"x": np.arange(lo, lo + rows) + 10_000}, lane=lane)
 
 
 def claim_and_exit(name: str, queue) -> None:
@@ -91,3 +91,30 @@ def storm_sampler(name: str, seconds: float, ready, results) -> None:
         checked += 32
     buf.close()
     results.put(("sampler", checked, torn))
+
+
+def add_through_interrupts(name: str, ready_path: str, stop_path: str, idle_path: str) -> None:
+    """Add rows in a loop that catches KeyboardInterrupt (a notebook catching Ctrl-C and
+    going on); once ``stop_path`` exists, say so in ``idle_path`` and stay alive, idle.
+
+    SIGINT is blocked except around ``add``, so every interrupt lands in or at the edge
+    of an ``add`` (and none in this loop's own bookkeeping, which would end the process)."""
+    block = {signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, block)
+    buf = shmbuf.Buffer.attach(name, timeout=30)
+    open(ready_path, "w").close()
+    interrupted = i = 0
+    while not os.path.exists(stop_path):
+        for _ in range(50):
+            i += 1
+            try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
+                buf.add({"x": i}, timeout=30)
+                signal.pthread_sigmask(signal.SIG_BLOCK, block)
+            except KeyboardInterrupt:
+                signal.pthread_sigmask(signal.SIG_BLOCK, block)
+                interrupted += 1
+    with open(idle_path, "w") as f:
+        f.write(str(interrupted))
+    while True:
+        time.sleep(1)

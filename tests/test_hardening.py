@@ -1,0 +1,502 @@
+"""Each test pins one breach found by adversarial review: leaks, crashes, races with
+create/clear/state_dict, untrusted segments and state dicts, unclear errors."""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import multiprocessing as mp
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import _posixshmem
+import shmbuf
+from shmbuf import demo, sampling, segment
+from conftest import shm_path
+from helpers import write_and_hang
+
+X = {"x": ((), "int64")}
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _image(fields=X, capacity=8) -> bytes:
+    with shmbuf.Buffer.create(fields, capacity) as buf:
+        return bytes(buf._seg.mmap[:buf._layout.total_size])
+
+
+# -- create / attach ------------------------------------------------------------------
+
+def test_attach_waits_while_another_process_is_creating(name):
+    """Between shm_open and the header, a segment is empty, then headerless: attach
+    waits for it (up to its timeout) instead of failing."""
+    path = segment.os_name(name)
+    fd = _posixshmem.shm_open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    got = {}
+
+    def attach():
+        try:
+            got["buf"] = shmbuf.Buffer.attach(name, timeout=60)
+        except BaseException as exc:  # pragma: no cover - reported below
+            got["error"] = exc
+
+    t = threading.Thread(target=attach)
+    t.start()
+    try:
+        time.sleep(0.2)  # attach sees an empty segment
+        image = _image()
+        os.ftruncate(fd, len(image))
+        m = mmap.mmap(fd, len(image))
+        m[8:len(image)] = image[8:]  # everything but the magic: a header being written
+        time.sleep(0.2)
+        m[0:8] = image[0:8]
+        t.join(60)
+        assert "error" not in got, got
+        assert got["buf"].capacity == 8
+        got["buf"].close()
+        m.close()
+    finally:
+        os.close(fd)
+        _posixshmem.shm_unlink(path)
+
+
+CREATE_AND_HANG = """
+import os, sys, time, shmbuf
+from shmbuf import segment
+real = segment._allocate
+def hang(fd, size):
+    real(fd, size)
+    open(sys.argv[2], "w").close()
+    time.sleep(600)
+segment._allocate = hang
+shmbuf.Buffer.create({"x": ((1024,), "float64")}, 4096, name=sys.argv[1], persist=sys.argv[3] == "1")
+"""
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_creator_killed_inside_create_leaves_no_segment(name, tmp_path, persist):
+    flag = tmp_path / "allocated"
+    proc = subprocess.Popen([sys.executable, "-c", CREATE_AND_HANG, name, str(flag), str(int(persist))])
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        assert os.path.exists(shm_path(name))
+    finally:
+        proc.kill()
+        proc.wait(30)
+    deadline = time.monotonic() + 60  # the creator's resource tracker removes it
+    while os.path.exists(shm_path(name)):
+        assert time.monotonic() < deadline, "a creator killed inside create leaked its segment"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("call", [
+    lambda n: shmbuf.Buffer.create(X, 8, name=n, seed=-1),
+    lambda n: shmbuf.Buffer.create(X, 8, name=n, timeout="x"),
+    lambda n: shmbuf.Buffer.create({"x": ((1,) * 70, "int8")}, 8, name=n),
+    lambda n: shmbuf.Buffer.create(X, 8, name=n, persist="False"),
+])
+def test_a_failed_create_leaks_no_descriptor_and_no_segment(name, call):
+    before = _fds()
+    with pytest.raises((ValueError, TypeError)):
+        call(name)
+    assert _fds() == before
+    assert not os.path.exists(shm_path(name))
+
+
+def test_a_failed_attach_leaks_no_descriptor(name):
+    with shmbuf.Buffer.create(X, 8, name=name):
+        before = _fds()
+        for kwargs in ({"seed": "x"}, {"timeout": float("nan")}, {"seed": -1}):
+            with pytest.raises((ValueError, TypeError)):
+                shmbuf.Buffer.attach(name, **kwargs)
+        assert _fds() == before
+
+
+OLD_OWNER_EXITS = """
+import sys, time, os, shmbuf
+a = shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=sys.argv[1])
+a.unlink()
+open(sys.argv[2], "w").close()
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.01)
+"""  # then it exits normally: its handle's finalizer and its resource tracker run
+
+
+def test_an_old_creator_exiting_leaves_a_recreated_name_alone(name, tmp_path):
+    unlinked, recreated = tmp_path / "unlinked", tmp_path / "recreated"
+    proc = subprocess.Popen([sys.executable, "-c", OLD_OWNER_EXITS, name, str(unlinked), str(recreated)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not unlinked.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    new = shmbuf.Buffer.create(X, 8, name=name, persist=True)
+    try:
+        recreated.touch()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "leaked" not in err, err
+        time.sleep(0.5)  # its resource tracker has had its chance to unlink the name
+        assert os.path.exists(shm_path(name)), "the old creator's tracker destroyed the new buffer"
+    finally:
+        new.unlink()
+        new.close()
+
+
+def _inode_after_fork(buf, conn):
+    conn.send(os.fstat(buf._seg.fd).st_ino)
+
+
+def test_a_handle_keeps_its_segment_when_the_name_is_recreated(name):
+    """The handle locks, maps and identifies one segment, also in a forked child
+    (which reopens its descriptor), whatever now has the name."""
+    first = shmbuf.Buffer.create(X, 8, name=name)
+    old = shmbuf.Buffer.attach(name)
+    first.unlink()
+    new = shmbuf.Buffer.create(X, 8, name=name)
+    try:
+        ino = os.fstat(first._seg.fd).st_ino
+        assert os.fstat(old._seg.fd).st_ino == ino != os.fstat(new._seg.fd).st_ino
+        assert old.unlinked and not new.unlinked
+        a, b = mp.get_context("fork").Pipe()
+        p = mp.get_context("fork").Process(target=_inode_after_fork, args=(old, b))
+        p.start()
+        assert a.recv() == ino
+        p.join(30)
+        old.unlink()  # must not remove the new buffer's name
+        assert not new.unlinked
+    finally:
+        for h in (old, first, new):
+            h.close()
+
+
+def _sparse(name: str) -> None:
+    """A valid buffer image in a segment sized by ftruncate, only its first page written."""
+    image = _image()
+    fd = _posixshmem.shm_open(segment.os_name(name), os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    os.ftruncate(fd, len(image) + (1 << 20))  # room the header does not claim: still valid
+    os.pwrite(fd, image[:mmap.PAGESIZE], 0)
+    os.close(fd)
+
+
+def test_attach_allocates_a_sparse_segment_or_refuses_it(name, monkeypatch):
+    _sparse(name)
+    try:
+        def no_fallocate(fd, off, size):
+            raise OSError(errno.EOPNOTSUPP, "not supported")
+        with monkeypatch.context() as m:
+            m.setattr(os, "posix_fallocate", no_fallocate)
+            with pytest.raises(shmbuf.FormatError, match="sparse.*SIGBUS"):
+                shmbuf.Buffer.attach(name)
+        with shmbuf.Buffer.attach(name) as buf:  # fallocate works: attach allocates it
+            st = os.fstat(buf._seg.fd)
+            assert st.st_blocks * 512 >= st.st_size
+            buf.add({"x": 1})
+            assert buf.sample(3)["x"].tolist() == [1, 1, 1]
+    finally:
+        segment.unlink_name(name)
+
+
+def test_create_without_fallocate_writes_every_page(name, monkeypatch):
+    def no_fallocate(fd, off, size):
+        raise OSError(errno.EOPNOTSUPP, "not supported")
+    monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
+    with shmbuf.Buffer.create({"x": ((1000,), "float64")}, 300, name=name) as buf:
+        st = os.fstat(buf._seg.fd)
+        assert st.st_blocks * 512 >= st.st_size
+
+
+# -- untrusted segments -----------------------------------------------------------------
+
+def _with_schema(edit, header=None):
+    """A real segment image whose schema is edited (a long-named third field, dropped
+    first, leaves room) and whose header is patched."""
+    with shmbuf.Buffer.create({"x": ((4,), "int64"), "y": ((), "float32"), "p" * 300: ((), "u1")}, 64) as buf:
+        raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
+    off, size = struct.unpack_from("<QQ", raw, 48)
+    fields = json.loads(bytes(raw[off:off + size]))[:2]
+    edit(fields)
+    new = json.dumps(fields, separators=(",", ":")).encode()
+    assert len(new) <= size
+    raw[off:off + size] = new.ljust(size)
+    if header:
+        header(raw)
+    return bytes(raw)
+
+
+def _set(key, value, i=0):
+    return lambda fields: fields[i].update({key: value})
+
+
+BAD_SEGMENTS = {
+    "object dtype": (_with_schema(_set("dtype", "|O")), "object"),
+    "object inside a struct": (_with_schema(_set("dtype", [["a", "<i8"], ["b", "|O"]])), "object"),
+    "negative dimension": (_with_schema(_set("shape", [-4])), "shape"),
+    "70 dimensions": (_with_schema(_set("shape", [1] * 70)), "dimensions"),
+    "float dimension": (_with_schema(_set("shape", [4.0])), "shape"),
+    "duplicate names": (_with_schema(_set("name", "y")), "unique"),
+    "name not a string": (_with_schema(_set("name", 5)), "unique strings"),
+    "fields overlap": (_with_schema(lambda f: f[1].update(offset=f[0]["offset"])), "overlaps"),
+    "field over the stamps": (_with_schema(lambda f: f[0].update(offset=1024)), "overlaps|outside"),
+    "field over the header": (_with_schema(_set("offset", 0)), "overlaps|aligned"),
+    "unaligned field": (_with_schema(lambda f: f[0].update(offset=f[0]["offset"] + 8)), "aligned|overlaps"),
+    "schema not a list": (_with_schema(lambda f: f.clear()), "non-empty list"),
+    "extra key": (_with_schema(_set("evil", 1)), "not a field description"),
+    "zero reservations": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 88, 0)), "reservation"),
+    "huge reservations": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 88, 1 << 40)), "reservation"),
+    "NaN start time": (_with_schema(lambda f: None, lambda r: struct.pack_into("<d", r, 120, float("nan"))), "creator"),
+    "unknown flags": (_with_schema(lambda f: None, lambda r: struct.pack_into("<I", r, 12, 6)), "flags"),
+    "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SEGMENTS))
+def test_attach_rejects_every_kind_of_bad_segment_with_a_format_error(name, case):
+    data, match = BAD_SEGMENTS[case]
+    seg = segment.Segment.create(name, len(data))
+    seg.mmap[:] = data
+    seg.untrack()
+    seg.close()
+    try:
+        with pytest.raises(shmbuf.FormatError, match=match):
+            shmbuf.Buffer.attach(name, timeout=0.1)
+    finally:
+        segment.unlink_name(name)
+
+
+FUZZ = """
+import random, sys, numpy as np, shmbuf
+from shmbuf import segment
+name, image = sys.argv[1], bytes.fromhex(sys.stdin.read())
+rng = random.Random(0)
+outcomes = {}
+for trial in range(300):
+    raw = bytearray(image)
+    for _ in range(rng.randint(1, 6)):
+        i = rng.randrange(0, 1024)
+        raw[i] = rng.randrange(256)
+    seg = segment.Segment.create(name, len(raw)); seg.mmap[:] = raw; seg.untrack(); seg.close()
+    try:
+        with shmbuf.Buffer.attach(name, timeout=0.01) as b:
+            b.extend({k: np.zeros((2,) + s, d) for k, (s, d) in b.fields.items()}, lane=0)
+            b.sample(4); b.sample_sequences(2, 2)
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+    except (shmbuf.FormatError, ValueError, TypeError, TimeoutError) as exc:
+        outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+    finally:
+        segment.unlink_name(name)
+print(outcomes)
+"""
+
+
+def test_fuzzed_headers_never_crash_the_interpreter(name):
+    """Random bytes in the header and schema: attach raises a FormatError, or the
+    buffer works. Run in a child, so that a segfault would show as a failed exit."""
+    image = _image({"x": ((4,), "int64"), "y": ((), "float32")}, 64)
+    res = subprocess.run([sys.executable, "-c", FUZZ, name], input=image.hex(), capture_output=True,
+                         text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    outcomes = eval(res.stdout)
+    assert outcomes.get("FormatError", 0) > 100, outcomes
+
+
+# -- state_dict / load_state_dict ------------------------------------------------------
+
+def _contents(buf):
+    r = buf._ring
+    return r.stamps.copy(), r.lane_table.copy(), {k: a.copy() for k, a in r.arrays.items()}
+
+
+def test_restore_keeps_only_stamps_inside_the_saved_window(name, tmp_path):
+    """A state whose rows 4, 5 were published after its head (4) was read: after the
+    restore, a writer reserving row 4 must not expose the state's stale row 4."""
+    with shmbuf.Buffer.from_data({"x": np.arange(6)}, capacity=8, seed=0) as src:
+        st = src.state_dict()
+    st["heads"] = np.array([4])
+    with shmbuf.Buffer.create(X, 8, name=name, seed=0) as buf:
+        buf.load_state_dict(st)
+        ctx = mp.get_context("spawn")
+        flag = tmp_path / "reserved"
+        p = ctx.Process(target=write_and_hang, args=(name, "reserved", str(flag), None, 1))
+        p.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not flag.exists():
+                assert time.monotonic() < deadline and p.is_alive()
+                time.sleep(0.01)
+            assert len(buf) == 5
+            assert set(buf.sample(500)["x"].tolist()) == {0, 1, 2, 3}
+        finally:
+            p.kill()
+            p.join(30)
+
+
+def test_restore_renumbers_so_no_stamp_from_before_comes_back(name):
+    """A sampler overlapping a restore of the same state must see changed stamps."""
+    with shmbuf.Buffer.from_data({"x": np.arange(8)}, capacity=8, seed=0, name=name) as buf:
+        st = buf.state_dict()
+        old = set(buf._ring.stamps.tolist()) - {0}
+        before = buf.sample(20)["x"]
+        buf.load_state_dict(st)
+        assert not old & set(buf._ring.stamps.tolist())
+        assert len(buf) == 8 and buf.sample(20)["x"].tolist() == before.tolist()
+
+
+def _bad_states(good):
+    def edit(**changes):
+        st = dict(good)
+        st.update(changes)
+        return {k: v for k, v in st.items() if v is not _DROP}
+    data = good["data"]
+    return {
+        "missing data": edit(data=_DROP), "missing rng": edit(rng=_DROP),
+        "wrong version": edit(version=2), "heads too short": edit(heads=np.array([], np.int64)),
+        "float heads": edit(heads=np.array([np.nan])), "negative base": edit(bases=np.array([-1])),
+        "base beyond head": edit(bases=np.array([7]), heads=np.array([6])),
+        "stamps too short": edit(stamps=good["stamps"][:3]),
+        "odd stamp": edit(stamps=np.where(np.arange(8) == 0, 3, good["stamps"])),
+        "stamp of another slot": edit(stamps=np.roll(good["stamps"], 1)),
+        "data field missing": edit(data={}), "data too short": edit(data={"x": data["x"][:3]}),
+        "data of floats": edit(data={"x": data["x"].astype(float)}),
+        "rng garbage": edit(rng={"bit_generator": "PCG64", "state": "x"}),
+        "not a dict": [1, 2], "other fields": edit(fields={"y": ((), np.dtype("int64"))}),
+    }
+
+
+_DROP = object()
+
+
+def test_load_state_dict_checks_everything_before_changing_anything(name):
+    with shmbuf.Buffer.from_data({"x": np.arange(6)}, capacity=8, seed=0) as src:
+        good = src.state_dict()
+    with shmbuf.Buffer.from_data({"x": np.arange(100, 108)}, seed=0, name=name) as buf:
+        for case, st in _bad_states(good).items():
+            was = _contents(buf)
+            with pytest.raises((ValueError, TypeError)):
+                buf.load_state_dict(st)
+            now = _contents(buf)
+            assert (was[0] == now[0]).all() and (was[1] == now[1]).all() \
+                and (was[2]["x"] == now[2]["x"]).all(), f"{case}: the buffer changed"
+
+
+# -- clear() while sampling ------------------------------------------------------------
+
+def test_a_clear_during_a_multi_lane_sample_gives_a_clear_error(name, monkeypatch):
+    with shmbuf.Buffer.create(X, 8, lanes=2, name=name, seed=0) as buf:
+        buf.extend({"x": np.arange(3)}, lane=0)
+        real = sampling._copy_checked
+
+        def clear_then_fail(ring_, rows, *args):
+            real(ring_, rows, *args)
+            buf.clear()
+            return np.zeros(len(rows), bool)  # "every window was torn": draw again
+        monkeypatch.setattr(sampling, "_copy_checked", clear_then_fail)
+        with pytest.raises(ValueError, match="cannot sample from an empty buffer"):
+            buf.sample(4)
+
+
+def test_sequences_never_join_rows_from_both_sides_of_a_clear(name, monkeypatch):
+    with shmbuf.Buffer.create(X, 16, name=name, seed=0) as buf:
+        buf.extend({"x": np.arange(8)})
+        buf.clear()
+        buf.extend({"x": np.arange(8, 12)})
+        real, calls = buf._ring.window1, []
+
+        def stale():  # a window read across the clear: the old base with the new head
+            calls.append(1)
+            return (0, 12) if len(calls) == 1 else real()
+        monkeypatch.setattr(buf._ring, "window1", stale)
+        got = buf.sample_sequences(300, 3)["x"]
+        assert set(got.ravel().tolist()) <= set(range(8, 12)), got
+
+
+def test_an_emptied_buffer_is_not_blamed_on_dead_writers(name):
+    with shmbuf.Buffer.from_data({"x": np.arange(4)}, seed=0) as buf:
+        buf.clear()
+        with pytest.raises(ValueError, match="empty buffer"):
+            sampling._pool_or_raise(buf._ring, 1, time.monotonic() + 1)
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n + "\n"), ValueError, "invalid buffer name"),
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n, persist="False"), TypeError, "persist must be True or False"),
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n, timeout="x"), TypeError, "timeout must be a number"),
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n, timeout=-1), ValueError, ">= 0"),
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n, timeout=float("nan")), ValueError, ">= 0"),
+    (lambda n: shmbuf.Buffer.create(X, 8, name=n, seed=-1), ValueError, "seed must be"),
+    (lambda n: shmbuf.Buffer.create(X, 3, name=n, lanes=5), ValueError, "at least lanes .5.: each lane"),
+    (lambda n: shmbuf.Buffer.create(X, 7, name=n, lanes=2), ValueError, "use capacity=6 or 8"),
+    (lambda n: shmbuf.Buffer.from_data({"x": [1]}, capacity=-1, name=n), ValueError, "capacity must be >= 1"),
+    (lambda n: shmbuf.Buffer.from_data({"x": [1, 2]}, lanes=2, name=n), ValueError, "one-lane buffer"),
+    (lambda n: shmbuf.Buffer.from_data({"x": [1]}, truncate_ok="no", name=n), TypeError, "truncate_ok"),
+])
+def test_bad_arguments_get_clear_errors_and_leave_nothing(name, call, error, match):
+    with pytest.raises(error, match=match):
+        call(name)
+    assert not os.path.exists(shm_path(name))
+
+
+def test_lossy_and_bad_values_are_refused_and_change_nothing(name):
+    fields = {"tag": ((), "S4"), "u": ((), "U3"), "h": ((), "float16"), "f": ((), "float32")}
+    with shmbuf.Buffer.create(fields, 4, name=name, seed=0) as buf:
+        row = {"tag": b"ep-1", "u": "abc", "h": 1.5, "f": 1e30}
+        buf.add(row)
+        for bad, match in [({"tag": b"episode-17"}, "does not fit in \\|S4"),
+                           ({"u": "abcd"}, "does not fit in <U3"),
+                           ({"h": 70000.0}, "become inf"), ({"h": np.int64(70000)}, "become inf"),
+                           ({"f": 1e39}, "become inf")]:
+            with pytest.raises(ValueError, match=match):
+                buf.add(dict(row, **bad))
+            with pytest.raises(ValueError, match=match):
+                buf.extend({k: np.array([v, v]) for k, v in dict(row, **bad).items()})
+        buf.add(dict(row, h=np.inf, f=np.nan))  # inf and NaN are values, not overflows
+        assert len(buf) == 2
+        for kw in ({"timeout": "x"}, {"timeout": -1.0}):
+            with pytest.raises((TypeError, ValueError)):
+                buf.add(row, **kw)
+        with pytest.raises(TypeError, match="truncate_ok"):
+            buf.extend({k: np.array([v]) for k, v in row.items()}, truncate_ok="yes")
+        with pytest.raises(ValueError, match="cannot allocate a batch of"):
+            buf.sample(2**62)
+        assert len(buf) == 2
+
+
+# -- usability -------------------------------------------------------------------------
+
+def test_the_natural_constructor_creates(name):
+    buf = shmbuf.Buffer({"obs": ((3,), "float32")}, 10, name=name)
+    assert isinstance(buf, shmbuf.Buffer) and buf.capacity == 10 and not buf.unlinked
+    other = shmbuf.Buffer.attach(name)
+    buf.close()  # the creator is gone: the worker can tell
+    assert other.unlinked
+    other.close()
+
+
+def test_demo_workers_stop_when_their_buffer_is_gone(name):
+    ctx = mp.get_context("spawn")
+    buf = shmbuf.Buffer.create(demo.FIELDS, 1000, name=name)
+    stop = ctx.Event()  # never set
+    p = ctx.Process(target=demo.worker, args=(buf, 0, 2, 0, stop))
+    p.start()
+    deadline = time.monotonic() + 60
+    while buf.total_added == 0:
+        assert time.monotonic() < deadline and p.is_alive()
+        time.sleep(0.01)
+    buf.close()  # the learner went away; nobody sets the stop event
+    p.join(60)
+    assert p.exitcode == 0
