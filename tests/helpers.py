@@ -33,10 +33,20 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
     return int((~ok).sum())
 
 
-def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results) -> None:
+def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results,
+                 pause: float = 0.0) -> None:
     """Write storm rows for ``seconds`` (after everyone is ready) or until ``stop``;
-    report how many."""
-    buf = shmbuf.Buffer.attach(name)
+    report how many. With ``pause``, a random sleep of up to that many seconds falls
+    between the fields of a third of the writes: long overlaps that a wrapping writer
+    must wait out."""
+    buf = shmbuf.Buffer.attach(name, timeout=60)
+    if pause:
+        rnd = np.random.default_rng(writer)
+
+        def hook(where: str) -> None:
+            if where == "writing" and rnd.random() < 0.33:
+                time.sleep(rnd.random() * pause)
+        ring.HOOK = hook
     ready.wait(30)
     seq, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline and not stop.is_set():
