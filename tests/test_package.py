@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,8 +20,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.mark.timeout(300)
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
+    src = tmp_path / "src"  # a clean copy: no build/ left over from an earlier build
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "results", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True,
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True,
                    timeout=240, cwd=tmp_path)
     wheel = next((tmp_path / "dist").glob("shmbuf-*.whl"))
     packaged = set(zipfile.ZipFile(wheel).namelist())
