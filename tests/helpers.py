@@ -107,10 +107,16 @@ def add_through_interrupts(name: str, ready_path: str, stop_path: str, idle_path
     """Add rows in a loop that catches KeyboardInterrupt (a notebook catching Ctrl-C and
     going on); once ``stop_path`` exists, say so in ``idle_path`` and stay alive, idle.
 
-    SIGINT is blocked except around ``add``, so every interrupt lands in or at the edge
-    of an ``add`` (and none in this loop's own bookkeeping, which would end the process)."""
-    block = {signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, block)
+    The SIGINT handler raises KeyboardInterrupt (as Python's default one does) only while
+    ``add`` runs, so interrupts land inside ``add`` and never in this loop's bookkeeping,
+    which would end the process."""
+    inside = [False]
+
+    def on_sigint(signum, frame):
+        if inside[0]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     buf = shmbuf.Buffer.attach(name, timeout=30)
     open(ready_path, "w").close()
     interrupted = i = 0
@@ -118,11 +124,11 @@ def add_through_interrupts(name: str, ready_path: str, stop_path: str, idle_path
         for _ in range(50):
             i += 1
             try:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
+                inside[0] = True
                 buf.add({"x": i}, timeout=30)
-                signal.pthread_sigmask(signal.SIG_BLOCK, block)
+                inside[0] = False
             except KeyboardInterrupt:
-                signal.pthread_sigmask(signal.SIG_BLOCK, block)
+                inside[0] = False
                 interrupted += 1
     with open(idle_path, "w") as f:
         f.write(str(interrupted))
