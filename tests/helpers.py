@@ -134,3 +134,25 @@ def add_through_interrupts(name: str, ready_path: str, stop_path: str, idle_path
         f.write(str(interrupted))
     while True:
         time.sleep(1)
+
+
+def wait_for_file(path, proc, what: str = "", timeout: float = 60) -> None:
+    """Wait until ``path`` exists, failing if ``proc`` (a multiprocessing Process or a
+    subprocess.Popen) ends first or ``timeout`` passes."""
+    alive = proc.is_alive if hasattr(proc, "is_alive") else (lambda: proc.poll() is None)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline and alive(), what or f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int = 4, tag: str = ""):
+    """A spawned writer stopped for good at ``point`` of writing ``rows`` rows (see
+    :func:`write_and_hang`); returns once it is there."""
+    import multiprocessing as mp
+
+    flag = tmp_path / f"at-{point}{tag}"
+    proc = mp.get_context("spawn").Process(target=write_and_hang, args=(name, point, str(flag), lane, rows))
+    proc.start()
+    wait_for_file(flag, proc, "writer never reached " + point)
+    return proc

@@ -14,7 +14,7 @@ import pytest
 import shmbuf
 from shmbuf import ring, sampling
 from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
-                     write_and_hang)
+                     start_hanging_writer, wait_for_file, write_and_hang)
 
 
 def storm(name: str, seconds: float, capacity: int = 64, chunks=(7, 1), lanes: int = 1,
@@ -140,25 +140,13 @@ def test_threads_share_a_handle(name):
         assert not errors and torn == 0 and checked > 0
 
 
-def _start_hanging_writer(name: str, point: str, tmp_path, lane=None):
-    flag = tmp_path / f"at-{point}"
-    ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=write_and_hang, args=(name, point, str(flag), lane))
-    proc.start()
-    deadline = time.monotonic() + 60
-    while not flag.exists():
-        assert time.monotonic() < deadline and proc.is_alive(), "writer never reached " + point
-        time.sleep(0.01)
-    return proc
-
-
 @pytest.mark.parametrize("point", ["locked", "reserved", "writing"])
 def test_writer_killed_mid_write_blocks_nobody(name, tmp_path, point):
     """SIGKILL a writer while it holds the lock, between reserve and publish, and in the
     middle of its copy. Others keep writing and sampling; its rows are never sampled."""
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name, seed=0, timeout=5) as buf:
         buf.extend({"x": np.arange(3)})
-        proc = _start_hanging_writer(name, point, tmp_path)
+        proc = start_hanging_writer(name, point, tmp_path)
         proc.kill()
         proc.join(30)  # reaped here; test_zombie_writer covers the unreaped case
         t0 = time.monotonic()
@@ -174,7 +162,7 @@ def test_writer_killed_mid_write_blocks_nobody(name, tmp_path, point):
 def test_dead_writers_slots_are_never_sampled_before_the_wrap(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name, seed=0) as buf:
         buf.extend({"x": np.arange(3)})
-        proc = _start_hanging_writer(name, "writing", tmp_path)
+        proc = start_hanging_writer(name, "writing", tmp_path)
         proc.kill()
         proc.join(30)
         buf.extend({"x": np.arange(7, 10)})  # rows after the dead writer's 4 slots
@@ -188,7 +176,7 @@ def test_dead_writers_slots_are_never_sampled_before_the_wrap(name, tmp_path):
 def test_zombie_writer_counts_as_dead(name, tmp_path):
     """Killed but not reaped yet: its pid still exists, as a zombie."""
     with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, timeout=5) as buf:
-        proc = _start_hanging_writer(name, "writing", tmp_path)
+        proc = start_hanging_writer(name, "writing", tmp_path)
         os.kill(proc.pid, signal.SIGKILL)
         time.sleep(0.2)  # let it die; do not join yet
         for i in range(10):
@@ -199,7 +187,7 @@ def test_zombie_writer_counts_as_dead(name, tmp_path):
 
 def test_sample_of_only_dead_rows_raises_instead_of_hanging(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
-        proc = _start_hanging_writer(name, "reserved", tmp_path)
+        proc = start_hanging_writer(name, "reserved", tmp_path)
         proc.kill()
         proc.join(30)
         assert len(buf) == 4
@@ -209,7 +197,7 @@ def test_sample_of_only_dead_rows_raises_instead_of_hanging(name, tmp_path):
 
 def test_stopped_lock_holder_gives_a_timeout_not_a_hang(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
-        proc = _start_hanging_writer(name, "locked", tmp_path)
+        proc = start_hanging_writer(name, "locked", tmp_path)
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
@@ -225,7 +213,7 @@ def test_stopped_lock_holder_gives_a_timeout_not_a_hang(name, tmp_path):
 
 def test_live_slow_writer_makes_a_wrapping_writer_wait_then_time_out(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as buf:
-        proc = _start_hanging_writer(name, "writing", tmp_path)  # alive, holds slots 0..3
+        proc = start_hanging_writer(name, "writing", tmp_path)  # alive, holds slots 0..3
         try:
             with pytest.raises(shmbuf.WriteTimeout, match=f"process\\(es\\) \\[{proc.pid}\\]"):
                 buf.add({"x": 1}, timeout=0.3)
@@ -256,10 +244,7 @@ def test_lock_is_released_even_if_the_holder_forked(name, tmp_path):
         proc = mp.get_context("spawn").Process(target=_fork_then_hold_lock,
                                                args=(name, str(flag), str(child_file)))
         proc.start()
-        deadline = time.monotonic() + 60
-        while not flag.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for_file(flag, proc)
         grandchild = int(child_file.read_text())
         try:
             proc.kill()

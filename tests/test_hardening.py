@@ -11,7 +11,6 @@ import os
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -22,7 +21,7 @@ import _posixshmem
 import shmbuf
 from shmbuf import demo, sampling, segment
 from conftest import shm_path
-from helpers import write_and_hang
+from helpers import start_hanging_writer, wait_for_file
 
 X = {"x": ((), "int64")}
 
@@ -89,10 +88,7 @@ def test_creator_killed_inside_create_leaves_no_segment(name, tmp_path, persist)
     flag = tmp_path / "allocated"
     proc = subprocess.Popen([sys.executable, "-c", CREATE_AND_HANG, name, str(flag), str(int(persist))])
     try:
-        deadline = time.monotonic() + 60
-        while not flag.exists():
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
+        wait_for_file(flag, proc)
         assert os.path.exists(shm_path(name))
     finally:
         proc.kill()
@@ -140,10 +136,7 @@ def test_an_old_creator_exiting_leaves_a_recreated_name_alone(name, tmp_path):
     unlinked, recreated = tmp_path / "unlinked", tmp_path / "recreated"
     proc = subprocess.Popen([sys.executable, "-c", OLD_OWNER_EXITS, name, str(unlinked), str(recreated)],
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not unlinked.exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.01)
+    wait_for_file(unlinked, proc)
     new = shmbuf.Buffer.create(X, 8, name=name, persist=True)
     try:
         recreated.touch()
@@ -328,15 +321,8 @@ def test_restore_keeps_only_stamps_inside_the_saved_window(name, tmp_path):
     st["heads"] = np.array([4])
     with shmbuf.Buffer.create(X, 8, name=name, seed=0) as buf:
         buf.load_state_dict(st)
-        ctx = mp.get_context("spawn")
-        flag = tmp_path / "reserved"
-        p = ctx.Process(target=write_and_hang, args=(name, "reserved", str(flag), None, 1))
-        p.start()
+        p = start_hanging_writer(name, "reserved", tmp_path, rows=1)
         try:
-            deadline = time.monotonic() + 60
-            while not flag.exists():
-                assert time.monotonic() < deadline and p.is_alive()
-                time.sleep(0.01)
             assert len(buf) == 5
             assert set(buf.sample(500)["x"].tolist()) == {0, 1, 2, 3}
         finally:

@@ -11,24 +11,11 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import shmbuf
 from shmbuf import ring
-from helpers import add_through_interrupts, write_and_hang
-
-
-def _hanging(name, point, tmp_path, rows=1, tag=""):
-    """A spawned writer stopped for good at ``point`` of writing ``rows`` rows."""
-    flag = tmp_path / f"at-{point}{tag}"
-    proc = mp.get_context("spawn").Process(target=write_and_hang, args=(name, point, str(flag), None, rows))
-    proc.start()
-    deadline = time.monotonic() + 60
-    while not flag.exists():
-        assert time.monotonic() < deadline and proc.is_alive(), "writer never reached " + point
-        time.sleep(0.01)
-    return proc
+from helpers import add_through_interrupts, start_hanging_writer, wait_for_file
 
 
 def _stop(*procs):
@@ -43,10 +30,10 @@ def test_a_writer_waits_for_a_live_writer_two_laps_back(name, tmp_path, middle):
     reserving (or gave up with WriteTimeout). Row 2's writer must still wait for A, or
     it would publish while A keeps copying into the same slot (a torn row)."""
     with shmbuf.Buffer.create({"x": ((), "int64")}, 1, name=name, seed=0) as buf:
-        a = _hanging(name, "writing", tmp_path, tag="a")
+        a = start_hanging_writer(name, "writing", tmp_path, rows=1, tag="a")
         try:
             if middle == "died":
-                b = _hanging(name, "reserved", tmp_path, tag="b")
+                b = start_hanging_writer(name, "reserved", tmp_path, rows=1, tag="b")
                 _stop(b)
             else:
                 with pytest.raises(shmbuf.WriteTimeout):
@@ -61,7 +48,7 @@ def test_a_writer_waits_for_a_live_writer_two_laps_back(name, tmp_path, middle):
 
 def test_a_waiting_writer_notices_that_the_writer_it_waits_for_was_killed(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, seed=0) as buf:
-        a = _hanging(name, "writing", tmp_path, rows=4)  # alive, holds slots 0..3
+        a = start_hanging_writer(name, "writing", tmp_path, rows=4)  # alive, holds slots 0..3
         result = {}
 
         def wrap():
@@ -123,18 +110,13 @@ def test_real_sigint_storm_never_leaves_the_buffer_locked_or_reserved(name, tmp_
                                                args=(name, str(ready), str(stop), str(idle)))
         proc.start()
         try:
-            deadline = time.monotonic() + 60
-            while not ready.exists():
-                assert time.monotonic() < deadline and proc.is_alive()
-                time.sleep(0.01)
+            wait_for_file(ready, proc)
             rng = random.Random(0)
             for _ in range(300):
                 os.kill(proc.pid, signal.SIGINT)
                 time.sleep(rng.uniform(0.0005, 0.003))
             stop.touch()
-            while not idle.exists():
-                assert time.monotonic() < deadline + 60 and proc.is_alive(), "the writer died"
-                time.sleep(0.01)
+            wait_for_file(idle, proc, "the writer died")
             assert int(idle.read_text() or 0) > 0, "no interrupt landed inside add"
             assert proc.is_alive()
             for i in range(20):  # wraps the ring: would wait on any reservation it kept
