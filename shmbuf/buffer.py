@@ -12,11 +12,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import procs, sampling, segment, validate
+from . import native, procs, sampling, segment, validate
 from . import state as _state
 from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
 from .lock import HeaderLock
-from .ring import Ring
+from .ring import Ring, WriteTimeout
 from .segment import NotReadyError, Segment
 
 DEFAULT_TIMEOUT = 10.0
@@ -30,7 +30,9 @@ _handles: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for buf in list(_handles):
-        buf._prefaulted.clear()  # fork copies no page-table entries of shared mappings
+        buf._prefaulted[:] = bytes(len(buf._prefaulted))  # fork copies no page-table entries
+        if buf._native is not None and not buf.closed:  # a new pid, descriptor, and no claim
+            native.configure(buf._native, buf._seg.fd, 0 if buf.lanes == 1 else None, buf._timeout)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -47,8 +49,10 @@ class _Closed:
                          f"attach again with shmbuf.Buffer.attach({self._name!r})")
 
 
-def _finalize(seg: Segment, owner_pid: int | None) -> None:
+def _finalize(seg: Segment, owner_pid: int | None, fast: Any) -> None:
     """Close a handle; the creating process (not a forked copy of it) also destroys it."""
+    if fast is not None:
+        fast.close()  # calls after this raise; its memory stays mapped while it lives
     if owner_pid is not None and owner_pid == os.getpid():
         seg.unlink()  # only if the name is still ours; drops the tracker entry either way
     seg.close()
@@ -110,14 +114,18 @@ class Buffer:
             return f"last taken by pid {pid}" if pid else "holder unknown"
 
         self._lock = HeaderLock(lambda: seg.fd, note, describe)
-        self._ring = Ring(layout, seg.mmap, self._lock)
+        self._prefaulted = bytearray(layout.lanes)  # 1: this handle has mapped the lane's pages
+        self._native = native.make_ring(layout, seg.mmap, self._lock.busy, self._prefaulted,
+                                        procs.is_alive, WriteTimeout, self._lock._timeout)
+        if self._native is not None:
+            native.configure(self._native, seg.fd, 0 if layout.lanes == 1 else None, timeout)
+        self._ring = Ring(layout, seg.mmap, self._lock, self._native)
         self._rng = rng
-        self._prefaulted: set[int] = set()  # lanes whose pages this handle has mapped
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         owner_pid = os.getpid() if owner else None
         self._owner_pid = owner_pid
-        self._finalizer = weakref.finalize(self, _finalize, seg, owner_pid)
+        self._finalizer = weakref.finalize(self, _finalize, seg, owner_pid, self._native)
         _handles.add(self)
         return self
 
@@ -279,6 +287,19 @@ class Buffer:
     @timeout.setter
     def timeout(self, value: float) -> None:
         self._timeout = validate.timeout(value)
+        self._configure()
+
+    def _configure(self) -> None:
+        """Tell the native path this handle's defaults (its lane, its timeout)."""
+        if self._native is not None:
+            native.configure(self._native, self._seg.fd, 0 if self.lanes == 1 else self.lane,
+                             self._timeout)
+
+    @property
+    def native(self) -> bool:
+        """True if this handle writes and samples through the C extension (see
+        :mod:`shmbuf.native`); False on the pure-Python path. Same results either way."""
+        return self._native is not None
 
     def _t(self, timeout: float | None) -> float:
         return self._timeout if timeout is None else validate.timeout(timeout)
@@ -376,6 +397,9 @@ class Buffer:
             1
             >>> buf.close()
         """
+        fast = self._native
+        if fast is not None and fast.add(transition, lane, timeout) is None:
+            return  # the common case, checked and written in C
         arrays, n = self._schema.check_rows(transition, single=True)
         self._write(arrays, n, lane, timeout)
 
@@ -394,6 +418,9 @@ class Buffer:
             2
             >>> buf.close()
         """
+        fast = self._native
+        if fast is not None and truncate_ok is False and fast.extend(batch, lane, timeout) is None:
+            return  # the common case, checked and written in C
         arrays, n = self._schema.check_rows(batch, single=False)
         if truncate_ok is not False:
             truncate_ok = validate.flag(truncate_ok, "truncate_ok")
@@ -417,7 +444,7 @@ class Buffer:
             lane = 0
         else:
             lane = self._resolve_lane(lane, timeout)
-        if lane not in self._prefaulted:
+        if not self._prefaulted[lane]:
             self.prefault(lane)
         self._ring.put(lane, n, arrays, timeout)
 
@@ -431,11 +458,13 @@ class Buffer:
         wants full sampling speed from its first batch. A no-op where unsupported.
         """
         lanes = range(self.lanes) if lane is None else [lane]
-        lc = self.lane_capacity
-        ranges = [(self._layout.stamps_offset + 8 * i * lc, 8 * lc) for i in lanes]
-        ranges += [(f.offset + f.row_bytes * i * lc, f.row_bytes * lc) for f in self._fields for i in lanes]
+        lc, layout = self.lane_capacity, self._layout
+        ranges = [(layout.rows_offset + layout.row_stride * i * lc, layout.row_stride * lc) for i in lanes]
+        ranges += [(f.offset + f.row_bytes * i * lc, f.row_bytes * lc) for f in self._fields
+                   for i in lanes if not f.packed]
         self._seg.populate(ranges)
-        self._prefaulted.update(lanes)
+        for i in lanes:
+            self._prefaulted[i] = 1
 
     def _resolve_lane(self, lane: int | None, timeout: float) -> int:
         if lane is None:
@@ -472,6 +501,7 @@ class Buffer:
             lane = self._resolve_lane(lane, 0)
         got = self._ring.claim(lane, self._t(timeout))
         self._lane, self._lane_pid = got, os.getpid()
+        self._configure()
         return got
 
     def release_lane(self, *, timeout: float | None = None) -> None:
@@ -479,6 +509,8 @@ class Buffer:
         if self.lane is not None:
             self._ring.release(self._lane, self._t(timeout))  # type: ignore[arg-type]
         self._lane = None
+        if not self.closed:
+            self._configure()
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.
@@ -621,6 +653,7 @@ class Buffer:
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
         self._ring = _Closed(self.name)  # type: ignore[assignment]
+        self._native = None  # calls go to _ring, which says it is closed
         self._finalizer()
 
     def unlink(self) -> None:

@@ -8,8 +8,19 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
     aligned      control   (16 int64)      lock-holder pid (diagnostics), spare words
     aligned      lanes     (lanes x 8)     head, base, claim pid, claim start time, spare
     aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count, token
-    aligned      stamps    (capacity)      per-slot sequence stamp (see ring.py)
-    aligned      one array per field       (capacity, *shape), C order
+    aligned      rows      (capacity x S)  per slot: its int64 stamp (see ring.py), then the
+                                           small fields, packed
+    aligned      one array per large field (capacity, *shape), C order
+
+**Packed rows.** Shared memory uses 4 kB pages here (no transparent huge pages for
+shmem), so a random gather touches one page per field per row. Fields of at most
+:data:`PACK_LIMIT` bytes a row therefore live together in one row of the rows block,
+right after the slot's stamp (largest alignment first, so every value is naturally
+aligned; ``S``, the row stride, is a multiple of 8): sampling a row touches one page
+and one or two cache lines, and the stamp that guards it is in the same line. Larger
+fields (image frames) are bandwidth-bound and keep an array of their own. A field's
+schema entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to
+the next).
 
 Every block starts on a 64-byte boundary (a cache line; numpy and SIMD like it).
 Spare words in each table keep room for later features (episodes, priorities,
@@ -32,19 +43,23 @@ from numpy.lib import format as npformat
 from .segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
-VERSION = 1
+VERSION = 2
 ALIGN = 64
+PACK_LIMIT = 512
+"""Fields of at most this many bytes per row are packed into the rows block."""
 HEADER_SIZE = 256
 N_RESERVATIONS = 256
 
 # magic, version, flags, total, capacity, lanes, lane_capacity, schema_off, schema_len,
-# control_off, lanes_off, res_off, n_res, stamps_off, creator_pid, creator_ctime, created_at
-_HEADER = struct.Struct("<8sII Q QQQ QQ QQQQ Q q d d")
+# control_off, lanes_off, res_off, n_res, rows_off, row_stride, creator_pid, creator_ctime,
+# created_at
+_HEADER = struct.Struct("<8sII Q QQQ QQ QQQQ QQ q d d")
 
 FLAG_PERSIST = 1
 
 # Column indices of the int64 tables.
 LANE_HEAD, LANE_BASE, LANE_CLAIM_PID, LANE_CLAIM_CTIME = 0, 1, 2, 3
+LANE_OWN_START, LANE_OWN_COUNT = 4, 5  # the write in flight of the lane's owner (count 0: none)
 RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
@@ -65,10 +80,15 @@ class Field:
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int = 0
+    stride: int = 0  # bytes from one row to the next; row_bytes for a field of its own
 
     @property
     def row_bytes(self) -> int:
         return self.dtype.itemsize * math.prod(self.shape)
+
+    @property
+    def packed(self) -> bool:
+        return self.stride != self.row_bytes
 
 
 def _max_dims() -> int:
@@ -170,7 +190,8 @@ class Layout:
     lanes_offset: int
     reservations_offset: int
     n_reservations: int
-    stamps_offset: int
+    rows_offset: int
+    row_stride: int
     creator_pid: int = 0
     creator_ctime: float = 0.0
     created_at: float = 0.0
@@ -201,7 +222,7 @@ class Layout:
             )
         # The schema's own size depends on the offsets it lists; offsets depend on the
         # schema size. Reserve generously (offsets are at most 20 digits), then fix.
-        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19) for f in specs])
+        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19, 10**19) for f in specs])
         schema_size = len(draft)
         pos = _align(HEADER_SIZE + schema_size)
         control = pos
@@ -210,14 +231,26 @@ class Layout:
         pos = _align(pos + lanes * TABLE_WIDTH * 8)
         res_off = pos
         pos = _align(pos + N_RESERVATIONS * TABLE_WIDTH * 8)
-        stamps = pos
-        pos = _align(pos + capacity * 8)
+        rows = pos
+        small = sorted((f for f in specs if f.row_bytes <= PACK_LIMIT),
+                       key=lambda f: -f.dtype.alignment)  # stable: schema order otherwise
+        at = {}
+        stride = 8  # the stamp
+        for f in small:
+            stride = -(-stride // f.dtype.alignment) * f.dtype.alignment
+            at[f.name] = stride
+            stride += f.row_bytes
+        stride = -(-stride // 8) * 8
+        pos = _align(pos + capacity * stride)
         placed = []
         for f in specs:
-            placed.append(Field(f.name, f.shape, f.dtype, pos))
-            pos = _align(pos + capacity * f.row_bytes)
+            if f.name in at:
+                placed.append(Field(f.name, f.shape, f.dtype, rows + at[f.name], stride))
+            else:
+                placed.append(Field(f.name, f.shape, f.dtype, pos, f.row_bytes))
+                pos = _align(pos + capacity * f.row_bytes)
         return cls(tuple(placed), capacity, lanes, flags, pos, HEADER_SIZE, schema_size,
-                   control, lanes_off, res_off, N_RESERVATIONS, stamps,
+                   control, lanes_off, res_off, N_RESERVATIONS, rows, stride,
                    creator[0], creator[1], created_at)
 
     def write(self, mem: Any) -> None:
@@ -228,7 +261,7 @@ class Layout:
             mem, 0, b"\0" * 8, VERSION, self.flags, self.total_size, self.capacity,
             self.lanes, self.lane_capacity, self.schema_offset, self.schema_size,
             self.control_offset, self.lanes_offset, self.reservations_offset,
-            self.n_reservations, self.stamps_offset, self.creator_pid, self.creator_ctime,
+            self.n_reservations, self.rows_offset, self.row_stride, self.creator_pid, self.creator_ctime,
             self.created_at)
         mem[0:8] = MAGIC
 
@@ -248,7 +281,7 @@ class Layout:
         if size < HEADER_SIZE:
             raise bad(f"it is {size} bytes, smaller than a header ({HEADER_SIZE})")
         (magic, version, flags, total, capacity, lanes, lane_cap, schema_off, schema_size,
-         control, lanes_off, res_off, n_res, stamps, pid, ctime, created_at) = \
+         control, lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at) = \
             _HEADER.unpack_from(mem, 0)
         if magic != MAGIC:
             if magic == b"\0" * 8:
@@ -279,8 +312,18 @@ class Layout:
         blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
                   ("lane table", lanes_off, lanes * TABLE_WIDTH * 8),
                   ("reservation table", res_off, n_res * TABLE_WIDTH * 8),
-                  ("stamps", stamps, capacity * 8)]
-        blocks += [(f"field {f.name!r}", f.offset, capacity * f.row_bytes) for f in fields]
+                  ("rows", rows, capacity * stride)]
+        if not 8 <= stride <= 8 + len(fields) * (PACK_LIMIT + 16) or stride % 8:
+            raise bad(f"row stride {stride} is not a multiple of 8 in [8, {8 + len(fields) * (PACK_LIMIT + 16)}]")
+        end = 8  # the packed fields must tile the row after the stamp, without overlap
+        for f in sorted((f for f in fields if f.stride != f.row_bytes), key=lambda f: f.offset):
+            at = f.offset - rows
+            if f.stride != stride or at < end or at + f.row_bytes > stride or at % f.dtype.alignment:
+                raise bad(f"field {f.name!r} (offset {f.offset}, stride {f.stride}) does not fit in "
+                          f"the rows block (offset {rows}, stride {stride}) beside the other fields")
+            end = at + f.row_bytes
+        blocks += [(f"field {f.name!r}", f.offset, capacity * f.row_bytes) for f in fields
+                   if f.stride == f.row_bytes]
         end = HEADER_SIZE
         for what, off, length in sorted(blocks, key=lambda b: b[1]):
             if off % ALIGN:
@@ -291,7 +334,7 @@ class Layout:
             if end > total:
                 raise bad(f"the {what} lies outside the segment ({off} + {length} > {total})")
         return cls(fields, capacity, lanes, flags, total, schema_off, schema_size, control,
-                   lanes_off, res_off, n_res, stamps, pid, ctime, created_at)
+                   lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at)
 
 
 def _parse_schema(raw: bytes) -> tuple[Field, ...]:
@@ -302,25 +345,28 @@ def _parse_schema(raw: bytes) -> tuple[Field, ...]:
             raise FormatError("the schema is not a non-empty list of fields")
         spec, offsets = {}, []
         for d in items:
-            if not isinstance(d, dict) or set(d) != {"name", "dtype", "shape", "offset"}:
+            if not isinstance(d, dict) or set(d) != {"name", "dtype", "shape", "offset", "stride"}:
                 raise FormatError(f"a schema entry is not a field description: {d!r:.200}")
-            name, shape, offset = d["name"], d["shape"], d["offset"]
+            name, shape, offset, stride = d["name"], d["shape"], d["offset"], d["stride"]
             if not isinstance(name, str) or name in spec:
                 raise FormatError(f"field names must be unique strings, got {name!r:.100}")
             if not isinstance(shape, list) or not all(type(x) is int for x in shape) \
-                    or type(offset) is not int or offset < 0:
-                raise FormatError(f"field {name!r:.100}: bad shape {shape!r:.100} or offset {offset!r}")
+                    or type(offset) is not int or offset < 0 or type(stride) is not int:
+                raise FormatError(f"field {name!r:.100}: bad shape {shape!r:.100}, offset {offset!r} "
+                                  f"or stride {stride!r}")
             spec[name] = (tuple(shape), npformat.descr_to_dtype(_tupleize(d["dtype"])))
-            offsets.append(offset)
+            offsets.append((offset, stride))
         fields = normalize_fields(spec)
     except FormatError:
         raise
     except Exception as exc:  # json, unicode, numpy and our own schema checks: all untrusted input
         raise FormatError(f"unreadable schema ({type(exc).__name__}: {exc})"[:500]) from None
-    for f, (shape, _) in zip(fields, spec.values()):
+    for f, (shape, _), (_, stride) in zip(fields, spec.values(), offsets):
         if f.shape != shape:
             raise FormatError(f"field {f.name!r}: its dtype has a sub-array")
-    return tuple(Field(f.name, f.shape, f.dtype, off) for f, off in zip(fields, offsets))
+        if stride != f.row_bytes and not (f.row_bytes <= PACK_LIMIT and stride > f.row_bytes):
+            raise FormatError(f"field {f.name!r}: stride {stride} for rows of {f.row_bytes} bytes")
+    return tuple(Field(f.name, f.shape, f.dtype, off, stride) for f, (off, stride) in zip(fields, offsets))
 
 
 def _tupleize(descr: Any) -> Any:
@@ -338,5 +384,5 @@ def _tupleize(descr: Any) -> Any:
 def _schema_bytes(fields: Any) -> bytes:
     return json.dumps([
         {"name": f.name, "dtype": npformat.dtype_to_descr(f.dtype), "shape": list(f.shape),
-         "offset": f.offset} for f in fields
+         "offset": f.offset, "stride": f.stride} for f in fields
     ], separators=(",", ":")).encode("utf-8")

@@ -34,6 +34,8 @@ import time
 import weakref
 from typing import Callable
 
+import numpy as np
+
 _live: "weakref.WeakSet[HeaderLock]" = weakref.WeakSet()
 
 
@@ -64,6 +66,10 @@ class HeaderLock:
         self._pid = os.getpid()
         self._thread_lock = threading.RLock()  # never re-entered: RLock for _is_owned()
         self.held_fd = -1
+        # 1 while a thread of this process holds or is taking the lock: the native path
+        # (which holds the GIL from its flock to its unlock) must not take the flock of
+        # the same open file description then, which would succeed at once
+        self.busy = np.zeros(1, np.int64)
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:
@@ -73,6 +79,7 @@ class HeaderLock:
         try:
             if not tl.acquire(False) and not tl.acquire(timeout=min(max(timeout, 0.0), 1e9)):
                 raise self._timeout(timeout)
+            self.busy[0] = 1
             self.held_fd = fd = self.fileno()
             if fd < 0:
                 raise ValueError("the buffer handle is closed")
@@ -88,6 +95,7 @@ class HeaderLock:
                     if fd >= 0:
                         fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
+                    self.busy[0] = 0
                     tl.release()
             raise
 
@@ -119,6 +127,7 @@ class HeaderLock:
         try:
             fcntl.flock(self.held_fd, fcntl.LOCK_UN)
         finally:
+            self.busy[0] = 0
             self._thread_lock.release()
 
     def hold(self, timeout: float) -> "_Held":
@@ -138,6 +147,7 @@ class HeaderLock:
     def _after_fork_in_child(self) -> None:
         self._thread_lock = threading.RLock()
         self.held_fd = -1
+        self.busy[0] = 0
         self._pid = os.getpid()
 
 

@@ -45,15 +45,17 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import os
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from . import procs
 from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD,
-                     RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
+                     LANE_OWN_COUNT, LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
                      Layout)
 from .lock import HeaderLock
 
@@ -61,7 +63,18 @@ _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write
 
 HOOK: Callable[[str], None] | None = None
 """Test hook, called at "locked" (holding the lock, head advanced), "reserved" (lock
-released, nothing written) and "writing" (slots stamped odd, data half copied)."""
+released, nothing written) and "writing" (slots stamped odd, a field copied). Set it
+with :func:`set_hook`, which sets the native path's too."""
+
+
+def set_hook(hook: Callable[[str], None] | None) -> None:
+    """Call ``hook(point)`` at the protocol points of every write of this process, on
+    both paths (tests stop, kill or interrupt a writer there)."""
+    global HOOK
+    HOOK = hook
+    from . import native
+    if native.available():
+        native._native.set_hook(hook)
 
 
 _SUM_CHECK = 4096  # rows: int64 sums of stamps cannot overflow below ~1e15 rows written
@@ -76,6 +89,46 @@ def _stamp_run(stamps: np.ndarray, lo: int, hi: int, first_stamp: int) -> None:
         stamps[lo:hi] = np.arange(first_stamp, first_stamp + 2 * (hi - lo), 2)
 
 
+def _c_strides(f: Any) -> tuple[int, ...]:
+    """Strides of one C-ordered row of field ``f``."""
+    strides, step = [], f.dtype.itemsize
+    for dim in reversed(f.shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+_OWN_LOCKS: "weakref.WeakValueDictionary[Any, Any]" = weakref.WeakValueDictionary()
+
+
+def _owner_lock(lock: HeaderLock) -> Any:
+    """The lock that serialises this process's threads writing a lane it owns (pure-Python
+    path; the native path holds the GIL instead), one per segment for all its handles."""
+    try:
+        ident = os.fstat(lock.fileno()).st_ino
+    except OSError:
+        return _RLock()
+    found = _OWN_LOCKS.get(ident)
+    if found is None:
+        found = _OWN_LOCKS[ident] = _RLock()
+    return found
+
+
+class _RLock:
+    """``threading.RLock`` that can be weakly referenced, and is new in a forked child."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        lock = threading.RLock()
+        self.acquire, self.release = lock.acquire, lock.release
+        self._is_owned = lock._is_owned  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=lambda: [lk._reset() for lk in list(_OWN_LOCKS.values())])
+
+
 def _owners(res: np.ndarray, entries: Any) -> list[tuple[int, float]]:
     """(pid, start time) of the writers holding ``entries`` of a reservation-table copy."""
     ctimes = res.view(np.float64)[:, RES_CTIME]
@@ -87,11 +140,16 @@ class WriteTimeout(TimeoutError):
 
 
 class Ring:
-    """Typed views of one mapped layout, and the write protocol over them."""
+    """Typed views of one mapped layout, and the write protocol over them.
 
-    def __init__(self, layout: Layout, mem: Any, lock: HeaderLock) -> None:
+    ``native`` is the C implementation of the hot paths over the same memory (see
+    :mod:`shmbuf.native`), or None for pure Python; :meth:`put` uses it when present.
+    """
+
+    def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any = None) -> None:
         self.layout = layout
         self.lock = lock
+        self.native = native
         self.lane_capacity = layout.lane_capacity
         self.lanes = layout.lanes
         i8 = np.int64
@@ -102,10 +160,13 @@ class Ring:
                               layout.reservations_offset)
         self.res_f = self.res.view(np.float64)
         self.res_pid = self.res[:, RES_PID]
-        self.stamps = np.ndarray((layout.capacity,), i8, mem, layout.stamps_offset)
-        self.arrays = {f.name: np.ndarray((layout.capacity,) + f.shape, f.dtype, mem, f.offset)
+        self.stamps = np.ndarray((layout.capacity,), i8, mem, layout.rows_offset,
+                                 (layout.row_stride,))
+        self.arrays = {f.name: np.ndarray((layout.capacity,) + f.shape, f.dtype, mem, f.offset,
+                                          (f.stride,) + _c_strides(f))
                        for f in layout.fields}
         self._hint = threading.local()
+        self._own_lock = _owner_lock(lock)
 
     # -- lane state ------------------------------------------------------------------
 
@@ -137,38 +198,77 @@ class Ring:
         """Reserve ``n`` rows of ``lane``, copy ``sources`` into them and publish them.
 
         ``sources`` holds one array per field, in layout order: ``n`` rows each, or for
-        ``n == 1`` one row without a row axis. Waits at most ``timeout`` for the lock
-        and for older writers. Whatever happens, the reservation is released: published,
-        or abandoned (never sampled) if anything raised.
+        ``n == 1`` one row without a row axis (of the field's dtype, C-contiguous, when
+        the native path is used). Waits at most ``timeout`` for the lock and for older
+        writers. Whatever happens, the reservation is released: published, or abandoned
+        (never sampled) if anything raised.
         """
+        if self.native is not None:
+            rows = [np.ascontiguousarray(a, f.dtype) for a, f in zip(sources, self.layout.fields)]
+            deadline = time.monotonic() + timeout
+            while self.native.put(lane, n, rows, timeout) is False:
+                self._make_way(lane, max(0.0, deadline - time.monotonic()))
+            return
+        pid = procs.identity()[0]
+        while True:
+            if int(self.lane_table[lane, LANE_CLAIM_PID]) == pid:
+                lk = self._own_lock
+                try:
+                    if not lk.acquire(False) and not lk.acquire(timeout=min(timeout, 1e9)):
+                        raise WriteTimeout(f"lane {lane}: another thread of this process is still "
+                                           f"writing to it after {timeout:g} s")
+                    self._put(lane, n, sources, timeout, True)
+                    return
+                finally:
+                    if lk._is_owned():  # type: ignore[attr-defined]
+                        lk.release()
+            if self._put(lane, n, sources, timeout, False):
+                return
+
+    def _put(self, lane: int, n: int, sources: list[np.ndarray], timeout: float, owner: bool) -> bool:
+        """One write, as the lane's owner (no lock: nobody else moves its head) or as
+        one of its shared writers (reserving under the lock). False, with nothing done,
+        if the lane turned out to be claimed by this process meanwhile."""
         pid, ctime = procs.identity()
         token = next(_TOKENS)
-        entry = -1
+        entry = -1  # -1: the owner's entry, in the lane table
         runs: list[tuple[int, int, int]] = []
         stamped = done = False
         stamps = self.stamps
+        lt = self.lane_table
         try:
-            # 1. reserve, under the lock
-            lock = self.lock
-            lock.acquire(timeout)
-            try:
-                entry = self._free_entry()
-                res = self.res
-                first = int(self.lane_table[lane, LANE_HEAD])
-                res[entry, RES_LANE] = lane
-                res[entry, RES_START] = first
-                res[entry, RES_COUNT] = n
-                res[entry, RES_TOKEN] = token
-                self.res_f[entry, RES_CTIME] = ctime
-                res[entry, RES_PID] = pid  # the entry is valid from here
-                self.lane_table[lane, LANE_HEAD] = first + n  # the reservation is committed here
+            # 1. reserve: the entry first, then the head (the commit)
+            if owner:
+                first = int(lt[lane, LANE_HEAD])
+                lt[lane, LANE_OWN_START] = first
+                lt[lane, LANE_OWN_COUNT] = n
+                lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
                 if HOOK is not None:
                     HOOK("locked")
-            finally:  # lock.release(), inlined: a Python call could take an interrupt first
+            else:
+                lock = self.lock
+                lock.acquire(timeout)
                 try:
-                    fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
-                finally:
-                    lock._thread_lock.release()
+                    if not self._may_share(lane, pid):
+                        return False
+                    entry = self._free_entry()
+                    res = self.res
+                    first = int(lt[lane, LANE_HEAD])
+                    res[entry, RES_LANE] = lane
+                    res[entry, RES_START] = first
+                    res[entry, RES_COUNT] = n
+                    res[entry, RES_TOKEN] = token
+                    self.res_f[entry, RES_CTIME] = ctime
+                    res[entry, RES_PID] = pid  # the entry is valid from here
+                    lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
+                    if HOOK is not None:
+                        HOOK("locked")
+                finally:  # lock.release(), inlined: a Python call could take an interrupt first
+                    try:
+                        fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
+                    finally:
+                        lock.busy[0] = 0
+                        lock._thread_lock.release()
             if HOOK is not None:
                 HOOK("reserved")
             lc = self.lane_capacity
@@ -207,19 +307,57 @@ class Ring:
             done = True
         finally:
             if done:
-                self.res_pid[entry] = 0
+                if owner:
+                    lt[lane, LANE_OWN_COUNT] = 0
+                else:
+                    self.res_pid[entry] = 0
+            elif owner:
+                self._abandon_runs(runs if stamped else [])
+                lt[lane, LANE_OWN_COUNT] = 0
             else:
                 self._abandon(pid, token, runs if stamped else [])
+        return True
+
+    def _make_way(self, lane: int, timeout: float) -> None:
+        """For the native path, which leaves these to Python: drop a dead process's claim
+        of ``lane`` (an error if a live one claims it), and free the entries of dead
+        writers if the reservation table is full."""
+        with self.lock.hold(timeout):
+            if self._may_share(lane, procs.identity()[0]):
+                self._free_entry()
+
+    def _may_share(self, lane: int, pid: int) -> bool:
+        """Under the lock: may this process reserve rows of ``lane`` as a shared writer?
+        True if nobody claims it (a dead claimer's claim is dropped here); False if this
+        process claims it (then it writes as the owner); an error if another live
+        process does (owners write without the lock, so nobody else may)."""
+        lt = self.lane_table
+        owner = int(lt[lane, LANE_CLAIM_PID])
+        if owner == 0:
+            return True
+        if owner == pid:
+            return False
+        if procs.is_alive(owner, float(self.lane_table_f[lane, LANE_CLAIM_CTIME])):
+            raise RuntimeError(
+                f"lane {lane} is claimed by live process {owner}, which writes it without the "
+                "lock: only that process may write to it. Write to a lane of your own "
+                "(claim_lane(), or add() without lane= on a multi-lane buffer)")
+        lt[lane, LANE_OWN_COUNT] = 0  # the dead owner's write in flight, if any, is dead
+        lt[lane, LANE_CLAIM_PID] = 0
+        return True
+
+    def _abandon_runs(self, runs: list[tuple[int, int, int]]) -> None:
+        for lo, hi, _ in runs:
+            self.stamps[lo:hi] = 0
 
     def _abandon(self, pid: int, token: int, runs: list[tuple[int, int, int]]) -> None:
-        """Undo a write that raised: its rows will never be valid, its entry is freed.
+        """Undo a shared write that raised: its rows will never be valid, its entry is freed.
 
         The entry is found by (pid, token), not by a local variable, so an interrupt
         that fell anywhere, even between the commit and the next bytecode, is covered;
         a live writer's entry is only ever freed by that writer, so the match is stable.
         """
-        for lo, hi, _ in runs:
-            self.stamps[lo:hi] = 0
+        self._abandon_runs(runs)
         mine = np.flatnonzero((self.res_pid == pid) & (self.res[:, RES_TOKEN] == token))
         self.res_pid[mine] = 0
 
@@ -285,7 +423,8 @@ class Ring:
             older = (res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (start < first)
             # their slots and ours, as arcs of the lane's circle, intersect
             older &= ((first - start) % lc < count) | ((start - first) % lc < n)
-            older[entry] = False
+            if entry >= 0:
+                older[entry] = False
             blockers = sorted({pid for pid, ct in _owners(res, np.flatnonzero(older)) if alive(pid, ct)})
             if not blockers or self._older_done(first, runs):
                 return
@@ -301,12 +440,26 @@ class Ring:
     def live_writers_in_flight(self) -> bool:
         """True if some live process has rows reserved and not yet published."""
         res = self.res.copy()
-        return any(procs.is_alive(pid, ct) for pid, ct in _owners(res, np.flatnonzero(res[:, RES_PID] != 0)))
+        if any(procs.is_alive(pid, ct) for pid, ct in _owners(res, np.flatnonzero(res[:, RES_PID] != 0))):
+            return True
+        lt = self.lane_table.copy()
+        owners = np.flatnonzero((lt[:, LANE_OWN_COUNT] != 0) & (lt[:, LANE_CLAIM_PID] != 0))
+        ctimes = lt.view(np.float64)[:, LANE_CLAIM_CTIME]
+        return any(procs.is_alive(int(lt[i, LANE_CLAIM_PID]), float(ctimes[i])) for i in owners)
+
+    def live_claims(self) -> dict[int, int]:
+        """``{lane: pid}`` of the lanes claimed by live processes."""
+        lt = self.lane_table.copy()
+        ctimes = lt.view(np.float64)[:, LANE_CLAIM_CTIME]
+        return {int(i): int(lt[i, LANE_CLAIM_PID]) for i in np.flatnonzero(lt[:, LANE_CLAIM_PID])
+                if procs.is_alive(int(lt[i, LANE_CLAIM_PID]), float(ctimes[i]))}
 
     # -- lanes -----------------------------------------------------------------------
 
     def claim(self, lane: int | None, timeout: float) -> int:
-        """Claim a free lane (or the given one) for the calling process."""
+        """Claim a free lane (or the given one) for the calling process: from now on it
+        alone writes that lane, without the lock. A dead claimer's lane is free; what it
+        left half-written keeps stamps that no sampler accepts."""
         pid, ctime = procs.identity()
         table, table_f = self.lane_table, self.lane_table_f
         with self.lock.hold(timeout):
@@ -314,6 +467,7 @@ class Ring:
             for i in candidates:
                 owner = int(table[i, LANE_CLAIM_PID])
                 if owner == 0 or not procs.is_alive(owner, float(table_f[i, LANE_CLAIM_CTIME])):
+                    table[i, LANE_OWN_COUNT] = 0  # a dead owner's write in flight is dead
                     table_f[i, LANE_CLAIM_CTIME] = ctime
                     table[i, LANE_CLAIM_PID] = pid
                     return i
@@ -324,9 +478,20 @@ class Ring:
         raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
 
     def release(self, lane: int, timeout: float) -> None:
+        """Give up this process's claim of ``lane`` once its write in flight there (of
+        another thread) is published: writers that come next reserve after it."""
+        deadline = time.monotonic() + timeout
         with self.lock.hold(timeout):
-            if int(self.lane_table[lane, LANE_CLAIM_PID]) == procs.identity()[0]:
-                self.lane_table[lane, LANE_CLAIM_PID] = 0
+            if int(self.lane_table[lane, LANE_CLAIM_PID]) != procs.identity()[0]:
+                return
+            delay = 20e-6
+            while self.lane_table[lane, LANE_OWN_COUNT] != 0:
+                if time.monotonic() >= deadline:
+                    raise WriteTimeout(f"release_lane: a write of this process to lane {lane} is "
+                                       f"still in flight after {timeout:g} s")
+                time.sleep(delay)
+                delay = min(2 * delay, 1e-3)
+            self.lane_table[lane, LANE_CLAIM_PID] = 0
 
     def clear(self, timeout: float) -> None:
         """Forget every row. Sequence numbers keep growing, so writers in flight stay safe."""

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .layout import LANE_BASE
+from .layout import LANE_BASE, LANE_HEAD
 from .lock import LockTimeout
 from .ring import Ring
 
@@ -47,43 +47,46 @@ def _check_enough(lo: Any, head: Any, length: int, lanes: int) -> None:
 
 
 def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
-          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, Any, Any, Any]:
-    """Draw ``n`` windows of ``length`` rows. Returns (rows, expected stamps), both
-    ``(n, length)``, the lane and first sequence number of each window, and for a
-    uniform draw from one lane the lowest sequence number it could draw (else None).
+          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[Any, np.ndarray, Any]:
+    """Draw ``n`` windows of ``length`` rows: their lane (an int for a single-lane ring,
+    else an array), first sequence numbers, and for a uniform draw from one lane the
+    lowest sequence number it could draw (else None).
 
     Without ``pool``: uniform over the windows inside one snapshot of each lane's
     current rows (``ValueError`` if there are none, e.g. just after a clear).
     With ``pool`` (lanes, first sequence numbers of windows known to be published):
     uniform over those.
     """
-    lc = ring.lane_capacity
     if pool is not None:
         pick = rng.integers(0, len(pool[0]), n)
-        lane, first = pool[0][pick], pool[1][pick]
-    elif ring.lanes == 1:
+        return pool[0][pick], pool[1][pick], None
+    if ring.lanes == 1:
         lo, head = ring.window1()
         _check_enough(lo, head, length, 1)
         # floor(u * m) for uniform floats u: as uniform as integers() (bias below m / 2**53)
         # and twice as fast for a batch of a few hundred
         first = (rng.random(n) * (head - length + 1 - lo)).astype(np.int64)
         first += lo
-        if length == 1:  # the common case: uniform rows of one lane
-            return (first % lc)[:, None], (first * 2 + 2)[:, None], 0, first, lo
-        lane = 0
-    else:
-        lo, head = ring.window()
-        _check_enough(lo, head, length, ring.lanes)
-        starts_per_lane = np.maximum(head - lo - length + 1, 0)
-        cum = np.cumsum(starts_per_lane)
-        u = rng.integers(0, cum[-1], n)
-        lane = np.searchsorted(cum, u, side="right")
-        first = lo[lane] + u - (cum[lane] - starts_per_lane[lane])
+        return 0, first, lo
+    lo, head = ring.window()
+    _check_enough(lo, head, length, ring.lanes)
+    starts_per_lane = np.maximum(head - lo - length + 1, 0)
+    cum = np.cumsum(starts_per_lane)
+    u = (rng.random(n) * cum[-1]).astype(np.int64)
+    lane = np.searchsorted(cum, u, side="right")
+    return lane, lo[lane] + u - (cum[lane] - starts_per_lane[lane]), None
+
+
+def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots and expected stamps, both ``(n, length)``, of the windows (lane, first)."""
+    lc = ring.lane_capacity
+    if length == 1 and ring.lanes == 1:  # the common case: uniform rows of one lane
+        return (first % lc)[:, None], (first * 2 + 2)[:, None]
     seq = first[:, None] + np.arange(length)
     rows = seq % lc
     if ring.lanes > 1:
         rows += (lane * lc)[:, None]
-    return rows, 2 * seq + 2, lane, first, (lo if pool is None and ring.lanes == 1 else None)
+    return rows, 2 * seq + 2
 
 
 def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +108,9 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
     will be without new writes (the buffer is empty, or everything it counts is held
     by writers that died or gave up).
 
-    The final verdict is taken under the header lock, where nothing can be reserved,
-    cleared or restored, and only once no live writer is in flight: it is exact."""
+    The final verdict is taken under the header lock (nothing is cleared or restored
+    meanwhile) and is exact: no live writer was in flight when it looked, and no lane's
+    head moved between then and the scan of the stamps, so nothing was published meanwhile."""
     _check_enough(*ring.window(), length, ring.lanes)
     pool = published_windows(ring, length)
     if len(pool[0]) or ring.live_writers_in_flight():
@@ -116,10 +120,15 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
     except LockTimeout:
         return None  # busy (a restore?): look again later
     try:
+        heads = ring.lane_table[:, LANE_HEAD].copy()
+        if ring.live_writers_in_flight():
+            return None
         _check_enough(*ring.window(), length, ring.lanes)
         pool = published_windows(ring, length)
-        if len(pool[0]) or ring.live_writers_in_flight():
-            return pool if len(pool[0]) else None
+        if len(pool[0]):
+            return pool
+        if not np.array_equal(heads, ring.lane_table[:, LANE_HEAD]):
+            return None  # an owner (who takes no lock) wrote meanwhile: look again
     finally:
         ring.lock.release()
     raise ValueError(
@@ -127,17 +136,22 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
         "reserved by a writer that died (or gave up) before publishing it")
 
 
-def _copy_checked(ring: Ring, rows: np.ndarray, expected: np.ndarray, lane: Any, first: Any,
-                  lo: Any, out: Sequence[np.ndarray]) -> np.ndarray | None:
-    """Copy ``rows`` into ``out`` (field order, first axes flattened).
+def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
+          out: Sequence[np.ndarray]) -> np.ndarray | None:
+    """Copy the windows (lane, first) of ``length`` rows into ``out`` (field order, first
+    axes flattened).
 
     A window is intact if every stamp named its row before and after the copy, and
     the window still starts at or after its lane's base (no clear() fell in between:
     a window drawn before a clear could otherwise join rows from both sides of it).
     ``lo`` (if not None) is a lower bound of ``first``: the common case is then one
     scalar comparison. Returns None if every window is intact, else a boolean mask of
-    the intact ones.
+    the intact ones. The native path does the same in C, with acquire loads.
     """
+    if ring.native is not None:
+        mask = ring.native.gather(first, lane, length, out)
+        return None if mask is None else np.frombuffer(mask, np.bool_)
+    rows, expected = _rows(ring, lane, first, length)
     flat = rows.ravel()
     stamps = ring.stamps
     before = stamps.take(flat)
@@ -162,10 +176,10 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                    out: Sequence[np.ndarray], timeout: float) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
     with ``n`` intact windows. ``ValueError`` if the buffer holds no such window."""
-    rows, expected, lane, first, lo = _draw(ring, rng, n, length, None)
+    lane, first, lo = _draw(ring, rng, n, length, None)
     if n == 0:
         return
-    ok = _copy_checked(ring, rows, expected, lane, first, lo, out)
+    ok = _copy(ring, lane, first, length, lo, out)
     if ok is not None:
         _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout)
 
@@ -188,9 +202,9 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
             time.sleep(delay)  # rows exist but are all still being written
             delay = min(max(delay * 2, 20e-6), 1e-3)
             continue
-        rows, expected, lane, first, lo = _draw(ring, rng, len(bad), length, pool)
-        tmp = [np.empty((rows.size,) + a.shape[1:], a.dtype) for a in out]
-        ok = _copy_checked(ring, rows, expected, lane, first, lo, tmp)
+        lane, first, lo = _draw(ring, rng, len(bad), length, pool)
+        tmp = [np.empty((len(bad) * length,) + a.shape[1:], a.dtype) for a in out]
+        ok = _copy(ring, lane, first, length, lo, tmp)
         if ok is None:
             ok = np.ones(len(bad), bool)
         for dst, t in zip(shaped, tmp):

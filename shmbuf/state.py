@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .layout import LANE_BASE, LANE_HEAD, RES_PID, Layout
+from .layout import LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from .ring import Ring
 
 FORMAT = "shmbuf.Buffer"
@@ -135,6 +135,13 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     lc = ring.lane_capacity
     with ring.lock.hold(timeout):
+        claims = ring.live_claims()
+        if claims:
+            raise RuntimeError(
+                f"load_state_dict: lanes {sorted(claims)} are claimed by live processes "
+                f"{sorted(set(claims.values()))}; a lane's owner writes without the lock, so a "
+                "restore cannot hold it off. Release the lanes (release_lane(), or close the "
+                "writers' handles) first; nothing was changed")
         delay = 0.0
         while ring.live_writers_in_flight():  # they publish without the lock: let them
             if time.monotonic() >= deadline:
@@ -143,6 +150,8 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float) -> None:
             time.sleep(delay)
             delay = min(max(2 * delay, 1e-4), 1e-2)
         ring.res[:, RES_PID] = 0  # what is left belongs to dead writers
+        ring.lane_table[:, LANE_OWN_COUNT] = 0
+        ring.lane_table[:, LANE_CLAIM_PID] = 0
         now = ring.lane_table[:, LANE_HEAD].copy()
         lo = _windows(checked["heads"], checked["bases"], lc)
         shift = -(-np.maximum(now - lo, 0) // lc) * lc  # per lane: past every number used

@@ -44,6 +44,48 @@ def name(request):
         pytest.fail(f"test left segment {n!r} in /dev/shm", pytrace=False)
 
 
+def pytest_report_header(config):
+    from shmbuf import native
+    return f"shmbuf path: {native.path()} (SHMBUF_PURE_PYTHON=1 selects pure Python)"
+
+
+@pytest.fixture
+def set_hook():
+    """``ring.set_hook`` (both paths), reset after the test."""
+    from shmbuf import ring
+    yield ring.set_hook
+    ring.set_hook(None)
+
+
+@pytest.fixture
+def break_protection(monkeypatch):
+    """``break_protection("stamp check")`` or ``("waiting")``: switch a protection off
+    on purpose, on both paths (in this process and the children it forks), to prove
+    that a stress test would see what it protects against."""
+    import numpy as np
+    from shmbuf import native, ring, sampling
+
+    def unchecked(ring_, lane, first, length, lo, out):
+        rows, _ = sampling._rows(ring_, lane, first, length)
+        for src, dst in zip(ring_.arrays.values(), out):
+            np.take(src, rows.ravel(), axis=0, out=dst, mode="clip")
+        return None  # "all intact"
+
+    def brk(what):
+        if what == "stamp check":
+            monkeypatch.setattr(sampling, "_copy", unchecked)
+            bits = 1
+        else:
+            monkeypatch.setattr(ring.Ring, "_older_done", lambda self, first, runs: True)
+            monkeypatch.setattr(ring.Ring, "_wait_for_older", lambda self, *a: None)
+            bits = 2
+        if native.available():
+            native._native.set_faults(bits)
+    yield brk
+    if native.available():
+        native._native.set_faults(0)
+
+
 MUJOCO = {"obs": ((17,), "float32"), "action": ((6,), "float32"),
           "reward": ((), "float32"), "done": ((), "bool")}
 

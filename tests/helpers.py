@@ -46,7 +46,7 @@ def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop
         def hook(where: str) -> None:
             if where == "writing" and rnd.random() < 0.33:
                 time.sleep(rnd.random() * pause)
-        ring.HOOK = hook
+        ring.set_hook(hook)
     ready.wait(30)
     seq, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline and not stop.is_set():
@@ -76,7 +76,7 @@ def write_and_hang(name: str, point: str, flag_path: str, lane=None, rows: int =
             while True:
                 time.sleep(1)
 
-    ring.HOOK = hook
+    ring.set_hook(hook)
     buf = shmbuf.Buffer.attach(name)
     lo = len(buf)
     buf.extend({"x": np.arange(lo, lo + rows) + 10_000}, lane=lane)

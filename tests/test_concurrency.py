@@ -82,14 +82,9 @@ def test_several_sampler_processes_at_once(name):
         assert all(rows > 0 for _, rows in writers), writers
 
 
-def test_storm_detects_tears_when_the_stamp_check_is_off(name, monkeypatch):
+def test_storm_detects_tears_when_the_stamp_check_is_off(name, break_protection):
     """The storm test is only worth something if it sees tears without the protection."""
-    def unchecked(ring_, rows, expected, lane, first, lo, out):
-        flat = rows.ravel()
-        for src, dst in zip(ring_.arrays.values(), out):
-            np.take(src, flat, axis=0, out=dst, mode="clip")
-        return None  # "all intact"
-    monkeypatch.setattr(sampling, "_copy_checked", unchecked)
+    break_protection("stamp check")
     _, torn, _ = storm(name, seconds=20.0, stop_when_torn=True)
     assert torn > 0
 
@@ -104,10 +99,10 @@ def test_slow_overlapping_writers_on_a_tiny_ring_tear_nothing(name):
     assert torn == 0 and checked > 0 and min(written) > 0
 
 
-def test_the_slow_storm_catches_writers_that_do_not_wait(name, monkeypatch):
+def test_the_slow_storm_catches_writers_that_do_not_wait(name, break_protection):
     """Break the protection on purpose (wrapping writers never wait for older ones):
     the storm must see torn rows, or it proves nothing."""
-    monkeypatch.setattr(ring.Ring, "_older_done", lambda self, first, runs: True)
+    break_protection("waiting")
     _, torn, _ = storm(name, seconds=20.0, stop_when_torn=True, **SLOW_STORM)
     assert torn > 0
 

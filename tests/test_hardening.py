@@ -242,10 +242,10 @@ BAD_SEGMENTS = {
     "float dimension": (_with_schema(_set("shape", [4.0])), "shape"),
     "duplicate names": (_with_schema(_set("name", "y")), "unique"),
     "name not a string": (_with_schema(_set("name", 5)), "unique strings"),
-    "fields overlap": (_with_schema(lambda f: f[1].update(offset=f[0]["offset"])), "overlaps"),
-    "field over the stamps": (_with_schema(lambda f: f[0].update(offset=1024)), "overlaps|outside"),
-    "field over the header": (_with_schema(_set("offset", 0)), "overlaps|aligned"),
-    "unaligned field": (_with_schema(lambda f: f[0].update(offset=f[0]["offset"] + 8)), "aligned|overlaps"),
+    "fields overlap": (_with_schema(lambda f: f[1].update(offset=f[0]["offset"])), "overlaps|does not fit"),
+    "field over the stamps": (_with_schema(lambda f: f[0].update(offset=1024)), "overlaps|outside|does not fit"),
+    "field over the header": (_with_schema(_set("offset", 0)), "overlaps|aligned|does not fit"),
+    "unaligned field": (_with_schema(lambda f: f[0].update(offset=f[0]["offset"] + 8)), "aligned|overlaps|does not fit"),
     "schema not a list": (_with_schema(lambda f: f.clear()), "non-empty list"),
     "extra key": (_with_schema(_set("evil", 1)), "not a field description"),
     "zero reservations": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 88, 0)), "reservation"),
@@ -383,13 +383,13 @@ def test_load_state_dict_checks_everything_before_changing_anything(name):
 def test_a_clear_during_a_multi_lane_sample_gives_a_clear_error(name, monkeypatch):
     with shmbuf.Buffer.create(X, 8, lanes=2, name=name, seed=0) as buf:
         buf.extend({"x": np.arange(3)}, lane=0)
-        real = sampling._copy_checked
+        real = sampling._copy
 
-        def clear_then_fail(ring_, rows, *args):
-            real(ring_, rows, *args)
+        def clear_then_fail(ring_, lane, first, *args):
+            real(ring_, lane, first, *args)
             buf.clear()
-            return np.zeros(len(rows), bool)  # "every window was torn": draw again
-        monkeypatch.setattr(sampling, "_copy_checked", clear_then_fail)
+            return np.zeros(len(first), bool)  # "every window was torn": draw again
+        monkeypatch.setattr(sampling, "_copy", clear_then_fail)
         with pytest.raises(ValueError, match="cannot sample from an empty buffer"):
             buf.sample(4)
 

@@ -71,7 +71,7 @@ def test_a_waiting_writer_notices_that_the_writer_it_waits_for_was_killed(name, 
 
 
 @pytest.mark.parametrize("point", ["note", "locked", "reserved", "writing"])
-def test_ctrl_c_at_any_point_of_a_write_leaves_nothing_held(name, point, monkeypatch):
+def test_ctrl_c_at_any_point_of_a_write_leaves_nothing_held(name, point, monkeypatch, set_hook):
     """KeyboardInterrupt while holding the lock (in the holder note or the critical
     section), between reserving and writing, and mid-copy: the process goes on (a
     notebook), and neither it nor anybody else is blocked; the rows are never sampled."""
@@ -82,12 +82,15 @@ def test_ctrl_c_at_any_point_of_a_write_leaves_nothing_held(name, point, monkeyp
                 raise KeyboardInterrupt
 
         if point == "note":
+            if buf.native:
+                pytest.skip("the native path takes the lock without running Python code")
             monkeypatch.setattr(buf._lock, "_note", lambda pid: interrupt("note"))
         else:
-            monkeypatch.setattr(ring, "HOOK", interrupt)
+            set_hook(interrupt)
         with pytest.raises(KeyboardInterrupt):
             buf.add({"x": 666, "y": 666})
         monkeypatch.undo()
+        set_hook(None)
         assert (buf._ring.res_pid == 0).all(), "the interrupted write kept its reservation"
         probe = os.open("/proc/self/fd/%d" % other._seg.fd, os.O_RDWR)
         try:

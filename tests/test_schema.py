@@ -51,8 +51,14 @@ def test_rejects_bad_capacity_and_lanes(capacity, lanes, match):
 
 
 def test_arrays_are_aligned(name):
-    with shmbuf.Buffer.create({"a": ((3,), "int8"), "b": ((), "float64"), "c": ((5,), "int16")},
-                              7, name=name) as buf:
-        for arr in list(buf._ring.arrays.values()) + [buf._ring.stamps]:
-            assert arr.ctypes.data % 64 == 0
+    """Blocks start on cache lines; packed values are naturally aligned in every row."""
+    fields = {"a": ((3,), "int8"), "b": ((), "float64"), "c": ((5,), "int16"),
+              "big": ((600,), "uint8")}
+    with shmbuf.Buffer.create(fields, 7, name=name) as buf:
+        arrays = buf._ring.arrays
+        assert buf._ring.stamps.ctypes.data % 64 == 0 and arrays["big"].ctypes.data % 64 == 0
+        assert not buf._layout.fields[3].packed and all(f.packed for f in buf._layout.fields[:3])
+        for arr in list(arrays.values()) + [buf._ring.stamps]:
+            assert arr.ctypes.data % arr.dtype.alignment == 0
+            assert arr.strides[0] % arr.dtype.alignment == 0
         assert buf._layout.total_size <= buf._seg.size  # logical size stored; OS rounds up

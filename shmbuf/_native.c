@@ -1,0 +1,840 @@
+/* shmbuf._native: the two hot paths of shmbuf's ring in C, over the same segment.
+ *
+ *   write: validate the common case, reserve, stamp odd, copy, stamp even, free the entry
+ *   gather: copy rows by sequence number with the seqlock check
+ *
+ * The protocol is the one described at the top of ring.py (stamps 2s+1 / 2s+2, the
+ * reservation entry before the head, lanes owned by one process written without the
+ * lock); shmbuf/ring.py and shmbuf/sampling.py are the pure-Python path. Both run on
+ * the same segments at the same time. Everything else (claims, restores, reclaiming a
+ * dead writer's entries, every error message about bad input) stays in Python: when a
+ * call here meets anything but the common case *before it changed anything*, it
+ * returns False and the caller takes the Python path, which checks, converts and
+ * calls put() with canonical arrays.
+ *
+ * Memory ordering: stamps, heads and entry words are 64-bit atomics (GCC __atomic
+ * builtins). A writer publishes a row with a release store of its even stamp after
+ * a release fence that follows the odd stamp; a reader loads the stamp with acquire,
+ * copies, issues an acquire fence and reloads it (the seqlock of the Linux kernel and
+ * of Boehm, "Can seqlocks get along with programming language memory models?").
+ * The GIL is held from the first check to the last store of a write, except while
+ * waiting (for the lock, or for an older writer of the same slots).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+
+/* Column indices of the int64 tables: layout.py. */
+enum { LANE_HEAD = 0, LANE_BASE = 1, LANE_CLAIM_PID = 2, LANE_OWN_START = 4, LANE_OWN_COUNT = 5 };
+enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, RES_TOKEN = 5 };
+enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+typedef struct {
+    PyObject *name;          /* the key in a transition dict */
+    PyObject *scalar_type;   /* numpy's scalar type of the dtype (np.float32, ...) */
+    Py_ssize_t offset;       /* byte offset of row 0 in the segment */
+    Py_ssize_t stride;       /* bytes from one row to the next */
+    Py_ssize_t row_bytes;
+    Py_ssize_t itemsize;
+    int ndim;
+    Py_ssize_t *shape;
+    char *format;            /* the PEP 3118 format of an array of the dtype; NULL: none */
+    char scalar;             /* a 0-d field that takes Python numbers: 'f' 'd' '?' 'i' 'u'; 0 */
+} Field;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer mem;           /* the segment's mapping, kept mapped while this lives */
+    Py_buffer busy_buf;      /* HeaderLock.busy: 1 while a Python thread here holds the lock */
+    int closed;
+    char *base;
+    int64_t *lanes_tab, *res_tab, *ctrl;
+    char *rows;
+    Py_ssize_t row_stride, lanes, lc, n_res;
+    int nfields;
+    Field *fields;
+    PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout;
+    /* this process: set by configure() (again after a fork) */
+    int64_t pid;
+    double ctime;
+    int fd;
+    Py_ssize_t default_lane; /* -1: none (the caller claims one) */
+    double timeout;
+    Py_buffer prefaulted;    /* a byte per lane: 1 once this handle mapped its pages */
+    Py_ssize_t hint;         /* the reservation entry used last */
+} Ring;
+
+static int64_t next_token = 0; /* unique per write in this process (with the pid) */
+static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protocol points */
+static long faults = 0;         /* tests only: protection broken on purpose (ring.py) */
+enum { FAULT_NO_STAMP_CHECK = 1, FAULT_NO_WAIT = 2 };
+
+/* Call the test hook at `point` ("locked", "reserved", "writing"): -1 if it raised. */
+static int at(const char *point) {
+    if (hook == NULL)
+        return 0;
+    PyObject *r = PyObject_CallFunction(hook, "s", point);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline int64_t *stamp_of(Ring *r, Py_ssize_t slot) {
+    return (int64_t *)(r->rows + slot * r->row_stride);
+}
+
+/* Sleep without the GIL; then -1 (exception set) on Ctrl-C or a closed handle. */
+static int pause_for(Ring *r, double *delay) {
+    struct timespec ts = {0, (long)(*delay * 1e9)};
+    Py_BEGIN_ALLOW_THREADS
+    nanosleep(&ts, NULL);
+    Py_END_ALLOW_THREADS
+    *delay = *delay * 2 > 1e-3 ? 1e-3 : *delay * 2;
+    if (PyErr_CheckSignals() < 0)
+        return -1;
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "the buffer handle was closed during the call");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the header lock (shared lanes only) ---------------------------------------- */
+
+/* Take the flock of this handle's descriptor. Not while a thread of this process holds
+ * it through the Python path (same open file description: flock would succeed). The
+ * GIL is held from here to unlock(), so no other thread of ours runs in between. */
+static int lock(Ring *r, double deadline, double timeout) {
+    double delay = 20e-6;
+    for (int spins = 0;; spins++) {
+        if (*(int64_t *)r->busy_buf.buf == 0) {
+            if (flock(r->fd, LOCK_EX | LOCK_NB) == 0) {
+                r->ctrl[CTRL_LOCK_HOLDER] = r->pid;
+                return 0;
+            }
+            if (errno != EWOULDBLOCK && errno != EINTR) {
+                PyErr_SetFromErrno(PyExc_OSError);
+                return -1;
+            }
+        }
+        if (spins < 64)
+            continue;                      /* the holder needs microseconds */
+        if (now() >= deadline) {
+            PyObject *exc = PyObject_CallFunction(r->lock_timeout, "d", timeout);
+            if (exc != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+                Py_DECREF(exc);
+            }
+            return -1;
+        }
+        if (pause_for(r, &delay) < 0)
+            return -1;
+    }
+}
+
+static void unlock(Ring *r) { flock(r->fd, LOCK_UN); }
+
+/* ---- waiting for older writers of our slots ---------------------------------------- */
+
+/* True if each of our slots holds the published row of one lap before ours (then that
+ * row's writer, and every older one, is done with it). */
+static int older_done(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t prev = first + i - r->lc;
+        if (prev < 0)
+            continue;                      /* first lap: nobody wrote this slot before */
+        if (LOAD_ACQ(stamp_of(r, lane * r->lc + (first + i) % r->lc)) != 2 * prev + 2)
+            return 0;
+    }
+    return 1;
+}
+
+/* Block until no live writer of an older reservation, on any lap, owns rows in our
+ * slots (ring.py: Ring._wait_for_older). 0, or -1 with an exception set. */
+static int wait_for_older(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n,
+                          Py_ssize_t entry, double deadline) {
+    double delay = 20e-6;
+    while (!older_done(r, lane, first, n)) {
+        int64_t blocker = 0;
+        for (Py_ssize_t i = 0; i < r->n_res && !blocker; i++) {
+            int64_t *e = r->res_tab + i * TABLE_WIDTH;
+            int64_t pid = LOAD_ACQ(&e[RES_PID]);
+            if (pid == 0 || i == entry || LOAD(&e[RES_LANE]) != lane)
+                continue;
+            int64_t start = LOAD(&e[RES_START]), count = LOAD(&e[RES_COUNT]);
+            if (start >= first)
+                continue;
+            /* their slots and ours, as arcs of the lane's circle, intersect */
+            if ((first - start) % r->lc >= count && ((start - first) % r->lc + r->lc) % r->lc >= n)
+                continue;
+            double ctime;
+            int64_t bits = LOAD(&e[RES_CTIME]);
+            memcpy(&ctime, &bits, sizeof ctime);
+            PyObject *alive = PyObject_CallFunction(r->is_alive, "Ld", (long long)pid, ctime);
+            if (alive == NULL)
+                return -1;
+            int yes = PyObject_IsTrue(alive);
+            Py_DECREF(alive);
+            if (yes < 0)
+                return -1;
+            if (yes && LOAD_ACQ(&e[RES_PID]) == pid)
+                blocker = pid;
+        }
+        if (!blocker)
+            return 0;
+        if (now() >= deadline) {
+            PyErr_Format(r->write_timeout,
+                         "rows %lld..%lld of lane %zd could not be written: live process(es) [%lld] "
+                         "is still writing older rows into the same slots (a ring this small "
+                         "wraps faster than they write). Use a larger capacity, or pass a "
+                         "larger timeout=", (long long)first, (long long)(first + n - 1), lane,
+                         (long long)blocker);
+            return -1;
+        }
+        if (pause_for(r, &delay) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- writing ------------------------------------------------------------------------ */
+
+/* Copy rows [from, to) of field fd of a write whose row 0 is sequence number `first`
+ * from its source (contiguous rows) into their slots. */
+static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssize_t from,
+                      Py_ssize_t to, const char *src) {
+    const char *s = src + from * fd->row_bytes;
+    char *d = r->base + fd->offset + (lane * r->lc + (first + from) % r->lc) * fd->stride;
+    if (fd->stride == fd->row_bytes) {
+        memcpy(d, s, (to - from) * fd->row_bytes);          /* a field of its own: one copy */
+    } else {
+        for (Py_ssize_t i = from; i < to; i++, s += fd->row_bytes, d += fd->stride)
+            memcpy(d, s, fd->row_bytes);                   /* packed: a row at a time */
+    }
+}
+
+/* Write n rows into lane: src[f] points at n contiguous rows of field f. Returns 0 when
+ * published, 1 when the Python path must take over (nothing was changed), -1 on an
+ * error (exception set; anything reserved was abandoned: never sampled). */
+static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, double timeout) {
+    double deadline = now() + timeout;
+    int64_t *lt = r->lanes_tab + lane * TABLE_WIDTH;
+    int64_t *e = NULL;                      /* our reservation entry, if a shared writer */
+    int64_t first;
+    int64_t claim = LOAD_ACQ(&lt[LANE_CLAIM_PID]);
+
+    if (claim == r->pid) {
+        /* 1a. The lane is ours: nobody else moves its head, so no lock. Another thread
+         * of ours may be waiting inside its write (the GIL let us in): wait for it. */
+        double delay = 20e-6;
+        while (LOAD(&lt[LANE_OWN_COUNT]) != 0) {
+            if (now() >= deadline) {
+                PyErr_Format(r->write_timeout, "lane %zd: another thread of this process is "
+                             "still writing to it after %g s", lane, timeout);
+                return -1;
+            }
+            if (pause_for(r, &delay) < 0)
+                return -1;
+        }
+        first = LOAD(&lt[LANE_HEAD]);
+        STORE(&lt[LANE_OWN_START], first);   /* the entry first ... */
+        STORE(&lt[LANE_OWN_COUNT], (int64_t)n);
+        STORE_REL(&lt[LANE_HEAD], first + n); /* ... then the commit */
+    } else {
+        if (claim != 0)
+            return 1;                         /* claimed by another: Python says what to do */
+        /* 1b. A shared lane: reserve under the header lock. */
+        if (lock(r, deadline, timeout) < 0)
+            return -1;
+        Py_ssize_t entry = -1;
+        if (LOAD(&lt[LANE_CLAIM_PID]) == 0) {
+            for (Py_ssize_t i = 0; i < r->n_res; i++) {
+                Py_ssize_t j = (r->hint + i) % r->n_res;
+                if (LOAD(&r->res_tab[j * TABLE_WIDTH + RES_PID]) == 0) {
+                    entry = j;
+                    break;
+                }
+            }
+        }
+        if (entry < 0) {                      /* claimed meanwhile, or no free entry: */
+            unlock(r);                        /* Python claims, reclaims or explains */
+            return 1;
+        }
+        r->hint = entry;
+        e = r->res_tab + entry * TABLE_WIDTH;
+        first = LOAD(&lt[LANE_HEAD]);
+        int64_t ctime_bits;
+        memcpy(&ctime_bits, &r->ctime, sizeof ctime_bits);
+        STORE(&e[RES_LANE], (int64_t)lane);
+        STORE(&e[RES_START], first);
+        STORE(&e[RES_COUNT], (int64_t)n);
+        STORE(&e[RES_TOKEN], ++next_token);
+        STORE(&e[RES_CTIME], ctime_bits);
+        STORE_REL(&e[RES_PID], r->pid);       /* the entry is valid from here */
+        STORE_REL(&lt[LANE_HEAD], first + n); /* the reservation is committed here */
+        if (at("locked") < 0) {
+            unlock(r);
+            goto abandon;
+        }
+        unlock(r);
+    }
+    if ((!e && at("locked") < 0) || at("reserved") < 0)
+        goto abandon;
+
+    /* 2. Wait for older writers of our slots (only a ring that wraps onto them). */
+    if (first + n > r->lc && !(faults & FAULT_NO_WAIT) &&
+        wait_for_older(r, lane, first, n, e ? (e - r->res_tab) / TABLE_WIDTH : -1, deadline) < 0)
+        goto abandon;
+
+    /* 3. Stamp the slots odd ("being written"), then fence: no data store may become
+     * visible before them. */
+    for (Py_ssize_t i = 0; i < n; i++)
+        STORE(stamp_of(r, lane * r->lc + (first + i) % r->lc), 2 * (first + i) + 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+
+    /* 4. Copy: up to the end of the lane, then what wraps to its start. */
+    Py_ssize_t k = r->lc - first % r->lc;
+    if (k > n)
+        k = n;
+    for (int f = 0; f < r->nfields; f++) {
+        copy_rows(r, &r->fields[f], lane, first, 0, k, src[f]);
+        if (k < n)
+            copy_rows(r, &r->fields[f], lane, first, k, n, src[f]);
+        if (at("writing") < 0) {
+            for (Py_ssize_t i = 0; i < n; i++)   /* abandon: these rows will never be valid */
+                STORE_REL(stamp_of(r, lane * r->lc + (first + i) % r->lc), 0);
+            goto abandon;
+        }
+    }
+
+    /* 5. Publish: even stamps, each a release store (the data above is visible first). */
+    for (Py_ssize_t i = 0; i < n; i++)
+        STORE_REL(stamp_of(r, lane * r->lc + (first + i) % r->lc), 2 * (first + i) + 2);
+
+    /* 6. Free the entry. */
+    if (e)
+        STORE_REL(&e[RES_PID], 0);
+    else
+        STORE_REL(&lt[LANE_OWN_COUNT], 0);
+    return 0;
+
+abandon:  /* an error after the commit: free the entry; no stamp of ours is odd */
+    if (e)
+        STORE_REL(&e[RES_PID], 0);
+    else
+        STORE_REL(&lt[LANE_OWN_COUNT], 0);
+    return -1;
+}
+
+/* ---- the validation fast path ------------------------------------------------------ */
+
+/* One value of field f as a pointer to its bytes, if it is the common case: a numpy
+ * array (or scalar) of exactly the field's dtype and shape, C-contiguous (with a row
+ * axis of n rows if rows >= 0), or a Python number the Python path would accept and
+ * store identically. 1 if so, 0 if not (the Python path decides), -1 on an error. */
+static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buffer *view,
+                       char *scratch, const char **out) {
+    view->obj = NULL;
+    if (f->scalar && *rows == -1 && (PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
+        if (PyBool_Check(v)) {
+            if (f->scalar != '?')
+                return 0;
+            scratch[0] = (char)(v == Py_True);
+        } else if (PyFloat_CheckExact(v)) {
+            double d = PyFloat_AsDouble(v);
+            if (f->scalar == 'd') {
+                memcpy(scratch, &d, 8);
+            } else if (f->scalar == 'f' && !(isfinite(d) && fabs(d) > FLT_MAX)) {
+                float x = (float)d;
+                memcpy(scratch, &x, 4);
+            } else {
+                return 0;                 /* float into an int or bool field: an error */
+            }
+        } else {
+            int overflow = 0;
+            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow || (x == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return 0;
+            }
+            if (f->scalar == 'd') {
+                double d = (double)x;
+                memcpy(scratch, &d, 8);
+            } else if (f->scalar == 'f') {
+                float d = (float)x;
+                memcpy(scratch, &d, 4);
+            } else if (f->scalar == 'i' || f->scalar == 'u') {
+                int bits = 8 * (int)f->itemsize;
+                if (f->scalar == 'u' ? (x < 0 || (bits < 64 && x >> bits))
+                                     : (bits < 64 && (x < -(1LL << (bits - 1)) || x >= (1LL << (bits - 1)))))
+                    return 0;             /* would wrap: the Python path says so */
+                memcpy(scratch, &x, f->itemsize);  /* little-endian: the low bytes */
+            } else {
+                return 0;
+            }
+        }
+        *out = scratch;
+        return 1;
+    }
+    if (f->format == NULL || (Py_TYPE(v) != (PyTypeObject *)r->ndarray_type &&
+                              Py_TYPE(v) != (PyTypeObject *)f->scalar_type))
+        return 0;
+    if (PyObject_GetBuffer(v, view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();                    /* not contiguous, or no buffer: Python path */
+        view->obj = NULL;
+        return 0;
+    }
+    int lead = *rows >= 0 || (*rows == -2);
+    if (view->ndim != f->ndim + lead || view->itemsize != f->itemsize
+        || strcmp(view->format, f->format) != 0 || !PyBuffer_IsContiguous(view, 'C'))
+        return 0;
+    for (int d = 0; d < f->ndim; d++)
+        if (view->shape[d + lead] != f->shape[d])
+            return 0;
+    if (lead) {
+        if (*rows == -2)
+            *rows = view->shape[0];
+        else if (view->shape[0] != *rows)
+            return 0;
+    }
+    *out = view->buf;
+    return 1;
+}
+
+/* add(transition, lane, timeout) / extend(batch, lane, timeout): the common case, or
+ * False (nothing done) for the Python path. */
+static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs, int batch) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "expected (mapping, lane, timeout)");
+        return NULL;
+    }
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    Py_ssize_t lane = r->default_lane;
+    double timeout = r->timeout;
+    if (args[1] != Py_None) {
+        if (!PyLong_CheckExact(args[1]))
+            Py_RETURN_FALSE;
+        lane = PyLong_AsSsize_t(args[1]);
+        if (lane < 0 || lane >= r->lanes) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+    }
+    if (args[2] != Py_None) {
+        if (!PyFloat_CheckExact(args[2]))
+            Py_RETURN_FALSE;
+        timeout = PyFloat_AsDouble(args[2]);
+        if (!(timeout >= 0))
+            Py_RETURN_FALSE;
+    }
+    if (lane < 0 || !((unsigned char *)r->prefaulted.buf)[lane] || !PyDict_CheckExact(data)
+        || PyDict_Size(data) != r->nfields)
+        Py_RETURN_FALSE;
+    Py_buffer views[MAX_FIELDS];
+    char scratch[MAX_FIELDS][8];
+    const char *src[MAX_FIELDS];
+    Py_ssize_t rows = batch ? -2 : -1;
+    int f = 0, ok = 1;
+    for (; f < r->nfields && ok; f++) {
+        PyObject *v = PyDict_GetItemWithError(data, r->fields[f].name);
+        if (v == NULL) {
+            PyErr_Clear();
+            views[f].obj = NULL;
+            ok = 0;
+        } else {
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f]);
+        }
+    }
+    PyObject *result = NULL;
+    if (ok == 1 && batch && (rows < 1 || rows > r->lc))
+        ok = 0;                           /* empty, or more than a lane: Python explains */
+    if (ok == 1) {
+        int done = write_rows(r, lane, batch ? rows : 1, src, timeout);
+        result = done < 0 ? NULL : done == 0 ? Py_None : Py_False;
+        Py_XINCREF(result);
+    } else if (ok == 0) {
+        result = Py_False;
+        Py_INCREF(result);
+    }
+    for (int i = 0; i < f; i++)
+        if (views[i].obj != NULL)
+            PyBuffer_Release(&views[i]);
+    return result;
+}
+
+static PyObject *Ring_add(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    return write_mapping(r, args, nargs, 0);
+}
+
+static PyObject *Ring_extend(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    return write_mapping(r, args, nargs, 1);
+}
+
+/* put(lane, n, arrays, timeout): write checked, converted, C-contiguous arrays (one per
+ * field, n rows each; their sizes are checked here again, for memory safety). None when
+ * published; False, with nothing done, if the lane is claimed by another process or the
+ * reservation table is full (Python sorts that out under the lock, then calls again). */
+static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "expected (lane, n, list of arrays, timeout)");
+        return NULL;
+    }
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
+        return NULL;
+    }
+    Py_ssize_t lane = PyLong_AsSsize_t(args[0]), n = PyLong_AsSsize_t(args[1]);
+    double timeout = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (lane < 0 || lane >= r->lanes || n < 1 || n > r->lc || PyList_Size(args[2]) != r->nfields) {
+        PyErr_SetString(PyExc_ValueError, "put: bad lane, row count or number of arrays");
+        return NULL;
+    }
+    Py_buffer views[MAX_FIELDS];
+    const char *src[MAX_FIELDS];
+    int f = 0;
+    for (; f < r->nfields; f++) {
+        if (PyObject_GetBuffer(PyList_GetItem(args[2], f), &views[f], PyBUF_C_CONTIGUOUS) < 0)
+            break;
+        if (views[f].len != n * r->fields[f].row_bytes) {
+            PyErr_Format(PyExc_ValueError, "put: field %d holds %zd bytes, expected %zd", f,
+                         views[f].len, n * r->fields[f].row_bytes);
+            PyBuffer_Release(&views[f]);
+            break;
+        }
+        src[f] = views[f].buf;
+    }
+    int done = f == r->nfields ? write_rows(r, lane, n, src, timeout) : -1;
+    for (int i = 0; i < f; i++)
+        PyBuffer_Release(&views[i]);
+    if (done < 0)
+        return NULL;
+    if (done == 1)
+        Py_RETURN_FALSE;    /* claimed by another process, or no free entry: Python's turn */
+    Py_RETURN_NONE;
+}
+
+/* ---- gathering ---------------------------------------------------------------------- */
+
+/* gather(first, lane, length, outs): copy the windows of `length` rows starting at the
+ * sequence numbers `first` (int64 array) of `lane` (an int, or an int64 array) into
+ * `outs` (one C-contiguous array per field, len(first) * length rows). Returns None if
+ * every window is intact, else bytes: 1 for the intact windows (sampling.py: _copy). */
+static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "expected (first, lane, length, list of arrays)");
+        return NULL;
+    }
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
+        return NULL;
+    }
+    Py_ssize_t length = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t one_lane = PyLong_Check(args[1]) ? PyLong_AsSsize_t(args[1]) : -1;
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer firstv, lanev = {0}, outs[MAX_FIELDS];
+    if (PyObject_GetBuffer(args[0], &firstv, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    Py_ssize_t n = firstv.len / 8, f = 0;
+    PyObject *result = NULL;
+    if (one_lane < 0 && PyObject_GetBuffer(args[1], &lanev, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    if (length < 1 || (lanev.obj && lanev.len != firstv.len) || one_lane >= r->lanes
+        || PyList_Size(args[3]) != r->nfields) {
+        PyErr_SetString(PyExc_ValueError, "gather: bad lane, length or number of outputs");
+        goto done;
+    }
+    for (; f < r->nfields; f++) {
+        if (PyObject_GetBuffer(PyList_GetItem(args[3], f), &outs[f],
+                               PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto done;
+        if (outs[f].len != n * length * r->fields[f].row_bytes) {
+            PyBuffer_Release(&outs[f]);
+            PyErr_SetString(PyExc_ValueError, "gather: an output has the wrong size");
+            goto done;
+        }
+    }
+    const int64_t *first = firstv.buf, *lanes = lanev.obj ? lanev.buf : NULL;
+    for (Py_ssize_t w = 0; w < n; w++)  /* checked first: what follows trusts them */
+        if (first[w] < 0 || (lanes && (lanes[w] < 0 || lanes[w] >= r->lanes))) {
+            PyErr_SetString(PyExc_ValueError, "gather: a lane or sequence number is out of range");
+            goto done;
+        }
+    result = PyBytes_FromStringAndSize(NULL, n);
+    if (result == NULL)
+        goto done;
+    char *ok = PyBytes_AsString(result);
+    Py_ssize_t bad = 0;
+    int big = n * length * (r->row_stride + 64) > (1 << 16);
+    PyThreadState *ts = big ? PyEval_SaveThread() : NULL;   /* large copies: let others run */
+    for (Py_ssize_t w = 0; w < n; w++) {
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane;
+        ok[w] = 1;
+        for (Py_ssize_t j = 0; j < length; j++) {
+            int64_t s = first[w] + j;
+            Py_ssize_t slot = lane * r->lc + s % r->lc, row = w * length + j;
+            int64_t *stamp = stamp_of(r, slot);
+            int64_t before = LOAD_ACQ(stamp);          /* 1. the row it names, acquired */
+            if (faults & FAULT_NO_STAMP_CHECK)
+                before = 2 * s + 2;
+            if (before != 2 * s + 2) {
+                ok[w] = 0;
+                break;
+            }
+            for (int i = 0; i < r->nfields; i++) {     /* 2. copy every field */
+                Field *fd = &r->fields[i];
+                memcpy((char *)outs[i].buf + row * fd->row_bytes,
+                       r->base + fd->offset + slot * fd->stride, fd->row_bytes);
+            }
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* 3. no copy load moves past ... */
+            if (LOAD(stamp) != before && !(faults & FAULT_NO_STAMP_CHECK)) { /* 4. unchanged? */
+                ok[w] = 0;
+                break;
+            }
+        }
+    }
+    /* 5. A window drawn before a clear() must still start at or after its lane's base. */
+    for (Py_ssize_t w = 0; w < n; w++) {
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane;
+        if (ok[w] && first[w] < LOAD_ACQ(&r->lanes_tab[lane * TABLE_WIDTH + LANE_BASE]))
+            ok[w] = 0;
+        bad += !ok[w];
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    if (bad == 0) {
+        Py_DECREF(result);
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    for (Py_ssize_t i = 0; i < f; i++)
+        PyBuffer_Release(&outs[i]);
+    if (lanev.obj)
+        PyBuffer_Release(&lanev);
+    PyBuffer_Release(&firstv);
+    return result;
+}
+
+/* ---- the object ---------------------------------------------------------------------- */
+
+/* configure(pid, ctime, fd, default_lane, timeout): this process's identity and the
+ * handle's defaults (again after a fork, a claim, a new timeout). */
+static PyObject *Ring_configure(Ring *r, PyObject *args) {
+    long long pid;
+    if (!PyArg_ParseTuple(args, "Ldind", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout))
+        return NULL;
+    r->pid = pid;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ring_close(Ring *r, PyObject *unused) {
+    r->closed = 1;   /* the memory stays mapped until this object goes: threads inside are safe */
+    Py_RETURN_NONE;
+}
+
+static void free_fields(Ring *r) {
+    for (int i = 0; r->fields && i < r->nfields; i++) {
+        Py_XDECREF(r->fields[i].name);
+        Py_XDECREF(r->fields[i].scalar_type);
+        PyMem_Free(r->fields[i].shape);
+        PyMem_Free(r->fields[i].format);
+    }
+    PyMem_Free(r->fields);
+    r->fields = NULL;
+}
+
+static void Ring_dealloc(Ring *r) {
+    PyTypeObject *tp = Py_TYPE((PyObject *)r);
+    free_fields(r);
+    if (r->mem.obj)
+        PyBuffer_Release(&r->mem);
+    if (r->busy_buf.obj)
+        PyBuffer_Release(&r->busy_buf);
+    if (r->prefaulted.obj)
+        PyBuffer_Release(&r->prefaulted);
+    Py_XDECREF(r->ndarray_type);
+    Py_XDECREF(r->is_alive);
+    Py_XDECREF(r->write_timeout);
+    Py_XDECREF(r->lock_timeout);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(r);
+    Py_DECREF(tp);
+}
+
+/* Ring(mem, geometry, fields, busy, prefaulted, ndarray, is_alive, WriteTimeout,
+ *      lock_timeout): see native.py, which builds every argument from a checked Layout.
+ * geometry = (lanes_off, res_off, n_res, control_off, rows_off, row_stride, lanes, lc);
+ * fields = [(name, scalar_type, offset, stride, row_bytes, itemsize, shape, format, kind)]. */
+static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *mem, *fields, *busy, *prefaulted, *ndarray, *is_alive, *wt, *lt;
+    Py_ssize_t g[8];
+    if (!PyArg_ParseTuple(args, "O(nnnnnnnn)O!OOOOOO", &mem, &g[0], &g[1], &g[2], &g[3], &g[4],
+                          &g[5], &g[6], &g[7], &PyList_Type, &fields, &busy, &prefaulted,
+                          &ndarray, &is_alive, &wt, &lt))
+        return NULL;
+    if (PyList_Size(fields) < 1 || PyList_Size(fields) > MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "1 to 256 fields");
+        return NULL;
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    Ring *r = (Ring *)alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    if (PyObject_GetBuffer(mem, &r->mem, PyBUF_WRITABLE) < 0
+        || PyObject_GetBuffer(busy, &r->busy_buf, PyBUF_WRITABLE) < 0
+        || PyObject_GetBuffer(prefaulted, &r->prefaulted, PyBUF_WRITABLE) < 0)
+        goto fail;
+    if (r->busy_buf.len < 8 || r->prefaulted.len < g[6]) {
+        PyErr_SetString(PyExc_ValueError, "busy or prefaulted too small");
+        goto fail;
+    }
+    r->base = r->mem.buf;
+    r->lanes_tab = (int64_t *)(r->base + g[0]);
+    r->res_tab = (int64_t *)(r->base + g[1]);
+    r->n_res = g[2];
+    r->ctrl = (int64_t *)(r->base + g[3]);
+    r->rows = r->base + g[4];
+    r->row_stride = g[5];
+    r->lanes = g[6];
+    r->lc = g[7];
+    r->default_lane = -1;
+    r->fd = -1;
+    r->pid = -1;  /* nobody, until configure() */
+    r->nfields = (int)PyList_Size(fields);
+    r->fields = PyMem_Calloc(r->nfields, sizeof(Field));
+    if (r->fields == NULL)
+        goto fail;
+    for (int i = 0; i < r->nfields; i++) {
+        Field *f = &r->fields[i];
+        PyObject *name, *st, *shape, *format;
+        int kind;
+        if (!PyArg_ParseTuple(PyList_GetItem(fields, i), "UOnnnnO!OC", &name, &st, &f->offset,
+                              &f->stride, &f->row_bytes, &f->itemsize, &PyTuple_Type, &shape,
+                              &format, &kind))
+            goto fail;
+        Py_INCREF(name);
+        f->name = name;
+        Py_INCREF(st);
+        f->scalar_type = st;
+        f->scalar = (char)kind;
+        f->ndim = (int)PyTuple_Size(shape);
+        f->shape = PyMem_Calloc(f->ndim + 1, sizeof(Py_ssize_t));
+        if (f->shape == NULL)
+            goto fail;
+        for (int d = 0; d < f->ndim; d++)
+            f->shape[d] = PyLong_AsSsize_t(PyTuple_GetItem(shape, d));
+        if (format != Py_None) {
+            Py_ssize_t len;
+            const char *s = PyUnicode_AsUTF8AndSize(format, &len);
+            if (s == NULL || (f->format = PyMem_Malloc(len + 1)) == NULL)
+                goto fail;
+            memcpy(f->format, s, len + 1);
+        }
+        if (f->offset < 0 || f->row_bytes < 1 || f->stride < f->row_bytes
+            || f->offset + (g[6] * g[7] - 1) * f->stride + f->row_bytes > r->mem.len) {
+            PyErr_Format(PyExc_ValueError, "field %d lies outside the segment", i);
+            goto fail;
+        }
+    }
+    if (PyErr_Occurred())
+        goto fail;
+    if (g[6] < 1 || g[7] < 1 || g[5] < 8 || g[4] + g[6] * g[7] * g[5] > r->mem.len
+        || g[0] + g[6] * TABLE_WIDTH * 8 > r->mem.len || g[1] + g[2] * TABLE_WIDTH * 8 > r->mem.len) {
+        PyErr_SetString(PyExc_ValueError, "the geometry does not fit in the segment");
+        goto fail;
+    }
+    Py_INCREF(ndarray);
+    r->ndarray_type = ndarray;
+    Py_INCREF(is_alive);
+    r->is_alive = is_alive;
+    Py_INCREF(wt);
+    r->write_timeout = wt;
+    Py_INCREF(lt);
+    r->lock_timeout = lt;
+    return (PyObject *)r;
+fail:
+    Py_DECREF(r);
+    return NULL;
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))Ring_add, METH_FASTCALL, "add(transition, lane, timeout)"},
+    {"extend", (PyCFunction)(void (*)(void))Ring_extend, METH_FASTCALL, "extend(batch, lane, timeout)"},
+    {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL, "put(lane, n, arrays, timeout)"},
+    {"gather", (PyCFunction)(void (*)(void))Ring_gather, METH_FASTCALL, "gather(first, lane, length, outs)"},
+    {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
+    {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
+    {NULL},
+};
+
+static PyType_Slot Ring_slots[] = {
+    {Py_tp_new, Ring_new},
+    {Py_tp_dealloc, Ring_dealloc},
+    {Py_tp_methods, Ring_methods},
+    {Py_tp_doc, "The native write and gather paths over one mapped segment."},
+    {0, NULL},
+};
+
+static PyType_Spec Ring_spec = {"shmbuf._native.Ring", sizeof(Ring), 0, Py_TPFLAGS_DEFAULT, Ring_slots};
+
+static PyObject *set_hook(PyObject *module, PyObject *f) {
+    Py_XDECREF(hook);
+    hook = f == Py_None ? NULL : f;
+    Py_XINCREF(hook);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_faults(PyObject *module, PyObject *arg) {
+    faults = PyLong_AsLong(arg);
+    return faults == -1 && PyErr_Occurred() ? NULL : (Py_INCREF(Py_None), Py_None);
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_hook", set_hook, METH_O, "set_hook(f): call f(point) at protocol points (tests)"},
+    {"set_faults", set_faults, METH_O, "set_faults(bits): 1 no stamp check, 2 no waiting (tests)"},
+    {NULL},
+};
+
+static int exec_module(PyObject *m) {
+    PyObject *t = PyType_FromSpec(&Ring_spec);
+    if (t == NULL)
+        return -1;
+    if (PyModule_AddObject(m, "Ring", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, exec_module}, {0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "shmbuf._native",
+                                    "The native hot paths of shmbuf (see ring.py).", 0, module_methods,
+                                    module_slots};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModuleDef_Init(&module); }

@@ -1,0 +1,82 @@
+"""Which path runs the hot loops: the C extension ``shmbuf._native``, or pure Python.
+
+The extension is built by ``pip install`` where a C compiler is present (``setup.py``
+marks it optional: without a compiler the install still succeeds). Both paths speak
+the same protocol on the same segments, so processes on either path share a buffer.
+Set ``SHMBUF_PURE_PYTHON=1`` to use the pure-Python path in a process that has the
+extension (read when a handle is created or attached).
+
+Example:
+    >>> import shmbuf.native
+    >>> shmbuf.native.path() in ("native", "python")
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import procs
+from .layout import Layout
+
+try:
+    from . import _native  # type: ignore[attr-defined]
+except ImportError:  # not built: no compiler at install time
+    _native = None
+
+
+def available() -> bool:
+    """True if the extension was built and imports."""
+    return _native is not None
+
+
+def path() -> str:
+    """``"native"`` or ``"python"``: the path a handle created now uses."""
+    return "native" if _native is not None and not os.environ.get("SHMBUF_PURE_PYTHON") else "python"
+
+
+def _format(dtype: np.dtype) -> str | None:
+    """The buffer-protocol format of an array of ``dtype`` (None where numpy gives none)."""
+    try:
+        return memoryview(np.empty(1, dtype)).format
+    except (ValueError, TypeError):
+        return None
+
+
+def _scalar_kind(f: Any) -> str:
+    """Which plain Python numbers the C fast path may convert itself for a 0-d field."""
+    d = f.dtype
+    if f.shape or not d.isnative:
+        return "\0"
+    if d == np.float32:
+        return "f"
+    if d == np.float64:
+        return "d"
+    if d == np.bool_:
+        return "?"
+    if d.kind in "iu" and d.itemsize in (1, 2, 4, 8) and np.little_endian:
+        return d.kind
+    return "\0"
+
+
+def make_ring(layout: Layout, mem: Any, busy: np.ndarray, prefaulted: bytearray,
+              is_alive: Any, write_timeout: type, lock_timeout: Any) -> Any:
+    """The C ring over ``mem`` (a mapped, validated ``layout``), or None on the Python path."""
+    if path() != "native":
+        return None
+    fields = [(f.name, np.dtype(f.dtype).type, f.offset, f.stride, f.row_bytes, f.dtype.itemsize,
+               tuple(f.shape), _format(f.dtype), _scalar_kind(f)) for f in layout.fields]
+    geometry = (layout.lanes_offset, layout.reservations_offset, layout.n_reservations,
+                layout.control_offset, layout.rows_offset, layout.row_stride, layout.lanes,
+                layout.lane_capacity)
+    return _native.Ring(mem, geometry, fields, busy, prefaulted, np.ndarray, is_alive,
+                        write_timeout, lock_timeout)
+
+
+def configure(ring: Any, fd: int, lane: int | None, timeout: float) -> None:
+    """Tell the C ring who this process is and the handle's defaults."""
+    pid, ctime = procs.identity()
+    ring.configure(pid, ctime, fd, -1 if lane is None else lane, timeout)
