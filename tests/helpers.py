@@ -34,11 +34,13 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
 
 
 def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results,
-                 pause: float = 0.0) -> None:
+                 pause: float = 0.0, pure: bool = False) -> None:
     """Write storm rows for ``seconds`` (after everyone is ready) or until ``stop``;
     report how many. With ``pause``, a random sleep of up to that many seconds falls
     between the fields of a third of the writes: long overlaps that a wrapping writer
-    must wait out."""
+    must wait out. ``pure``: on the pure-Python path."""
+    if pure:
+        os.environ["SHMBUF_PURE_PYTHON"] = "1"
     buf = shmbuf.Buffer.attach(name, timeout=60)
     if pause:
         rnd = np.random.default_rng(writer)

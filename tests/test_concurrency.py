@@ -12,19 +12,23 @@ import numpy as np
 import pytest
 
 import shmbuf
+from shmbuf import native
 from shmbuf import ring, sampling
 from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
                      start_hanging_writer, wait_for_file, write_and_hang)
 
 
 def storm(name: str, seconds: float, capacity: int = 64, chunks=(7, 1), lanes: int = 1,
-          stop_when_torn: bool = False, pause: float = 0.0) -> tuple[int, int, list[int]]:
+          stop_when_torn: bool = False, pause: float = 0.0,
+          pure: tuple[bool, ...] = ()) -> tuple[int, int, list[int]]:
     """Writers hammer a tiny ring while this process samples and checks every row.
-    Returns (rows checked, torn rows, rows written by each writer)."""
+    ``pure[i]``: writer i runs the pure-Python path. Returns (rows checked, torn rows,
+    rows written by each writer)."""
     ctx = mp.get_context("fork")
     with shmbuf.Buffer.create(STORM, capacity, lanes=lanes, name=name, seed=0) as buf:
         ready, stop, results = ctx.Barrier(len(chunks) + 1), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=storm_writer, args=(name, w, c, seconds, ready, stop, results, pause))
+        procs = [ctx.Process(target=storm_writer, args=(name, w, c, seconds, ready, stop, results, pause,
+                                                              w < len(pure) and pure[w]))
                  for w, c in enumerate(chunks)]
         for p in procs:
             p.start()
@@ -54,6 +58,16 @@ def test_overwrite_storm_has_no_torn_rows(name):
     checked, torn, written = storm(name, seconds=3.0)
     assert torn == 0
     assert checked > 0 and min(written) > 0, (checked, written)  # no throughput bound: shared CI
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the C extension")
+@pytest.mark.parametrize("slow", [False, True], ids=["storm", "slow storm"])
+def test_native_and_pure_python_writers_share_one_lane(name, slow):
+    """One lane, writers on both paths at once: they serialise their reservations on
+    the same lock and wait for each other's rows in the same table."""
+    kw = dict(SLOW_STORM, chunks=(1, 2, 1)) if slow else dict(chunks=(7, 1, 3))
+    checked, torn, written = storm(name, seconds=3.0, pure=(False, True, False), **kw)
+    assert torn == 0 and checked > 0 and min(written) > 0
 
 
 def test_overwrite_storm_with_lanes(name):

@@ -1,0 +1,192 @@
+"""The two paths (C extension and pure Python) on the same segments, and lanes owned by
+one process (written without the lock)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf import native
+from conftest import MUJOCO, shm_path
+from helpers import start_hanging_writer
+
+needs_native = pytest.mark.skipif(not native.available(), reason="needs the C extension")
+
+
+def _handle(name: str, pure: bool, monkeypatch, seed: int = 0) -> shmbuf.Buffer:
+    """A handle on the given path (the path is read when a handle is made)."""
+    with monkeypatch.context() as m:
+        m.setenv("SHMBUF_PURE_PYTHON", "1" if pure else "")
+        buf = shmbuf.Buffer.attach(name, seed=seed)
+    assert buf.native is not pure
+    return buf
+
+
+INPUTS = [  # what users pass: exact arrays, lists, Python numbers, other dtypes, numpy scalars
+    {"obs": np.arange(17, dtype=np.float32), "action": np.ones(6, np.float32), "reward": 1.5, "done": True},
+    {"obs": list(range(17)), "action": np.ones(6), "reward": 2, "done": np.bool_(False)},
+    {"obs": np.arange(17.0), "action": np.zeros(6, np.float32), "reward": np.float32(3.25), "done": False},
+    {"obs": np.arange(34, dtype=np.float32)[::2], "action": np.ones(6, np.float32), "reward": np.float64(-1e30),
+     "done": True},
+]
+
+
+@needs_native
+def test_both_paths_store_the_same_bytes_and_draw_the_same_samples(name, monkeypatch):
+    made = [shmbuf.Buffer.create(MUJOCO, 40, name=f"{name}-{i}", lanes=2) for i in range(2)]
+    try:
+        a, b = (_handle(f"{name}-{i}", pure=bool(i), monkeypatch=monkeypatch, seed=7) for i in range(2))
+        for buf in (a, b):
+            for lane in (0, 1):
+                for row in INPUTS * 3:
+                    buf.add(row, lane=lane)
+                buf.extend({k: np.stack([r[k] for r in INPUTS * 4]).astype(MUJOCO[k][1])
+                            for k in MUJOCO}, lane=lane)
+                buf.extend({k: np.asarray([r[k] for r in INPUTS]) for k in MUJOCO}, lane=lane)
+        ra, rb = a._ring, b._ring
+        assert np.array_equal(ra.stamps, rb.stamps) and np.array_equal(ra.lane_table, rb.lane_table)
+        for k in MUJOCO:
+            assert np.array_equal(ra.arrays[k], rb.arrays[k]), k
+        for _ in range(3):
+            sa, sb = a.sample(64), b.sample(64)
+            qa, qb = a.sample_sequences(8, 5), b.sample_sequences(8, 5)
+            for k in MUJOCO:
+                assert np.array_equal(sa[k], sb[k]) and np.array_equal(qa[k], qb[k])
+        a.close(), b.close()
+    finally:
+        for buf in made:
+            buf.close()
+
+
+@needs_native
+@pytest.mark.parametrize("bad, error", [
+    ({"obs": np.zeros(17, np.float32), "action": np.ones(6), "reward": 1.0, "done": 1}, TypeError),
+    ({"obs": np.zeros(16, np.float32), "action": np.ones(6), "reward": 1.0, "done": True}, ValueError),
+    ({"obs": np.zeros(17, np.float32), "action": np.ones(6), "reward": 1e39, "done": True}, ValueError),
+    ({"obs": np.zeros(17, np.float32), "action": np.ones(6), "reward": 1.0}, ValueError),
+    ({"obs": np.zeros(17, np.float32), "action": np.ones(6), "reward": 1.5, "done": True, "x": 1}, ValueError),
+    ({"obs": np.zeros(17, np.float32), "action": np.ones(6), "reward": "1", "done": True}, TypeError),
+    ({"obs": b"\0" * 68, "action": np.ones(6), "reward": 1.0, "done": True}, ValueError),
+])
+def test_both_paths_refuse_the_same_input_and_write_nothing(name, monkeypatch, bad, error):
+    with shmbuf.Buffer.create(MUJOCO, 8, name=name) as owner:
+        for pure in (False, True):
+            buf = _handle(name, pure, monkeypatch)
+            with pytest.raises(error):
+                buf.add(bad)
+            with pytest.raises((error, ValueError)):
+                buf.extend({k: [v] for k, v in bad.items()})
+            buf.close()
+        assert len(owner) == 0 and not owner._ring.stamps.any()
+
+
+@needs_native
+@pytest.mark.parametrize("writer_pure", [False, True], ids=["native writer", "python writer"])
+def test_a_writer_on_one_path_and_a_sampler_on_the_other(name, monkeypatch, writer_pure):
+    with shmbuf.Buffer.create({"x": ((3,), "int64"), "t": ((), "int64")}, 16, name=name) as owner:
+        w = _handle(name, writer_pure, monkeypatch)
+        s = _handle(name, not writer_pure, monkeypatch)
+        for t in range(40):
+            w.add({"x": [t, t, t], "t": t})
+        batch = s.sample(200)
+        assert set(batch["t"].tolist()) == set(range(24, 40))
+        assert (batch["x"] == batch["t"][:, None]).all()
+        seqs = s.sample_sequences(10, 4)["t"]
+        assert (np.diff(seqs, axis=1) == 1).all()
+        w.close(), s.close()
+        assert len(owner) == 16
+
+
+# -- lanes owned by one process ------------------------------------------------------
+
+def _claim_and_wait(name, lane, ready, done):
+    buf = shmbuf.Buffer.attach(name)
+    buf.claim_lane(lane)
+    buf.add({"x": 1})
+    ready.set()
+    done.wait(60)
+    buf.close()
+
+
+def test_a_lane_claimed_by_a_live_process_refuses_other_writers(name):
+    ctx = mp.get_context("fork")
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf:
+        ready, done = ctx.Event(), ctx.Event()
+        p = ctx.Process(target=_claim_and_wait, args=(name, 0, ready, done))
+        p.start()
+        try:
+            assert ready.wait(30)
+            with pytest.raises(RuntimeError, match=f"lane 0 is claimed by live process {p.pid}"):
+                buf.add({"x": 2}, lane=0)
+            with pytest.raises(RuntimeError, match=f"lane 0 is claimed by live process {p.pid}"):
+                buf.extend({"x": np.arange(3)}, lane=0)
+            assert buf.lane_sizes() == [1, 0]  # refused before anything was reserved
+            buf.add({"x": 3}, lane=1)  # an unclaimed lane: shared, under the lock
+            with pytest.raises(RuntimeError, match="claimed by live processes"):
+                buf.load_state_dict(buf.state_dict())
+        finally:
+            done.set()
+            p.join(30)
+        assert buf.lane_sizes() == [1, 1]
+        buf.load_state_dict(buf.state_dict())  # released on close: restores work again
+
+
+def test_an_owner_writes_while_the_header_lock_is_held(name):
+    """Owners take no lock: a stopped lock holder blocks shared writers only."""
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf, \
+            shmbuf.Buffer.attach(name) as other:
+        buf.claim_lane(0)
+        with other._lock.hold(5):
+            buf.add({"x": 1})
+            buf.extend({"x": np.arange(3)})
+            with pytest.raises(shmbuf.LockTimeout):
+                buf.add({"x": 9}, lane=1, timeout=0.2)
+        assert buf.lane_sizes() == [4, 0]
+
+
+def test_a_dead_owners_half_written_rows_are_never_sampled_and_its_lane_is_claimed_again(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name, seed=0) as buf:
+        buf.claim_lane(1)  # the writer below gets lane 0
+        proc = start_hanging_writer(name, "writing", tmp_path, rows=3)  # claims lane 0, stops mid-copy
+        try:
+            lt = buf._ring.lane_table
+            assert lt[0, 2] == proc.pid and lt[0, 5] == 3  # claimed, a write of 3 rows in flight
+            with pytest.raises(RuntimeError, match="claimed by live process"):
+                buf.add({"x": 5}, lane=0)
+        finally:
+            proc.kill()
+            proc.join(30)
+        assert buf.lane_sizes() == [3, 0]
+        with pytest.raises(ValueError, match="no published rows"):
+            buf.sample(4)
+        buf.add({"x": 7}, lane=0)  # a dead claimer's lane is shared again
+        assert set(buf.sample(50)["x"].tolist()) == {7}
+        other = shmbuf.Buffer.attach(name)
+        assert other.claim_lane(0) == 0
+        other.extend({"x": np.arange(100, 104)})  # wraps over the dead rows
+        assert set(buf.sample(100)["x"].tolist()) == {100, 101, 102, 103}
+        other.close()
+
+
+def test_release_waits_for_nothing_and_the_lane_is_shared_again(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf:
+        with buf.writer(0) as w:
+            w.extend({"x": np.arange(3)})
+            assert buf._ring.lane_table[0, 2] == os.getpid()
+        assert buf._ring.lane_table[0, 2] == 0
+        buf.add({"x": 3}, lane=0)
+        assert buf.lane_sizes() == [4, 0]
+
+
+def test_attach_refuses_a_segment_of_another_format_version(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name):
+        with open(shm_path(name), "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<I", 1))
+        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 2"):
+            shmbuf.Buffer.attach(name)
