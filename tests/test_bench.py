@@ -23,7 +23,7 @@ def tiny(monkeypatch):
 
 
 def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path):
-    names = ["shmbuf", "naive", "numpy"] + (["cpprb"] if importlib.util.find_spec("cpprb") else [])
+    names = ["shmbuf", "shmbuf-py", "naive", "numpy"] + (["cpprb"] if importlib.util.find_spec("cpprb") else [])
     cfg = run.Config.make(True, workloads=("tiny",), peers=tuple(names), repeats=2, window=0.05,
                           e2e_window=0.1, e2e_repeats=1, progress=False)
     res = run.run(cfg)
@@ -53,10 +53,16 @@ def test_targets_judge_ratios():
         r.add("w", "add 1w x1", system, v)
     r.add("w", "sample", "shmbuf", 70.0)
     r.add("w", "sample", "numpy", 100.0)
+    r.add("w", "add 1w x1", "shmbuf-py", 900.0)
     got = {what: (ratio, met) for what, ratio, _, met in report.targets(r, "w")}
-    assert got["add 1w x1 vs cpprb"] == (3.0, True)
-    assert got["sample (no writer) vs numpy floor"] == (0.7, False)
+    assert got["add 1w x1 vs cpprb"] == (3.0, False)  # >= 10 wanted
+    assert got["add 1w x1 vs numpy floor"] == (0.3, False)
+    assert got["sample vs numpy floor"] == (0.7, False)
     assert got["e2e ingest vs cpprb"] == (None, None)
+    assert got["pure Python: add 1w x64 vs numpy floor"] == (None, None)
+    r.figures["w"]["add 1w x1"]["shmbuf"] = [2500.0]
+    got = {what: (ratio, met) for what, ratio, _, met in report.targets(r, "w")}
+    assert got["add 1w x1 vs numpy floor"] == (2.5, True)
 
 
 def test_memory_guard(tiny, monkeypatch):

@@ -18,7 +18,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="shmbuf bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="3 short repeats: under 2 minutes")
     p.add_argument("--workloads", default="mujoco,atari")
-    p.add_argument("--peers", default="shmbuf,cpprb,naive,numpy")
+    p.add_argument("--peers", default="shmbuf,shmbuf-py,cpprb,naive,numpy",
+                   help="shmbuf-py: shmbuf's pure-Python path (left out of a workload whose "
+                   "buffers do not all fit in memory)")
     p.add_argument("--torch", action="store_true",
                    help="also TorchRL's shared ReplayBuffer and stable-baselines3's (needs torch)")
     p.add_argument("--repeats", type=int)

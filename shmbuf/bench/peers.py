@@ -5,7 +5,8 @@ whole run, so measurement windows of all systems can be interleaved. Writers are
 forked children: they inherit the system object and call :meth:`System.writer` to
 get their add function (shmbuf's writer attaches by name instead, as users do).
 
-* ``shmbuf``: :class:`shmbuf.Buffer`.
+* ``shmbuf``: :class:`shmbuf.Buffer` (the native path), one lane per writer.
+* ``shmbuf-py``: the same on the pure-Python path (``SHMBUF_PURE_PYTHON=1``).
 * ``cpprb``: cpprb's ``MPReplayBuffer``, the closest shared-memory peer.
 * ``naive``: what users write without a shared buffer: writers push chunks through a
   ``multiprocessing.Queue``; the learner drains it into an in-process numpy ring and
@@ -116,20 +117,36 @@ class System:
 
 
 class ShmbufSystem(System):
-    name = "shmbuf"
+    """shmbuf with one lane per writer (``lanes=2``), as the README recommends for
+    several writers: each writer claims its lane by its first add and writes it without
+    the lock. ``pure``: the pure-Python path in the learner and the writers."""
 
-    def __init__(self, wl: Workload) -> None:
+    LANES = 2
+
+    def __init__(self, wl: Workload, pure: bool = False) -> None:
         super().__init__(wl)
-        self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, name=f"bench-{os.getpid()}-{wl.name}",
-                                        seed=0)
+        self.pure = pure
+        self.name = "shmbuf-py" if pure else "shmbuf"
+        with _path(pure):
+            self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0,
+                                            name=f"bench-{os.getpid()}-{wl.name}-{self.name}")
+        assert self.buf.native is not pure or not shmbuf.native.available()
         self.bytes = self.buf._layout.total_size
 
-    def writer(self, chunk: int) -> Callable[[Batch], None]:
-        buf = shmbuf.Buffer.attach(self.buf.name)  # as a real worker would
-        return buf.add if chunk == 1 else buf.extend
+    def fill(self, data: Batch) -> None:
+        n = len(next(iter(data.values())))
+        rows = {f: v[:1024] for f, v in data.items()}
+        step = min(n, 1024)
+        for i in range(self.wl.capacity // step):  # the lanes in turn, unclaimed (shared)
+            self.buf.extend(rows, lane=i % self.LANES)
 
-    def local_adder(self, chunk: int) -> Callable[[Batch], None]:
-        return self.buf.add if chunk == 1 else self.buf.extend
+    def writer(self, chunk: int) -> Callable[[Batch], None]:
+        if self.pure:
+            os.environ["SHMBUF_PURE_PYTHON"] = "1"  # this writer process only
+        if getattr(self, "_mine", (None,))[0] != os.getpid():  # one handle (and lane) a process
+            self._mine = (os.getpid(), shmbuf.Buffer.attach(self.buf.name))  # as a real worker would
+        buf = self._mine[1]
+        return buf.add if chunk == 1 else buf.extend
 
     def sampler(self) -> Callable[[], Any]:
         out = self.buf.empty_batch(BATCH)
@@ -138,6 +155,23 @@ class ShmbufSystem(System):
 
     def close(self) -> None:
         self.buf.close()
+
+
+class _path:
+    """``with _path(pure):`` handles made inside use that path."""
+
+    def __init__(self, pure: bool) -> None:
+        self.pure = pure
+
+    def __enter__(self) -> None:
+        self.old = os.environ.get("SHMBUF_PURE_PYTHON")
+        os.environ["SHMBUF_PURE_PYTHON"] = "1" if self.pure else ""
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is None:
+            del os.environ["SHMBUF_PURE_PYTHON"]
+        else:
+            os.environ["SHMBUF_PURE_PYTHON"] = self.old
 
 
 class CpprbSystem(System):

@@ -34,9 +34,9 @@ E2E_CHUNK = 64
 class Config:
     quick: bool = False
     workloads: tuple[str, ...] = ("mujoco", "atari")
-    peers: tuple[str, ...] = ("shmbuf", "cpprb", "naive", "numpy")
+    peers: tuple[str, ...] = ("shmbuf", "shmbuf-py", "cpprb", "naive", "numpy")
     # peers dropped first, in this order, when a workload's buffers do not all fit in memory
-    optional: tuple[str, ...] = ("sb3", "torchrl")
+    optional: tuple[str, ...] = ("sb3", "torchrl", "shmbuf-py")
     repeats: int = 5
     window: float = 1.0
     e2e_window: float = 10.0
@@ -285,8 +285,8 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
         if name in ("numpy", "sb3"):
             continue  # private memory: built after the writer pools are forked
         prog.note(f"{wl.name}: building and filling {name}")
-        if name == "shmbuf":
-            built[name] = build(lambda: ShmbufSystem(wl))
+        if name in ("shmbuf", "shmbuf-py"):
+            built[name] = build(lambda: ShmbufSystem(wl, pure=name == "shmbuf-py"))
         elif name == "cpprb":
             built[name] = build(lambda: CpprbSystem(wl, CTX))
         elif name == "naive":
@@ -294,7 +294,7 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
         elif name == "torchrl":
             built[name] = build(lambda: TorchRLSystem(wl))
         else:
-            raise ValueError(f"unknown peer {name!r}: expected shmbuf, cpprb, naive, numpy, torchrl or sb3")
+            raise ValueError(f"unknown peer {name!r}: expected shmbuf, shmbuf-py, cpprb, naive, numpy, torchrl or sb3")
     pools = {name: WriterPool(s) for name, s in built.items() if s.shared}
     ring = None
     if "numpy" in cfg.peers or "naive" in cfg.peers:
