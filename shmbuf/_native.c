@@ -539,6 +539,62 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ---- gathering ---------------------------------------------------------------------- */
 
+/* draw(u, lo, starts, out_first, out_lane): the windows of a uniform draw over several
+ * lanes, as sampling.py's _draw computes them with numpy: window floor(u * total) of all
+ * lanes' windows (starts[i] of them in lane i, from sequence number lo[i]). */
+static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[1]) || !PyList_Check(args[2])
+        || PyList_Size(args[1]) != r->lanes || PyList_Size(args[2]) != r->lanes) {
+        PyErr_SetString(PyExc_TypeError, "expected (u, lo list, starts list, first, lane)");
+        return NULL;
+    }
+    Py_buffer u, fo, lo_;
+    if (PyObject_GetBuffer(args[0], &u, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &fo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&u);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &lo_, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&u);
+        PyBuffer_Release(&fo);
+        return NULL;
+    }
+    Py_ssize_t n = u.len / 8, lanes = r->lanes;
+    int64_t *cum = PyMem_Malloc(2 * lanes * sizeof(int64_t)), *lo = cum + lanes, total = 0;
+    if (cum == NULL || fo.len != u.len || lo_.len != u.len) {
+        PyErr_SetString(PyExc_ValueError, "draw: bad sizes");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < lanes; i++) {
+        lo[i] = PyLong_AsLongLong(PyList_GetItem(args[1], i));
+        total += PyLong_AsLongLong(PyList_GetItem(args[2], i));
+        cum[i] = total;
+    }
+    if (PyErr_Occurred())
+        goto done;
+    const double *ud = u.buf;
+    int64_t *first = fo.buf, *lane = lo_.buf;
+    for (Py_ssize_t w = 0; w < n; w++) {
+        int64_t x = (int64_t)(ud[w] * (double)total);
+        Py_ssize_t a = 0, b = lanes - 1;               /* the first lane with cum > x */
+        while (a < b) {
+            Py_ssize_t m = (a + b) / 2;
+            if (cum[m] > x) b = m; else a = m + 1;
+        }
+        lane[w] = a;
+        first[w] = x - (a ? cum[a - 1] : 0) + lo[a];
+    }
+done:
+    PyMem_Free(cum);
+    PyBuffer_Release(&u);
+    PyBuffer_Release(&fo);
+    PyBuffer_Release(&lo_);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* gather(first, lane, length, outs): copy the windows of `length` rows starting at the
  * sequence numbers `first` (int64 array) of `lane` (an int, or an int64 array) into
  * `outs` (one C-contiguous array per field, len(first) * length rows). Returns None if
@@ -591,6 +647,13 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t bad = 0;
     int big = n * length * (r->row_stride + 64) > (1 << 16);
     PyThreadState *ts = big ? PyEval_SaveThread() : NULL;   /* large copies: let others run */
+    /* 0. Touch every row's line first: a random row of a large ring misses the TLB (4 kB
+     * pages), and prefetches let those page walks overlap instead of waiting one by one. */
+    for (Py_ssize_t w = 0; w < n; w++) {
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane;
+        for (Py_ssize_t j = 0; j < length; j++)
+            __builtin_prefetch(stamp_of(r, lane * r->lc + (first[w] + j) % r->lc));
+    }
     for (Py_ssize_t w = 0; w < n; w++) {
         Py_ssize_t lane = lanes ? lanes[w] : one_lane;
         ok[w] = 1;
@@ -787,6 +850,7 @@ static PyMethodDef Ring_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Ring_extend, METH_FASTCALL, "extend(batch, lane, timeout)"},
     {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL, "put(lane, n, arrays, timeout)"},
     {"gather", (PyCFunction)(void (*)(void))Ring_gather, METH_FASTCALL, "gather(first, lane, length, outs)"},
+    {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, lo, starts, first, lane)"},
     {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
     {NULL},

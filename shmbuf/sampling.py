@@ -68,13 +68,20 @@ def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
         first = (rng.random(n) * (head - length + 1 - lo)).astype(np.int64)
         first += lo
         return 0, first, lo
-    lo, head = ring.window()
-    _check_enough(lo, head, length, ring.lanes)
-    starts_per_lane = np.maximum(head - lo - length + 1, 0)
-    cum = np.cumsum(starts_per_lane)
-    u = (rng.random(n) * cum[-1]).astype(np.int64)
-    lane = np.searchsorted(cum, u, side="right")
-    return lane, lo[lane] + u - (cum[lane] - starts_per_lane[lane]), None
+    lo, head = ring.window_lists()
+    starts = [max(h - l - length + 1, 0) for l, h in zip(lo, head)]
+    if not any(starts):
+        _check_enough(np.array(lo), np.array(head), length, ring.lanes)  # raises
+    u = rng.random(n)  # window floor(u * total) of all lanes' windows, in lane order
+    if ring.native is not None:  # the same arithmetic in one call
+        first, lane = np.empty(n, np.int64), np.empty(n, np.int64)
+        ring.native.draw(u, lo, starts, first, lane)
+        return lane, first, None
+    cum = np.cumsum(starts)
+    x = (u * int(cum[-1])).astype(np.int64)
+    lane = np.searchsorted(cum, x, side="right")
+    x += (np.array(lo) - (cum - starts)).take(lane)  # minus the windows of lower lanes, plus lo
+    return lane, x, None
 
 
 def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,10 +161,15 @@ def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     rows, expected = _rows(ring, lane, first, length)
     flat = rows.ravel()
     stamps = ring.stamps
-    before = stamps.take(flat)
-    for src, dst in zip(ring.arrays.values(), out):
-        np.take(src, flat, axis=0, out=dst, mode="clip")
-    after = stamps.take(flat)
+    before = stamps[flat]
+    block, views = ring.row_scratch(len(flat))  # packed fields: one gather of whole rows
+    np.take(ring.rows, flat, axis=0, out=block, mode="clip")
+    for f, dst in zip(ring.layout.fields, out):
+        if f.packed:
+            np.copyto(dst, views[f.name])
+        else:
+            np.take(ring.arrays[f.name], flat, axis=0, out=dst, mode="clip")
+    after = stamps[flat]
     ok = before == expected.ravel()
     ok &= after == before
     if ring.lanes == 1:

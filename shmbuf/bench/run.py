@@ -409,8 +409,8 @@ def _check_cost(wl: Workload, seconds: float) -> float:
         def check() -> None:
             flat = rng.integers(0, cap, BATCH)
             expected = flat * 2 + 2
-            before = stamps.take(flat)
-            after = stamps.take(flat)
+            before = stamps[flat]
+            after = stamps[flat]
             ok = before == expected
             ok &= after == before
             ok.all()
