@@ -346,6 +346,20 @@ abandon:  /* an error after the commit: free the entry; no stamp of ours is odd 
 
 /* ---- the validation fast path ------------------------------------------------------ */
 
+/* 0 if a method may run with these arguments (ok: their types are as expected), else
+ * -1 with TypeError (naming the usage) or ValueError (a closed handle). */
+static int usable(Ring *r, int ok, const char *usage) {
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "expected %s", usage);
+        return -1;
+    }
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
+        return -1;
+    }
+    return 0;
+}
+
 /* One value of field f as a pointer to its bytes, if it is the common case: a numpy
  * array (or scalar) of exactly the field's dtype and shape, C-contiguous (with a row
  * axis of n rows if rows >= 0), or a Python number the Python path would accept and
@@ -422,14 +436,8 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
 /* add(transition, lane, timeout) / extend(batch, lane, timeout): the common case, or
  * False (nothing done) for the Python path. */
 static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs, int batch) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "expected (mapping, lane, timeout)");
+    if (usable(r, nargs == 3, "(mapping, lane, timeout)") < 0)
         return NULL;
-    }
-    if (r->closed) {
-        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
-        return NULL;
-    }
     PyObject *data = args[0];
     Py_ssize_t lane = r->default_lane;
     double timeout = r->timeout;
@@ -497,14 +505,8 @@ static PyObject *Ring_extend(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
  * published; False, with nothing done, if the lane is claimed by another process or the
  * reservation table is full (Python sorts that out under the lock, then calls again). */
 static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "expected (lane, n, list of arrays, timeout)");
+    if (usable(r, nargs == 4 && PyList_Check(args[2]), "(lane, n, list of arrays, timeout)") < 0)
         return NULL;
-    }
-    if (r->closed) {
-        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
-        return NULL;
-    }
     Py_ssize_t lane = PyLong_AsSsize_t(args[0]), n = PyLong_AsSsize_t(args[1]);
     double timeout = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred())
@@ -543,11 +545,10 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
  * lanes, as sampling.py's _draw computes them with numpy: window floor(u * total) of all
  * lanes' windows (starts[i] of them in lane i, from sequence number lo[i]). */
 static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyList_Check(args[1]) || !PyList_Check(args[2])
-        || PyList_Size(args[1]) != r->lanes || PyList_Size(args[2]) != r->lanes) {
-        PyErr_SetString(PyExc_TypeError, "expected (u, lo list, starts list, first, lane)");
+    if (usable(r, nargs == 5 && PyList_Check(args[1]) && PyList_Check(args[2])
+               && PyList_Size(args[1]) == r->lanes && PyList_Size(args[2]) == r->lanes,
+               "(u, lo list, starts list, first, lane)") < 0)
         return NULL;
-    }
     Py_buffer u, fo, lo_;
     if (PyObject_GetBuffer(args[0], &u, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -600,14 +601,8 @@ done:
  * `outs` (one C-contiguous array per field, len(first) * length rows). Returns None if
  * every window is intact, else bytes: 1 for the intact windows (sampling.py: _copy). */
 static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "expected (first, lane, length, list of arrays)");
+    if (usable(r, nargs == 4 && PyList_Check(args[3]), "(first, lane, length, list of arrays)") < 0)
         return NULL;
-    }
-    if (r->closed) {
-        PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");
-        return NULL;
-    }
     Py_ssize_t length = PyLong_AsSsize_t(args[2]);
     Py_ssize_t one_lane = PyLong_Check(args[1]) ? PyLong_AsSsize_t(args[1]) : -1;
     if (PyErr_Occurred())

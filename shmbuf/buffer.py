@@ -31,8 +31,8 @@ _handles: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for buf in list(_handles):
         buf._prefaulted[:] = bytes(len(buf._prefaulted))  # fork copies no page-table entries
-        if buf._native is not None and not buf.closed:  # a new pid, descriptor, and no claim
-            native.configure(buf._native, buf._seg.fd, 0 if buf.lanes == 1 else None, buf._timeout)
+        if not buf.closed:
+            buf._configure()  # a new pid and descriptor, and no lane claim (buf.lane is None)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -117,12 +117,11 @@ class Buffer:
         self._prefaulted = bytearray(layout.lanes)  # 1: this handle has mapped the lane's pages
         self._native = native.make_ring(layout, seg.mmap, self._lock.busy, self._prefaulted,
                                         procs.is_alive, WriteTimeout, self._lock._timeout)
-        if self._native is not None:
-            native.configure(self._native, seg.fd, 0 if layout.lanes == 1 else None, timeout)
         self._ring = Ring(layout, seg.mmap, self._lock, self._native)
         self._rng = rng
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
+        self._configure()
         owner_pid = os.getpid() if owner else None
         self._owner_pid = owner_pid
         self._finalizer = weakref.finalize(self, _finalize, seg, owner_pid, self._native)

@@ -461,10 +461,7 @@ class Ring:
         res = self.res.copy()
         if any(procs.is_alive(pid, ct) for pid, ct in _owners(res, np.flatnonzero(res[:, RES_PID] != 0))):
             return True
-        lt = self.lane_table.copy()
-        owners = np.flatnonzero((lt[:, LANE_OWN_COUNT] != 0) & (lt[:, LANE_CLAIM_PID] != 0))
-        ctimes = lt.view(np.float64)[:, LANE_CLAIM_CTIME]
-        return any(procs.is_alive(int(lt[i, LANE_CLAIM_PID]), float(ctimes[i])) for i in owners)
+        return any(self.lane_table[i, LANE_OWN_COUNT] != 0 for i in self.live_claims())
 
     def live_claims(self) -> dict[int, int]:
         """``{lane: pid}`` of the lanes claimed by live processes."""
