@@ -64,6 +64,7 @@ typedef struct {
     int64_t *lanes_tab, *res_tab, *ctrl;
     char *rows;
     Py_ssize_t row_stride, lanes, lc, n_res;
+    double inv_lc;           /* 1.0 / lc (slot_of) */
     int nfields;
     Field *fields;
     PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout;
@@ -97,8 +98,32 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The slot of sequence number s (>= 0) of a lane: lane * lc + s % lc. A 64-bit division
+ * costs 40-90 cycles, a few per row of a write or a gather; below 2**52 a multiplication
+ * by 1/lc gives the quotient within 1, and one correction makes it exact. */
+static inline Py_ssize_t slot_of(Ring *r, Py_ssize_t lane, int64_t s) {
+    int64_t m;
+    if (s < ((int64_t)1 << 52)) {
+        m = s - (int64_t)((double)s * r->inv_lc) * r->lc;
+        m += m < 0 ? r->lc : m >= r->lc ? -r->lc : 0;
+    } else {
+        m = s % r->lc;
+    }
+    return lane * r->lc + m;
+}
+
 static inline int64_t *stamp_of(Ring *r, Py_ssize_t slot) {
     return (int64_t *)(r->rows + slot * r->row_stride);
+}
+
+/* memcpy, with the sizes of most small fields inlined (a call per field per row adds up) */
+static inline void copy(char *dst, const char *src, Py_ssize_t n) {
+    switch (n) {
+    case 1: memcpy(dst, src, 1); break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    default: memcpy(dst, src, n);
+    }
 }
 
 /* Sleep without the GIL; then -1 (exception set) on Ctrl-C or a closed handle. */
@@ -161,7 +186,7 @@ static int older_done(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
         int64_t prev = first + i - r->lc;
         if (prev < 0)
             continue;                      /* first lap: nobody wrote this slot before */
-        if (LOAD_ACQ(stamp_of(r, lane * r->lc + (first + i) % r->lc)) != 2 * prev + 2)
+        if (LOAD_ACQ(stamp_of(r, slot_of(r, lane, first + i))) != 2 * prev + 2)
             return 0;
     }
     return 1;
@@ -222,12 +247,12 @@ static int wait_for_older(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n,
 static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssize_t from,
                       Py_ssize_t to, const char *src) {
     const char *s = src + from * fd->row_bytes;
-    char *d = r->base + fd->offset + (lane * r->lc + (first + from) % r->lc) * fd->stride;
+    char *d = r->base + fd->offset + slot_of(r, lane, first + from) * fd->stride;
     if (fd->stride == fd->row_bytes) {
         memcpy(d, s, (to - from) * fd->row_bytes);          /* a field of its own: one copy */
     } else {
         for (Py_ssize_t i = from; i < to; i++, s += fd->row_bytes, d += fd->stride)
-            memcpy(d, s, fd->row_bytes);                   /* packed: a row at a time */
+            copy(d, s, fd->row_bytes);                     /* packed: a row at a time */
     }
 }
 
@@ -307,11 +332,11 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     /* 3. Stamp the slots odd ("being written"), then fence: no data store may become
      * visible before them. */
     for (Py_ssize_t i = 0; i < n; i++)
-        STORE(stamp_of(r, lane * r->lc + (first + i) % r->lc), 2 * (first + i) + 1);
+        STORE(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);
 
     /* 4. Copy: up to the end of the lane, then what wraps to its start. */
-    Py_ssize_t k = r->lc - first % r->lc;
+    Py_ssize_t k = r->lc - slot_of(r, 0, first);
     if (k > n)
         k = n;
     for (int f = 0; f < r->nfields; f++) {
@@ -320,14 +345,14 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
             copy_rows(r, &r->fields[f], lane, first, k, n, src[f]);
         if (at("writing") < 0) {
             for (Py_ssize_t i = 0; i < n; i++)   /* abandon: these rows will never be valid */
-                STORE_REL(stamp_of(r, lane * r->lc + (first + i) % r->lc), 0);
+                STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 0);
             goto abandon;
         }
     }
 
     /* 5. Publish: even stamps, each a release store (the data above is visible first). */
     for (Py_ssize_t i = 0; i < n; i++)
-        STORE_REL(stamp_of(r, lane * r->lc + (first + i) % r->lc), 2 * (first + i) + 2);
+        STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 2);
 
     /* 6. Free the entry. */
     if (e)
@@ -541,59 +566,64 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ---- gathering ---------------------------------------------------------------------- */
 
-/* draw(u, lo, starts, out_first, out_lane): the windows of a uniform draw over several
- * lanes, as sampling.py's _draw computes them with numpy: window floor(u * total) of all
- * lanes' windows (starts[i] of them in lane i, from sequence number lo[i]). */
+/* draw(u, length, first, lane): windows of `length` rows drawn uniformly over every
+ * lane's current rows, as sampling.py's _draw computes them with numpy: window
+ * floor(u * total) of all lanes' windows, in lane order. Fills the int64 arrays `first`
+ * and `lane` and returns True; False (nothing filled) if no lane holds `length` rows. */
 static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (usable(r, nargs == 5 && PyList_Check(args[1]) && PyList_Check(args[2])
-               && PyList_Size(args[1]) == r->lanes && PyList_Size(args[2]) == r->lanes,
-               "(u, lo list, starts list, first, lane)") < 0)
+    if (usable(r, nargs == 4, "(u, length, first, lane)") < 0)
         return NULL;
-    Py_buffer u, fo, lo_;
-    if (PyObject_GetBuffer(args[0], &u, PyBUF_C_CONTIGUOUS) < 0)
+    int64_t length = PyLong_AsLongLong(args[1]);
+    if (length == -1 && PyErr_Occurred())
         return NULL;
-    if (PyObject_GetBuffer(args[3], &fo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&u);
-        return NULL;
+    Py_buffer b[3];
+    int got = 0;
+    int64_t *cum = NULL;
+    PyObject *result = NULL;
+    for (; got < 3; got++)
+        if (PyObject_GetBuffer(args[got ? got + 1 : 0], &b[got],
+                               PyBUF_C_CONTIGUOUS | (got ? PyBUF_WRITABLE : 0)) < 0)
+            goto done;
+    if ((cum = PyMem_Malloc(2 * r->lanes * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
-    if (PyObject_GetBuffer(args[4], &lo_, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&u);
-        PyBuffer_Release(&fo);
-        return NULL;
-    }
-    Py_ssize_t n = u.len / 8, lanes = r->lanes;
-    int64_t *cum = PyMem_Malloc(2 * lanes * sizeof(int64_t)), *lo = cum + lanes, total = 0;
-    if (cum == NULL || fo.len != u.len || lo_.len != u.len) {
+    int64_t *lo = cum + r->lanes, total = 0;
+    if (b[1].len != b[0].len || b[2].len != b[0].len || length < 1) {
         PyErr_SetString(PyExc_ValueError, "draw: bad sizes");
         goto done;
     }
-    for (Py_ssize_t i = 0; i < lanes; i++) {
-        lo[i] = PyLong_AsLongLong(PyList_GetItem(args[1], i));
-        total += PyLong_AsLongLong(PyList_GetItem(args[2], i));
+    /* 1. Each lane's window [lo, head): the base is read before the head (ring.py: window) */
+    for (Py_ssize_t i = 0; i < r->lanes; i++) {
+        int64_t base = LOAD_ACQ(&r->lanes_tab[i * TABLE_WIDTH + LANE_BASE]);
+        int64_t head = LOAD_ACQ(&r->lanes_tab[i * TABLE_WIDTH + LANE_HEAD]);
+        lo[i] = base < head ? base : head;
+        if (lo[i] < head - r->lc)
+            lo[i] = head - r->lc;
+        if (head - lo[i] >= length)
+            total += head - lo[i] - length + 1;
         cum[i] = total;
     }
-    if (PyErr_Occurred())
-        goto done;
-    const double *ud = u.buf;
-    int64_t *first = fo.buf, *lane = lo_.buf;
-    for (Py_ssize_t w = 0; w < n; w++) {
-        int64_t x = (int64_t)(ud[w] * (double)total);
-        Py_ssize_t a = 0, b = lanes - 1;               /* the first lane with cum > x */
-        while (a < b) {
-            Py_ssize_t m = (a + b) / 2;
-            if (cum[m] > x) b = m; else a = m + 1;
+    result = total ? Py_True : Py_False;
+    Py_INCREF(result);
+    /* 2. Window x of all of them: the first lane with cum > x, then its offset there */
+    const double *u = b[0].buf;
+    int64_t *first = b[1].buf, *lane = b[2].buf;
+    for (Py_ssize_t w = 0; total && w < b[0].len / 8; w++) {
+        int64_t x = (int64_t)(u[w] * (double)total);
+        Py_ssize_t lo_lane = 0, hi_lane = r->lanes - 1;
+        while (lo_lane < hi_lane) {
+            Py_ssize_t m = (lo_lane + hi_lane) / 2;
+            if (cum[m] > x) hi_lane = m; else lo_lane = m + 1;
         }
-        lane[w] = a;
-        first[w] = x - (a ? cum[a - 1] : 0) + lo[a];
+        lane[w] = lo_lane;
+        first[w] = x - (lo_lane ? cum[lo_lane - 1] : 0) + lo[lo_lane];
     }
 done:
     PyMem_Free(cum);
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&fo);
-    PyBuffer_Release(&lo_);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_RETURN_NONE;
+    while (got--)
+        PyBuffer_Release(&b[got]);
+    return result;
 }
 
 /* gather(first, lane, length, outs): copy the windows of `length` rows starting at the
@@ -614,7 +644,7 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *result = NULL;
     if (one_lane < 0 && PyObject_GetBuffer(args[1], &lanev, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
-    if (length < 1 || (lanev.obj && lanev.len != firstv.len) || one_lane >= r->lanes
+    if (length < 1 || length > r->lc || (lanev.obj && lanev.len != firstv.len) || one_lane >= r->lanes
         || PyList_Size(args[3]) != r->nfields) {
         PyErr_SetString(PyExc_ValueError, "gather: bad lane, length or number of outputs");
         goto done;
@@ -645,16 +675,19 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     /* 0. Touch every row's line first: a random row of a large ring misses the TLB (4 kB
      * pages), and prefetches let those page walks overlap instead of waiting one by one. */
     for (Py_ssize_t w = 0; w < n; w++) {
-        Py_ssize_t lane = lanes ? lanes[w] : one_lane;
-        for (Py_ssize_t j = 0; j < length; j++)
-            __builtin_prefetch(stamp_of(r, lane * r->lc + (first[w] + j) % r->lc));
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
+        for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
+            const char *row = (const char *)stamp_of(r, lane * r->lc + at);
+            for (Py_ssize_t b = 0; b < r->row_stride; b += 64)
+                __builtin_prefetch(row + b);
+        }
     }
     for (Py_ssize_t w = 0; w < n; w++) {
-        Py_ssize_t lane = lanes ? lanes[w] : one_lane;
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
         ok[w] = 1;
-        for (Py_ssize_t j = 0; j < length; j++) {
+        for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
             int64_t s = first[w] + j;
-            Py_ssize_t slot = lane * r->lc + s % r->lc, row = w * length + j;
+            Py_ssize_t slot = lane * r->lc + at, row = w * length + j;
             int64_t *stamp = stamp_of(r, slot);
             int64_t before = LOAD_ACQ(stamp);          /* 1. the row it names, acquired */
             if (faults & FAULT_NO_STAMP_CHECK)
@@ -665,8 +698,8 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
             }
             for (int i = 0; i < r->nfields; i++) {     /* 2. copy every field */
                 Field *fd = &r->fields[i];
-                memcpy((char *)outs[i].buf + row * fd->row_bytes,
-                       r->base + fd->offset + slot * fd->stride, fd->row_bytes);
+                copy((char *)outs[i].buf + row * fd->row_bytes,
+                     r->base + fd->offset + slot * fd->stride, fd->row_bytes);
             }
             __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* 3. no copy load moves past ... */
             if (LOAD(stamp) != before && !(faults & FAULT_NO_STAMP_CHECK)) { /* 4. unchanged? */
@@ -780,6 +813,7 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     r->row_stride = g[5];
     r->lanes = g[6];
     r->lc = g[7];
+    r->inv_lc = 1.0 / (double)r->lc;
     r->default_lane = -1;
     r->fd = -1;
     r->pid = -1;  /* nobody, until configure() */
@@ -845,7 +879,7 @@ static PyMethodDef Ring_methods[] = {
     {"extend", (PyCFunction)(void (*)(void))Ring_extend, METH_FASTCALL, "extend(batch, lane, timeout)"},
     {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL, "put(lane, n, arrays, timeout)"},
     {"gather", (PyCFunction)(void (*)(void))Ring_gather, METH_FASTCALL, "gather(first, lane, length, outs)"},
-    {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, lo, starts, first, lane)"},
+    {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, length, first, lane)"},
     {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
     {NULL},

@@ -166,7 +166,7 @@ class Ring:
                                           (f.stride,) + _c_strides(f))
                        for f in layout.fields}
         self.rows = np.ndarray((layout.capacity, layout.row_stride), np.uint8, mem, layout.rows_offset)
-        self._scratch: tuple[int, Any, Any] = (-1, None, None)
+        self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = _owner_lock(lock)
 
@@ -189,23 +189,6 @@ class Ring:
         head = self.lane_table[:, LANE_HEAD].tolist()
         lc = self.lane_capacity
         return [max(min(b, h), h - lc) for b, h in zip(base, head)], head
-
-    def row_scratch(self, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """A private ``(n, row_stride)`` byte block, and views of each packed field in it
-        shaped like its rows (the pure-Python gather copies whole rows, then splits them)."""
-        if self._scratch[0] != n:
-            block = np.empty((n, self.layout.row_stride), np.uint8)
-            views = {f.name: block[:, f.offset - self.layout.rows_offset:][:, :f.row_bytes]
-                     .view(f.dtype).reshape((n,) + f.shape) for f in self.layout.fields if f.packed}
-            self._scratch = (n, block, views)
-        return self._scratch[1], self._scratch[2]
-
-    def window1(self) -> tuple[int, int]:
-        """:meth:`window` of a single-lane ring, as Python ints (the fast path)."""
-        table = self.lane_table
-        base = int(table[0, LANE_BASE])
-        head = int(table[0, LANE_HEAD])
-        return max(min(base, head), head - self.lane_capacity), head
 
     def size(self) -> int:
         lo, head = self.window()

@@ -11,6 +11,8 @@ is really there.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
 from typing import Any, Sequence
 
@@ -27,30 +29,25 @@ class SampleTimeout(TimeoutError):
     """No published row could be copied in time."""
 
 
-def _check_enough(lo: Any, head: Any, length: int, lanes: int) -> None:
+def _check_enough(lo: list[int], head: list[int], length: int) -> None:
     """Raise the ValueError that says why no window of ``length`` rows can be drawn from
-    the lane windows ``lo .. head`` (ints for one lane, arrays for several), if none can."""
-    if lanes == 1:
-        if head - lo >= length:
-            return
-        size, longest = head - lo, head - lo
-    else:
-        if (head - lo >= length).any():
-            return
-        size, longest = int((head - lo).sum()), int((head - lo).max())
-    if size == 0:
+    the lane windows ``lo .. head``, if none can."""
+    sizes = [h - l for l, h in zip(lo, head)]
+    if max(sizes) >= length:
+        return
+    if sum(sizes) == 0:
         raise ValueError("cannot sample from an empty buffer: add rows first")
     raise ValueError(
-        f"no lane holds {length} consecutive rows yet (the buffer holds {size} rows"
-        + (f" over {lanes} lanes" if lanes > 1 else "")
-        + f"); add more rows or ask for a length <= {longest}")
+        f"no lane holds {length} consecutive rows yet (the buffer holds {sum(sizes)} rows"
+        + (f" over {len(sizes)} lanes" if len(sizes) > 1 else "")
+        + f"); add more rows or ask for a length <= {max(sizes)}")
 
 
 def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
           pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[Any, np.ndarray, Any]:
     """Draw ``n`` windows of ``length`` rows: their lane (an int for a single-lane ring,
-    else an array), first sequence numbers, and for a uniform draw from one lane the
-    lowest sequence number it could draw (else None).
+    else an array), first sequence numbers, and for a pure-Python uniform draw the
+    lowest sequence number it could draw from each lane (else None).
 
     Without ``pool``: uniform over the windows inside one snapshot of each lane's
     current rows (``ValueError`` if there are none, e.g. just after a clear).
@@ -60,40 +57,37 @@ def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
     if pool is not None:
         pick = rng.integers(0, len(pool[0]), n)
         return pool[0][pick], pool[1][pick], None
-    if ring.lanes == 1:
-        lo, head = ring.window1()
-        _check_enough(lo, head, length, 1)
-        # floor(u * m) for uniform floats u: as uniform as integers() (bias below m / 2**53)
-        # and twice as fast for a batch of a few hundred
-        first = (rng.random(n) * (head - length + 1 - lo)).astype(np.int64)
-        first += lo
-        return 0, first, lo
-    lo, head = ring.window_lists()
-    starts = [max(h - l - length + 1, 0) for l, h in zip(lo, head)]
-    if not any(starts):
-        _check_enough(np.array(lo), np.array(head), length, ring.lanes)  # raises
-    u = rng.random(n)  # window floor(u * total) of all lanes' windows, in lane order
-    if ring.native is not None:  # the same arithmetic in one call
+    if ring.native is not None:  # the arithmetic below, in one call
         first, lane = np.empty(n, np.int64), np.empty(n, np.int64)
-        ring.native.draw(u, lo, starts, first, lane)
-        return lane, first, None
-    cum = np.cumsum(starts)
-    x = (u * int(cum[-1])).astype(np.int64)
-    lane = np.searchsorted(cum, x, side="right")
-    x += (np.array(lo) - (cum - starts)).take(lane)  # minus the windows of lower lanes, plus lo
-    return lane, x, None
+        if ring.native.draw(rng.random(n), length, first, lane):
+            return lane, first, None
+        # no window: the code below says why (or draws, if rows came meanwhile)
+    lo, head = ring.window_lists()
+    starts = [max(h - l - length + 1, 0) for l, h in zip(lo, head)]  # windows per lane
+    total = sum(starts)
+    if not total:
+        _check_enough(lo, head, length)  # raises
+    # Window floor(u * total) of all lanes' windows, in lane order. For uniform floats u
+    # this is as uniform as integers() (bias below total / 2**53) and twice as fast.
+    x = (rng.random(n) * total).astype(np.int64)
+    if ring.lanes == 1:
+        x += lo[0]
+        return 0, x, lo
+    cum = list(itertools.accumulate(starts))
+    lane = np.array(cum).searchsorted(x, side="right")
+    x += np.array([l - c + s for l, c, s in zip(lo, cum, starts)])[lane]  # minus the windows of lower lanes, plus lo
+    return lane, x, lo
 
 
 def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Slots and expected stamps, both ``(n, length)``, of the windows (lane, first)."""
+    """Slots and expected stamps of the rows of the windows (lane, first), flat
+    (window after window)."""
     lc = ring.lane_capacity
-    if length == 1 and ring.lanes == 1:  # the common case: uniform rows of one lane
-        return (first % lc)[:, None], (first * 2 + 2)[:, None]
-    seq = first[:, None] + np.arange(length)
+    seq = first if length == 1 else (first[:, None] + np.arange(length)).ravel()
     rows = seq % lc
     if ring.lanes > 1:
-        rows += (lane * lc)[:, None]
-    return rows, 2 * seq + 2
+        rows += lane * lc if length == 1 else (lane * lc).repeat(length)
+    return rows, seq * 2 + 2
 
 
 def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +112,7 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
     The final verdict is taken under the header lock (nothing is cleared or restored
     meanwhile) and is exact: no live writer was in flight when it looked, and no lane's
     head moved between then and the scan of the stamps, so nothing was published meanwhile."""
-    _check_enough(*ring.window(), length, ring.lanes)
+    _check_enough(*ring.window_lists(), length)
     pool = published_windows(ring, length)
     if len(pool[0]) or ring.live_writers_in_flight():
         return pool if len(pool[0]) else None
@@ -130,7 +124,7 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
         heads = ring.lane_table[:, LANE_HEAD].copy()
         if ring.live_writers_in_flight():
             return None
-        _check_enough(*ring.window(), length, ring.lanes)
+        _check_enough(*ring.window_lists(), length)
         pool = published_windows(ring, length)
         if len(pool[0]):
             return pool
@@ -151,37 +145,62 @@ def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     A window is intact if every stamp named its row before and after the copy, and
     the window still starts at or after its lane's base (no clear() fell in between:
     a window drawn before a clear could otherwise join rows from both sides of it).
-    ``lo`` (if not None) is a lower bound of ``first``: the common case is then one
-    scalar comparison. Returns None if every window is intact, else a boolean mask of
+    ``lo`` (if not None) is a lower bound of ``first`` per lane: the common case is
+    then a comparison per lane. Returns None if every window is intact, else a boolean mask of
     the intact ones. The native path does the same in C, with acquire loads.
     """
     if ring.native is not None:
         mask = ring.native.gather(first, lane, length, out)
         return None if mask is None else np.frombuffer(mask, np.bool_)
     rows, expected = _rows(ring, lane, first, length)
-    flat = rows.ravel()
     stamps = ring.stamps
-    before = stamps[flat]
-    block, views = ring.row_scratch(len(flat))  # packed fields: one gather of whole rows
-    np.take(ring.rows, flat, axis=0, out=block, mode="clip")
-    for f, dst in zip(ring.layout.fields, out):
-        if f.packed:
-            np.copyto(dst, views[f.name])
-        else:
-            np.take(ring.arrays[f.name], flat, axis=0, out=dst, mode="clip")
-    after = stamps[flat]
-    ok = before == expected.ravel()
-    ok &= after == before
-    if ring.lanes == 1:
-        base = int(ring.lane_table[0, LANE_BASE])
-        cleared = None if lo is not None and lo >= base else first < base
+    before = stamps[rows]
+    block, packed, own = _plan(ring, out)
+    np.take(ring.rows, rows, axis=0, out=block, mode="clip")  # packed fields: whole rows
+    for src, dst in packed:
+        np.copyto(dst, src)
+    for src, dst in own:
+        np.take(src, rows, axis=0, out=dst, mode="clip")
+    ok = stamps[rows] == before
+    ok &= before == expected
+    bases = ring.lane_table[:, LANE_BASE].tolist()
+    if lo is not None and all(map(operator.ge, lo, bases)):
+        cleared = None  # every lane's lowest drawable row is still at or after its base
+    elif ring.lanes == 1:
+        cleared = first < bases[0]
     else:
-        cleared = first < ring.lane_table[:, LANE_BASE].take(lane)
-    if cleared is None or not cleared.any():
-        if ok.all():
-            return None
-        return ok.reshape(rows.shape).all(axis=1)
-    return ok.reshape(rows.shape).all(axis=1) & ~cleared
+        cleared = first < np.array(bases)[lane]
+    if length > 1:
+        ok = ok.reshape(-1, length).all(axis=1)
+    if cleared is not None:
+        ok &= ~cleared
+    return None if ok.all() else ok
+
+
+def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
+    """The pure-Python gather's scratch, per thread, reused while ``out`` is the same
+    arrays: a private ``(rows, row_stride)`` block that takes whole packed rows, then
+    (source, destination) pairs: each packed field's bytes in the block and in its
+    output, as ``(rows,)`` opaque items (one copy a field), and each field of its own
+    with its output."""
+    memo = ring.scratch
+    got = getattr(memo, "plan", None)
+    if got is not None and len(got[0]) == len(out) and all(map(operator.is_, got[0], out)):
+        return got[1]
+    n, layout = len(out[0]), ring.layout
+    block = got[1][0] if got is not None and len(got[1][0]) == n else \
+        np.empty((n, layout.row_stride), np.uint8)
+    packed, own = [], []
+    for f, dst in zip(layout.fields, out):
+        if f.packed:
+            at = f.offset - layout.rows_offset
+            item = f"V{f.row_bytes}"
+            packed.append((block[:, at:at + f.row_bytes].view(item)[:, 0],
+                           dst.reshape(n, -1).view(item)[:, 0]))
+        else:
+            own.append((ring.arrays[f.name], dst))
+    memo.plan = (list(out), (block, packed, own))
+    return memo.plan[1]
 
 
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,

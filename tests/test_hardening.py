@@ -399,12 +399,12 @@ def test_sequences_never_join_rows_from_both_sides_of_a_clear(name, monkeypatch)
         buf.extend({"x": np.arange(8)})
         buf.clear()
         buf.extend({"x": np.arange(8, 12)})
-        real, calls = buf._ring.window1, []
+        real, calls = buf._ring.window_lists, []
 
         def stale():  # a window read across the clear: the old base with the new head
             calls.append(1)
-            return (0, 12) if len(calls) == 1 else real()
-        monkeypatch.setattr(buf._ring, "window1", stale)
+            return ([0], [12]) if len(calls) == 1 else real()
+        monkeypatch.setattr(buf._ring, "window_lists", stale)
         got = buf.sample_sequences(300, 3)["x"]
         assert set(got.ravel().tolist()) <= set(range(8, 12)), got
 

@@ -102,6 +102,35 @@ def test_a_writer_on_one_path_and_a_sampler_on_the_other(name, monkeypatch, writ
         assert len(owner) == 16
 
 
+@needs_native
+@pytest.mark.parametrize("start", [2**52 - 9, 2**62 - 50], ids=["around 2**52", "near 2**62"])
+def test_both_paths_agree_on_huge_sequence_numbers(name, monkeypatch, start):
+    """The native path maps sequence numbers to slots without a division below 2**52
+    and with one above: the same slots as Python's % on both sides, wrapping included."""
+    made = [shmbuf.Buffer.create({"t": ((), "int64")}, 7, name=f"{name}-{i}") for i in range(2)]
+    try:
+        for buf in made:  # as if 2**52 rows had been written (a restore renumbers this far)
+            buf._ring.lane_table[0, :2] = start
+        a, b = (_handle(f"{name}-{i}", pure=bool(i), monkeypatch=monkeypatch, seed=3) for i in range(2))
+        for buf in (a, b):
+            for t in range(3):
+                buf.add({"t": t})
+            buf.extend({"t": np.arange(3, 10)})  # laps the ring twice, crossing 2**52
+            buf.extend({"t": np.arange(10, 17)})
+            buf.add({"t": 17})
+        assert np.array_equal(a._ring.stamps, b._ring.stamps)
+        assert np.array_equal(a._ring.arrays["t"], b._ring.arrays["t"])
+        assert sorted(a._ring.arrays["t"].tolist()) == list(range(11, 18))
+        for buf in (a, b):
+            assert set(buf.sample(300)["t"].tolist()) == set(range(11, 18))
+            assert (np.diff(buf.sample_sequences(20, 3)["t"], axis=1) == 1).all()
+        assert np.array_equal(a.sample(64)["t"], b.sample(64)["t"])
+        a.close(), b.close()
+    finally:
+        for buf in made:
+            buf.close()
+
+
 # -- lanes owned by one process ------------------------------------------------------
 
 def _claim_and_wait(name, lane, ready, done):
