@@ -17,8 +17,14 @@ shmem), so a random gather touches one page per field per row. Fields of at most
 :data:`PACK_LIMIT` bytes a row therefore live together in one row of the rows block,
 right after the slot's stamp (largest alignment first, so every value is naturally
 aligned; ``S``, the row stride, is a multiple of 8): sampling a row touches one page
-and one or two cache lines, and the stamp that guards it is in the same line. Larger
-fields (image frames) are bandwidth-bound and keep an array of their own. A field's
+and a few cache lines, and the stamp that guards it is in the same line. Larger
+fields (image frames) are bandwidth-bound and keep an array of their own.
+
+Measured (native path, 256-row samples, 64-row extends, two observation fields and
+three small ones): packing samples 2.1x faster with 68-byte observations (mujoco),
+2.0x with 256 bytes, 1.4x with 1 KB and no faster with 2 KB, while extends get 15-30%
+slower (a copy a row instead of one a field). Packing atari frames samples 1.4x slower.
+Hence 1 KB. A field's
 schema entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to
 the next).
 
@@ -45,7 +51,7 @@ from .segment import FormatError, NotReadyError
 MAGIC = b"\x93SHMBUF\x01"
 VERSION = 2
 ALIGN = 64
-PACK_LIMIT = 512
+PACK_LIMIT = 1024
 """Fields of at most this many bytes per row are packed into the rows block."""
 HEADER_SIZE = 256
 N_RESERVATIONS = 256

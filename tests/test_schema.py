@@ -53,7 +53,7 @@ def test_rejects_bad_capacity_and_lanes(capacity, lanes, match):
 def test_arrays_are_aligned(name):
     """Blocks start on cache lines; packed values are naturally aligned in every row."""
     fields = {"a": ((3,), "int8"), "b": ((), "float64"), "c": ((5,), "int16"),
-              "big": ((600,), "uint8")}
+              "big": ((1200,), "uint8")}
     with shmbuf.Buffer.create(fields, 7, name=name) as buf:
         arrays = buf._ring.arrays
         assert buf._ring.stamps.ctypes.data % 64 == 0 and arrays["big"].ctypes.data % 64 == 0
