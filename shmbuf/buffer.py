@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import os
@@ -131,7 +132,7 @@ class Buffer:
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
                lanes: int = 1, seed: Any = None, persist: bool = False,
-               timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
+               timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment.
 
         Args:
@@ -144,6 +145,8 @@ class Buffer:
                 :meth:`close`, on exit, and (via the resource tracker) if it crashes. If
                 True the buffer outlives it until someone calls :meth:`unlink`.
             timeout: default timeout of this handle's blocking calls, in seconds.
+            meta: a JSON object kept with the schema, read back by every handle as
+                :attr:`meta` (the capabilities built on Buffer describe themselves there).
 
         Raises:
             FileExistsError: the name is taken.
@@ -163,7 +166,7 @@ class Buffer:
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
-                             procs.identity(), time.time())
+                             procs.identity(), time.time(), meta)
         seg = Segment.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
@@ -330,6 +333,11 @@ class Buffer:
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """``{name: (shape, dtype)}``, in schema order."""
         return {f.name: (f.shape, f.dtype) for f in self._fields}
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The JSON object given to :meth:`create` as ``meta`` (a copy)."""
+        return json.loads(json.dumps(self._layout.meta))
 
     @property
     def capacity(self) -> int:

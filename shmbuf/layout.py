@@ -4,7 +4,7 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
 
     offset 0     fixed header (256 bytes, little-endian, see ``_HEADER``)
                  magic, format version, logical size, capacity, lanes, offsets
-    256          schema: UTF-8 JSON list of {name, dtype, shape, offset}
+    256          schema: UTF-8 JSON {"fields": [{name, dtype, shape, offset, stride}], "meta": {...}}
     aligned      control   (16 int64)      lock-holder pid (diagnostics), spare words
     aligned      lanes     (lanes x 8)     head, base, claim pid, claim start time, spare
     aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count, token
@@ -40,7 +40,7 @@ import json
 import math
 import operator
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -201,6 +201,7 @@ class Layout:
     creator_pid: int = 0
     creator_ctime: float = 0.0
     created_at: float = 0.0
+    meta: Mapping[str, Any] = field(default_factory=dict)  # what layers above store (JSON)
 
     @property
     def lane_capacity(self) -> int:
@@ -212,9 +213,13 @@ class Layout:
 
     @classmethod
     def plan(cls, fields: Mapping[str, Any], capacity: int, lanes: int = 1, flags: int = 0,
-             creator: tuple[int, float] = (0, 0.0), created_at: float = 0.0) -> "Layout":
-        """Lay out a new buffer; validates the schema, capacity and lanes."""
+             creator: tuple[int, float] = (0, 0.0), created_at: float = 0.0,
+             meta: Mapping[str, Any] | None = None) -> "Layout":
+        """Lay out a new buffer; validates the schema, capacity and lanes. ``meta``: a
+        JSON object that the layers above Buffer keep with the schema (an episode
+        buffer's observation fields, say)."""
         specs = normalize_fields(fields)
+        meta = _check_meta(meta)
         capacity = _as_count(capacity, "capacity")
         lanes = _as_count(lanes, "lanes")
         if capacity < lanes:
@@ -228,7 +233,7 @@ class Layout:
             )
         # The schema's own size depends on the offsets it lists; offsets depend on the
         # schema size. Reserve generously (offsets are at most 20 digits), then fix.
-        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19, 10**19) for f in specs])
+        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19, 10**19) for f in specs], meta)
         schema_size = len(draft)
         pos = _align(HEADER_SIZE + schema_size)
         control = pos
@@ -257,11 +262,11 @@ class Layout:
                 pos = _align(pos + capacity * f.row_bytes)
         return cls(tuple(placed), capacity, lanes, flags, pos, HEADER_SIZE, schema_size,
                    control, lanes_off, res_off, N_RESERVATIONS, rows, stride,
-                   creator[0], creator[1], created_at)
+                   creator[0], creator[1], created_at, meta)
 
     def write(self, mem: Any) -> None:
         """Write header and schema; the magic goes last, so a half-made header never validates."""
-        schema = _schema_bytes(self.fields).ljust(self.schema_size, b" ")
+        schema = _schema_bytes(self.fields, self.meta).ljust(self.schema_size, b" ")
         mem[self.schema_offset:self.schema_offset + self.schema_size] = schema
         _HEADER.pack_into(
             mem, 0, b"\0" * 8, VERSION, self.flags, self.total_size, self.capacity,
@@ -312,7 +317,7 @@ class Layout:
         if schema_off < HEADER_SIZE or schema_off + schema_size > total:
             raise bad(f"the schema lies outside the segment ({schema_off} + {schema_size})")
         try:
-            fields = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
+            fields, meta = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
         except FormatError as exc:
             raise bad(str(exc)) from None
         blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
@@ -340,13 +345,16 @@ class Layout:
             if end > total:
                 raise bad(f"the {what} lies outside the segment ({off} + {length} > {total})")
         return cls(fields, capacity, lanes, flags, total, schema_off, schema_size, control,
-                   lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at)
+                   lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at, meta)
 
 
-def _parse_schema(raw: bytes) -> tuple[Field, ...]:
-    """The fields of a stored schema, checked like a user's schema; FormatError if bad."""
+def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any]]:
+    """The fields and metadata of a stored schema, checked like a user's; FormatError if bad."""
     try:
-        items = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"))
+        if not isinstance(doc, dict) or set(doc) != {"fields", "meta"}:
+            raise FormatError("the schema is not an object of fields and meta")
+        items, meta = doc["fields"], _check_meta(doc["meta"])
         if not isinstance(items, list) or not items:
             raise FormatError("the schema is not a non-empty list of fields")
         spec, offsets = {}, []
@@ -372,7 +380,20 @@ def _parse_schema(raw: bytes) -> tuple[Field, ...]:
             raise FormatError(f"field {f.name!r}: its dtype has a sub-array")
         if stride != f.row_bytes and not (f.row_bytes <= PACK_LIMIT and stride > f.row_bytes):
             raise FormatError(f"field {f.name!r}: stride {stride} for rows of {f.row_bytes} bytes")
-    return tuple(Field(f.name, f.shape, f.dtype, off, stride) for f, (off, stride) in zip(fields, offsets))
+    return tuple(Field(f.name, f.shape, f.dtype, off, stride)
+                 for f, (off, stride) in zip(fields, offsets)), meta
+
+
+def _check_meta(meta: Any) -> dict[str, Any]:
+    """``meta`` as a dict that survives a JSON round trip unchanged (ValueError if not)."""
+    meta = {} if meta is None else meta
+    try:
+        ok = isinstance(meta, dict) and json.loads(json.dumps(meta)) == meta
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"meta must be a JSON object of strings, numbers, lists and objects, got {meta!r:.200}")
+    return meta
 
 
 def _tupleize(descr: Any) -> Any:
@@ -387,8 +408,8 @@ def _tupleize(descr: Any) -> Any:
     return [tuple(_tupleize(x) for x in item) for item in descr]
 
 
-def _schema_bytes(fields: Any) -> bytes:
-    return json.dumps([
+def _schema_bytes(fields: Any, meta: Mapping[str, Any]) -> bytes:
+    return json.dumps({"fields": [
         {"name": f.name, "dtype": npformat.dtype_to_descr(f.dtype), "shape": list(f.shape),
          "offset": f.offset, "stride": f.stride} for f in fields
-    ], separators=(",", ":")).encode("utf-8")
+    ], "meta": meta}, separators=(",", ":")).encode("utf-8")

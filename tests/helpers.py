@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import struct
 import time
 
 import numpy as np
@@ -158,3 +160,14 @@ def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int =
     proc.start()
     wait_for_file(flag, proc, "writer never reached " + point)
     return proc
+
+
+def patch_schema_doc(raw: bytearray, edit) -> None:
+    """Rewrite the schema JSON of a segment image in place with ``edit(document)``; the
+    result must fit where the old schema was."""
+    off, size = struct.unpack_from("<QQ", raw, 48)  # schema offset and size
+    doc = json.loads(bytes(raw[off:off + size]))
+    edit(doc)
+    new = json.dumps(doc, separators=(",", ":")).encode()
+    assert len(new) <= size, "the edited schema must fit where the old one was"
+    raw[off:off + size] = new.ljust(size)

@@ -21,7 +21,7 @@ import _posixshmem
 import shmbuf
 from shmbuf import demo, sampling, segment
 from conftest import shm_path
-from helpers import start_hanging_writer, wait_for_file
+from helpers import patch_schema_doc, start_hanging_writer, wait_for_file
 
 X = {"x": ((), "int64")}
 
@@ -219,14 +219,16 @@ def _with_schema(edit, header=None):
     first, leaves room) and whose header is patched."""
     with shmbuf.Buffer.create({"x": ((4,), "int64"), "y": ((), "float32"), "p" * 300: ((), "u1")}, 64) as buf:
         raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
-    off, size = struct.unpack_from("<QQ", raw, 48)
-    fields = json.loads(bytes(raw[off:off + size]))[:2]
-    edit(fields)
-    new = json.dumps(fields, separators=(",", ":")).encode()
-    assert len(new) <= size
-    raw[off:off + size] = new.ljust(size)
+    patch_schema_doc(raw, lambda doc: edit(doc.update(fields=doc["fields"][:2]) or doc["fields"]))
     if header:
         header(raw)
+    return bytes(raw)
+
+
+def _with_doc(edit):
+    """Like _with_schema, with ``edit`` given the whole schema document."""
+    raw = bytearray(_with_schema(lambda fields: None))
+    patch_schema_doc(raw, edit)
     return bytes(raw)
 
 
@@ -252,6 +254,8 @@ BAD_SEGMENTS = {
     "huge reservations": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 88, 1 << 40)), "reservation"),
     "NaN start time": (_with_schema(lambda f: None, lambda r: struct.pack_into("<d", r, 120, float("nan"))), "creator"),
     "unknown flags": (_with_schema(lambda f: None, lambda r: struct.pack_into("<I", r, 12, 6)), "flags"),
+    "meta not an object": (_with_doc(lambda d: d.update(meta=[1])), "meta"),
+    "schema not an object": (_with_doc(lambda d: d.pop("meta")), "object of fields and meta"),
     "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),
 }
 

@@ -62,3 +62,18 @@ def test_arrays_are_aligned(name):
             assert arr.ctypes.data % arr.dtype.alignment == 0
             assert arr.strides[0] % arr.dtype.alignment == 0
         assert buf._layout.total_size <= buf._seg.size  # logical size stored; OS rounds up
+
+
+def test_meta_is_kept_with_the_schema_and_checked(name):
+    meta = {"kind": "episodes", "observations": ["obs"], "frame_stack": 4}
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, meta=meta) as buf:
+        other = shmbuf.Buffer.attach(name)
+        assert other.meta == meta and buf.meta == meta
+        other.meta["kind"] = "changed"  # a copy
+        assert other.meta == meta
+        other.close()
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4) as buf:
+        assert buf.meta == {}
+    for bad in ([1], {"x": object()}, {"x": (1, 2)}, {1: "a"}):
+        with pytest.raises(ValueError, match="meta must be a JSON object"):
+            shmbuf.Buffer.create({"x": ((), "int64")}, 4, meta=bad)

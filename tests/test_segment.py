@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import shmbuf
+from helpers import patch_schema_doc
 from shmbuf import layout, segment
 
 from conftest import MUJOCO, shm_path
@@ -90,13 +91,8 @@ def real_header(patch) -> bytes:
 
 
 def patch_schema(raw: bytearray, edit) -> None:
-    """Rewrite the schema JSON of a segment image with ``edit(list_of_field_dicts)``."""
-    off, size = struct.unpack_from("<QQ", raw, 48)  # schema offset and size
-    fields = json.loads(bytes(raw[off:off + size]))
-    edit(fields)
-    new = json.dumps(fields).encode()
-    assert len(new) <= size, "the edited schema must fit where the old one was"
-    raw[off:off + size] = new.ljust(size)
+    """Rewrite the field list of a segment image's schema with ``edit(list_of_field_dicts)``."""
+    patch_schema_doc(raw, lambda doc: edit(doc["fields"]))
 
 
 def test_attach_rejects_foreign_segment(name):
