@@ -177,6 +177,13 @@ def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     return None if ok.all() else ok
 
 
+def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
+                 out: Sequence[np.ndarray]) -> np.ndarray | None:
+    """:func:`_copy` for the capabilities built on the core (episodes): any windows, each
+    checked; None if all are intact, else the mask of the intact ones."""
+    return _copy(ring, lane, first, length, lo, out)
+
+
 def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
     """The pure-Python gather's scratch, per thread, reused while ``out`` is the same
     arrays: a private ``(rows, row_stride)`` block that takes whole packed rows, then

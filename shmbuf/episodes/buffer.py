@@ -1,0 +1,182 @@
+"""EpisodeBuffer: episodes in shared memory, written env by env into lanes."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
+from . import transitions
+from .rows import SYSTEM, StepRows, plan
+from .writer import EpisodeWriter
+
+KIND = "episodes"
+
+
+class EpisodeBuffer:
+    """A replay buffer of episodes: each env's steps go in order into a lane of their
+    own, so an episode is contiguous; observations are stored once (see
+    :mod:`shmbuf.episodes.rows`).
+
+    Example:
+        >>> buf = EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 16, seed=0)
+        >>> buf.add_episode({"obs": np.zeros((3, 2)), "reward": [1, 2, 4], "next_obs": [9, 9]},
+        ...                 terminated=True)
+        >>> b = buf.sample(4, n_step=2, gamma=0.5)
+        >>> set(b["reward"].tolist()) <= {2.0, 4.0}  # 1 + 0.5 * 2, 2 + 0.5 * 4, 4
+        True
+        >>> buf.close()
+    """
+
+    def __init__(self, core: Buffer) -> None:
+        meta = core.meta
+        if meta.get("kind") != KIND:
+            raise ValueError(f"buffer {core.name!r} is not an episode buffer (it was made by "
+                             "shmbuf.Buffer.create); attach it with shmbuf.Buffer.attach")
+        self.core = core
+        self.observations: list[str] = list(meta["observations"])
+        self.reward: str | None = meta.get("reward")
+        self._rows = StepRows(core.fields, self.observations)
+        self._writer: EpisodeWriter | None = None
+
+    @classmethod
+    def create(cls, fields: Mapping[str, Any], capacity: int, *, lanes: int = 1,
+               observations: Sequence[str] | None = None, reward: str | None = "reward",
+               **kwargs: Any) -> "EpisodeBuffer":
+        """Create an episode buffer of ``capacity`` rows over ``lanes`` lanes (one per env
+        that writes at the same time). ``observations`` names the observation fields
+        (default ``["obs"]``): steps take ``next_<name>`` for each, samples return it.
+        ``reward`` names the field n-step returns add up. Other arguments: as
+        :meth:`shmbuf.Buffer.create`."""
+        specs, observations = plan(fields, observations)
+        if reward is not None and reward not in specs:
+            reward = None
+        meta = {"kind": KIND, "observations": observations, "reward": reward}
+        return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs))
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "EpisodeBuffer":
+        """Attach to an episode buffer by name (any process)."""
+        core = Buffer.attach(name, seed=seed, timeout=timeout)
+        try:
+            return cls(core)
+        except BaseException:
+            core.close()
+            raise
+
+    # -- writing ---------------------------------------------------------------------
+
+    def writer(self, envs: int | None = None, *, timeout: float | None = None) -> EpisodeWriter:
+        """A writer for ``envs`` environments (claims a lane for each; steps then take a
+        leading env axis), or for one environment without that axis (``envs=None``)."""
+        return EpisodeWriter(self, envs, timeout)
+
+    def add(self, step: Mapping[str, Any], *, terminated: Any, truncated: Any,
+            timeout: float | None = None) -> None:
+        """Add one step of one env, through this handle's own one-env writer."""
+        self._own_writer().add(step, terminated=terminated, truncated=truncated, timeout=timeout)
+
+    def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
+                    timeout: float | None = None) -> None:
+        """Write a whole episode; see :meth:`EpisodeWriter.add_episode`."""
+        self._own_writer().add_episode(episode, terminated=terminated, timeout=timeout)
+
+    def _own_writer(self) -> EpisodeWriter:
+        if self._writer is None:
+            self._writer = EpisodeWriter(self, None, None)
+        return self._writer
+
+    # -- sampling --------------------------------------------------------------------
+
+    def sample(self, n: int, *, n_step: int = 1, gamma: float = 0.99,
+               timeout: float | None = None) -> dict[str, np.ndarray]:
+        """``n`` transitions, uniformly with replacement: each step's fields,
+        ``next_<obs>`` (the next observation, or the real final one where the episode
+        ended), ``terminated`` and ``truncated``. With ``n_step=k``: ``reward`` is the
+        discounted sum over up to ``k`` steps, stopping at the episode's end,
+        ``next_<obs>`` the observation after the last step taken, ``steps`` how many were
+        taken, and the flags say how the episode ended within them."""
+        n = _count(n, "n")
+        n_step = _count(n_step, "n_step", 1)
+        if n_step > 1 and self.reward is None:
+            raise ValueError("n-step returns need a reward field: create the buffer with reward=<field name>")
+        if n_step + 1 > self.lane_capacity:
+            raise ValueError(f"n_step={n_step} needs {n_step + 1} rows of a lane, more than it holds "
+                             f"({self.lane_capacity})")
+        return transitions.sample(self, n, n_step, float(gamma), self.core._t(timeout))
+
+    def sample_sequences(self, batch: int, length: int, **kwargs: Any) -> dict[str, np.ndarray]:
+        """Windows of consecutive rows of a lane that may cross episodes (as the core's),
+        system fields and final rows included."""
+        return self.core.sample_sequences(batch, length, **kwargs)
+
+    # -- counts ----------------------------------------------------------------------
+
+    @property
+    def transition_count(self) -> int:
+        """Transitions that can be sampled now (about, while writers run): in each lane,
+        its rows minus the episodes they belong to (each episode's last row, its final
+        row or the newest step of one in progress, is not a transition)."""
+        return sum(max(rows - eps, 0) for rows, eps in self._lanes())
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes with rows left in the buffer (d3rlpy's ``size()``), counting partly
+        evicted ones and the ones in progress."""
+        return sum(eps for _, eps in self._lanes())
+
+    def _lanes(self) -> list[tuple[int, int]]:
+        ring = self.core._ring
+        lo, head = ring.window()
+        eps = ring.arrays["_episode"]
+        lc = ring.lane_capacity
+        out = []
+        for lane in range(ring.lanes):
+            rows = int(head[lane] - lo[lane])
+            if rows == 0:
+                out.append((0, 0))
+                continue
+            first = int(eps[lane * lc + lo[lane] % lc])
+            last = int(eps[lane * lc + (head[lane] - 1) % lc])
+            out.append((rows, max(last - first + 1, 0)))
+        return out
+
+    def __len__(self) -> int:
+        """Rows stored (steps and final observations)."""
+        return len(self.core)
+
+    # -- the rest --------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.core.name
+
+    @property
+    def capacity(self) -> int:
+        return self.core.capacity
+
+    @property
+    def lane_capacity(self) -> int:
+        return self.core.lane_capacity
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The user's fields (without the system fields)."""
+        return {k: v for k, v in self.core.fields.items() if k not in SYSTEM}
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.core.close()
+
+    def __enter__(self) -> "EpisodeBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<shmbuf.EpisodeBuffer {self.name!r} {len(self)}/{self.capacity} rows, "
+                f"{self.num_episodes} episodes, fields={list(self.fields)}>")
