@@ -171,3 +171,14 @@ def patch_schema_doc(raw: bytearray, edit) -> None:
     new = json.dumps(doc, separators=(",", ":")).encode()
     assert len(new) <= size, "the edited schema must fit where the old one was"
     raw[off:off + size] = new.ljust(size)
+
+
+def episode_writer_then_hang(name: str, flag: str, steps: int) -> None:
+    """Attach to episode buffer ``name``, write ``steps`` steps of one episode in progress
+    (obs t, reward t), create ``flag``, then sleep until killed."""
+    buf = shmbuf.EpisodeBuffer.attach(name)
+    w = buf.writer()
+    for t in range(steps):
+        w.add({"obs": [t, t], "reward": float(t)}, terminated=False, truncated=False)
+    open(flag, "w").close()
+    time.sleep(600)

@@ -1,0 +1,136 @@
+"""EpisodeBuffer: episodes written env by env into lanes, observations stored once,
+one-step and n-step transitions (seed-semantics scenario 43), writers that die."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import shmbuf
+from helpers import episode_writer_then_hang, wait_for_file
+
+F = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+
+
+def _episode(start, rewards):
+    t = np.arange(len(rewards))
+    return {"obs": (start + t)[:, None] * np.ones(2), "action": t, "reward": rewards,
+            "next_obs": [start + len(rewards)] * 2}
+
+
+def test_transitions_carry_the_next_observation_and_how_the_episode_ended(name):
+    with shmbuf.EpisodeBuffer.create(F, 40, name=name, seed=0) as buf:
+        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=False)
+        buf.add_episode(_episode(10, [1, 2, 4, 8, 16]), terminated=True)
+        assert (len(buf), buf.transition_count, buf.num_episodes) == (11, 9, 2)
+        b = buf.sample(2000)
+        got = set(zip(b["obs"][:, 0].tolist(), b["next_obs"][:, 0].tolist(),
+                      b["terminated"].tolist(), b["truncated"].tolist()))
+        want = {(t, t + 1, False, t == 3) for t in range(4)} | {(t, t + 1, t == 14, False) for t in range(10, 15)}
+        assert got == want  # every transition, the final rows never, the real final observations
+        assert (b["action"] == b["obs"][:, 0] % 10).all()
+
+
+def test_n_step_returns_match_seed_scenario_43(name):
+    """d3rlpy's MultiStepTransitionPicker with r = [1, 2, 4, 8, 16], gamma 0.5, n 3. Its
+    timeout episode of 5 observations is a truncated episode of 4 steps here."""
+    with shmbuf.EpisodeBuffer.create(F, 40, name=name, seed=0) as buf:
+        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=False)
+        buf.add_episode(_episode(10, [1, 2, 4, 8, 16]), terminated=True)
+        b = buf.sample(3000, n_step=3, gamma=0.5)
+        got = set(zip(b["obs"][:, 0].tolist(), b["reward"].tolist(), b["steps"].tolist(),
+                      b["next_obs"][:, 0].tolist(), b["terminated"].tolist(), b["truncated"].tolist()))
+        assert got == {(0, 3, 3, 3, False, False), (1, 6, 3, 4, False, True), (2, 8, 2, 4, False, True),
+                       (3, 8, 1, 4, False, True),
+                       (10, 3, 3, 13, False, False), (11, 6, 3, 14, False, False),
+                       (12, 12, 3, 15, True, False), (13, 16, 2, 15, True, False), (14, 16, 1, 15, True, False)}
+
+
+def test_a_vectorised_writer_keeps_each_envs_episodes_contiguous_in_its_lane(name):
+    with shmbuf.EpisodeBuffer.create(F, 60, lanes=3, name=name, seed=0) as buf:
+        with buf.writer(envs=3) as w:
+            for t in range(8):
+                end = np.array([t % 3 == 2, t == 7, False])
+                w.add({"obs": np.stack([[100 * e + t] * 2 for e in range(3)]), "action": [t] * 3,
+                       "reward": [1.0] * 3, "next_obs": np.stack([[100 * e + 50 + t] * 2 for e in range(3)])},
+                      terminated=end, truncated=np.zeros(3, bool))
+        b = buf.sample(3000)
+        env, t, nxt = b["obs"][:, 0] // 100, b["obs"][:, 0] % 100, b["next_obs"][:, 0]
+        ended = np.where(env == 0, t % 3 == 2, np.where(env == 1, t == 7, False))
+        assert (nxt == np.where(ended, 100 * env + 50 + t, b["obs"][:, 0] + 1)).all()
+        assert (b["terminated"] == ended).all()
+        assert set(t[env == 2].tolist()) == set(range(7))  # the newest step waits for its next
+        # env 0: episodes 0-2, 3-5, 6-7 (in progress); env 1: one of 8; env 2: one of 8 in progress
+        assert buf.num_episodes == 5 and buf.transition_count == 3 * 8 - 2
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    ({"obs": [0, 0], "action": 1, "reward": 1.0}, ValueError, "final observation"),
+    ({"obs": [0, 0], "action": 1, "reward": 1.0, "next_obs": [0, 0, 0]}, ValueError, "next_obs"),
+    ({"obs": [0, 0], "action": 1, "next_obs": [1, 1]}, ValueError, "reward"),
+    ({"obs": [0, 0], "action": 1.5, "reward": 1.0, "next_obs": [1, 1]}, TypeError, "action"),
+])
+def test_bad_steps_are_refused_and_change_nothing(name, bad, error, match):
+    with shmbuf.EpisodeBuffer.create(F, 16, name=name) as buf:
+        with pytest.raises(error, match=match):
+            buf.add(bad, terminated=True, truncated=False)
+        with pytest.raises(TypeError, match="terminated"):
+            buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=0, truncated=False)
+        with pytest.raises(ValueError, match="more than a lane holds"):
+            buf.add_episode(_episode(0, np.ones(16)))
+        assert len(buf) == 0 and buf.num_episodes == 0
+        with pytest.raises(ValueError, match="empty buffer"):
+            buf.sample(1)
+        buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=False, truncated=False)
+        with pytest.raises(ValueError, match="no transition yet"):
+            buf.sample(1)  # one step in progress: no next observation yet
+
+
+def test_a_wrong_env_axis_is_refused(name):
+    with shmbuf.EpisodeBuffer.create(F, 16, lanes=2, name=name) as buf, buf.writer(envs=2) as w:
+        with pytest.raises(ValueError, match=r"expected shape \(2, 2\)"):
+            w.add({"obs": np.zeros((3, 2)), "action": [0, 0, 0], "reward": [0.0] * 3},
+                  terminated=np.zeros(2, bool), truncated=np.zeros(2, bool))
+        with pytest.raises(ValueError, match="one flag per env"):
+            w.add({"obs": np.zeros((2, 2)), "action": [0, 0], "reward": [0.0] * 2},
+                  terminated=np.zeros(3, bool), truncated=np.zeros(2, bool))
+        assert len(buf) == 0
+
+
+def test_reserved_names_and_unknown_observations_are_refused():
+    with pytest.raises(ValueError, match="reserved"):
+        shmbuf.EpisodeBuffer.create({**F, "next_obs": ((2,), "float32")}, 8)
+    with pytest.raises(ValueError, match="observations="):
+        shmbuf.EpisodeBuffer.create(F, 8, observations=["pixels"])
+
+
+def test_a_plain_buffer_is_not_attached_as_an_episode_buffer(name):
+    with shmbuf.Buffer.create(F, 8, name=name):
+        with pytest.raises(ValueError, match="not an episode buffer"):
+            shmbuf.EpisodeBuffer.attach(name)
+
+
+def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tmp_path):
+    with shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 40,
+                                     name=name, seed=0) as buf:
+        flag = tmp_path / "wrote"
+        proc = mp.get_context("spawn").Process(target=episode_writer_then_hang, args=(name, str(flag), 5))
+        proc.start()
+        try:
+            wait_for_file(flag, proc, "the writer never wrote its steps")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
+        b = buf.sample(500)  # steps 0..3 of the cut episode: their next observation is known
+        assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 3}
+        assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all() and not b["terminated"].any()
+        buf.add({"obs": [50, 50], "reward": 0.0}, terminated=False, truncated=False)  # claims the lane again
+        buf.add({"obs": [51, 51], "reward": 0.0, "next_obs": [52, 52]}, terminated=True, truncated=False)
+        b = buf.sample(2000)
+        assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 3, 50, 51}  # 4 -> 50 is no transition
+        assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all()
+        assert buf.num_episodes == 2
