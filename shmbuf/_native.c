@@ -567,7 +567,7 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
 /* ---- gathering ---------------------------------------------------------------------- */
 
 /* draw(u, length, first, lane): windows of `length` rows drawn uniformly over every
- * lane's current rows, as sampling.py's _draw computes them with numpy: window
+ * lane's current rows, as sampling.py's draw_windows computes them with numpy: window
  * floor(u * total) of all lanes' windows, in lane order. Fills the int64 arrays `first`
  * and `lane` and returns True; False (nothing filled) if no lane holds `length` rows. */
 static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
@@ -629,7 +629,7 @@ done:
 /* gather(first, lane, length, outs): copy the windows of `length` rows starting at the
  * sequence numbers `first` (int64 array) of `lane` (an int, or an int64 array) into
  * `outs` (one C-contiguous array per field, len(first) * length rows). Returns None if
- * every window is intact, else bytes: 1 for the intact windows (sampling.py: _copy). */
+ * every window is intact, else bytes: 1 for the intact windows (sampling.py: copy_windows). */
 static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 4 && PyList_Check(args[3]), "(first, lane, length, list of arrays)") < 0)
         return NULL;

@@ -43,7 +43,7 @@ def _check_enough(lo: list[int], head: list[int], length: int) -> None:
         + f"); add more rows or ask for a length <= {max(sizes)}")
 
 
-def _draw(ring: Ring, rng: np.random.Generator, n: int, length: int,
+def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
           pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[Any, np.ndarray, Any]:
     """Draw ``n`` windows of ``length`` rows: their lane (an int for a single-lane ring,
     else an array), first sequence numbers, and for a pure-Python uniform draw the
@@ -137,10 +137,11 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
         "reserved by a writer that died (or gave up) before publishing it")
 
 
-def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
+def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
           out: Sequence[np.ndarray]) -> np.ndarray | None:
     """Copy the windows (lane, first) of ``length`` rows into ``out`` (field order, first
-    axes flattened).
+    axes flattened). Used by the core's samplers and by the capabilities built on it
+    (episodes), so every copy out of a ring goes through this one check.
 
     A window is intact if every stamp named its row before and after the copy, and
     the window still starts at or after its lane's base (no clear() fell in between:
@@ -177,13 +178,6 @@ def _copy(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     return None if ok.all() else ok
 
 
-def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
-                 out: Sequence[np.ndarray]) -> np.ndarray | None:
-    """:func:`_copy` for the capabilities built on the core (episodes): any windows, each
-    checked; None if all are intact, else the mask of the intact ones."""
-    return _copy(ring, lane, first, length, lo, out)
-
-
 def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
     """The pure-Python gather's scratch, per thread, reused while ``out`` is the same
     arrays: a private ``(rows, row_stride)`` block that takes whole packed rows, then
@@ -214,10 +208,10 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                    out: Sequence[np.ndarray], timeout: float) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
     with ``n`` intact windows. ``ValueError`` if the buffer holds no such window."""
-    lane, first, lo = _draw(ring, rng, n, length, None)
+    lane, first, lo = draw_windows(ring, rng, n, length, None)
     if n == 0:
         return
-    ok = _copy(ring, lane, first, length, lo, out)
+    ok = copy_windows(ring, lane, first, length, lo, out)
     if ok is not None:
         _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout)
 
@@ -240,9 +234,9 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
             time.sleep(delay)  # rows exist but are all still being written
             delay = min(max(delay * 2, 20e-6), 1e-3)
             continue
-        lane, first, lo = _draw(ring, rng, len(bad), length, pool)
+        lane, first, lo = draw_windows(ring, rng, len(bad), length, pool)
         tmp = [np.empty((len(bad) * length,) + a.shape[1:], a.dtype) for a in out]
-        ok = _copy(ring, lane, first, length, lo, tmp)
+        ok = copy_windows(ring, lane, first, length, lo, tmp)
         if ok is None:
             ok = np.ones(len(bad), bool)
         for dst, t in zip(shaped, tmp):

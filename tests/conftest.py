@@ -73,7 +73,7 @@ def break_protection(monkeypatch):
 
     def brk(what):
         if what == "stamp check":
-            monkeypatch.setattr(sampling, "_copy", unchecked)
+            monkeypatch.setattr(sampling, "copy_windows", unchecked)
             bits = 1
         else:
             monkeypatch.setattr(ring.Ring, "_older_done", lambda self, first, runs: True)

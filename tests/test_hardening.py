@@ -387,13 +387,13 @@ def test_load_state_dict_checks_everything_before_changing_anything(name):
 def test_a_clear_during_a_multi_lane_sample_gives_a_clear_error(name, monkeypatch):
     with shmbuf.Buffer.create(X, 8, lanes=2, name=name, seed=0) as buf:
         buf.extend({"x": np.arange(3)}, lane=0)
-        real = sampling._copy
+        real = sampling.copy_windows
 
         def clear_then_fail(ring_, lane, first, *args):
             real(ring_, lane, first, *args)
             buf.clear()
             return np.zeros(len(first), bool)  # "every window was torn": draw again
-        monkeypatch.setattr(sampling, "_copy", clear_then_fail)
+        monkeypatch.setattr(sampling, "copy_windows", clear_then_fail)
         with pytest.raises(ValueError, match="cannot sample from an empty buffer"):
             buf.sample(4)
 

@@ -57,7 +57,7 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: fl
                  f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
         m = len(todo)
         try:
-            lane, first, _ = sampling._draw(ring, rng, m, 2, None)
+            lane, first, _ = sampling.draw_windows(ring, rng, m, 2, None)
         except ValueError:
             if ring.size() == 0:
                 raise  # "empty buffer"

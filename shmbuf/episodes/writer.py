@@ -84,8 +84,10 @@ class EpisodeWriter:
             raise ValueError(f"env {env} has an episode in progress ({self._step[env]} steps); finish it "
                              "with add(..., terminated=/truncated=) before add_episode")
         rows = self.buffer._rows
-        some = next((v for k, v in episode.items() if k in rows.user), None) if isinstance(episode, Mapping) else None
-        length = len(some) if hasattr(some, "__len__") else 0
+        if not isinstance(episode, Mapping):
+            raise TypeError(f"an episode is a mapping of field names to arrays, got {type(episode).__name__}")
+        length = min((len(np.asarray(v)) if np.ndim(v) else 0 for k, v in episode.items() if k in rows.user),
+                     default=0)  # a mismatch between fields is reported by split() below
         if length < 1:
             raise ValueError("an episode needs at least one step (fields with a leading axis of T steps)")
         if length + 1 > self.buffer.lane_capacity:
