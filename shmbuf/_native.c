@@ -564,6 +564,90 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* put_rows(lanes, data, extra, timeout): row i of every field into lane lanes[i] (an
+ * int64 array of n lanes), one call for the steps of n environments; or, with `lanes`
+ * an int, one row given without a row axis into that lane. Each field's
+ * value is looked up in the dict `data`, then in the dict `extra`, and must be the
+ * common case of value_bytes() with n rows (other keys are ignored: the caller checked
+ * them). Every lane must be owned by this process (claimed, so written without the
+ * lock) and mapped by this handle. None when every row is published; False, with
+ * nothing done, otherwise (the caller's Python path checks, explains and writes). */
+static PyObject *Ring_put_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (usable(r, nargs == 4 && PyDict_CheckExact(args[1]) && PyDict_CheckExact(args[2]),
+               "(lanes, dict, dict, timeout)") < 0)
+        return NULL;
+    double timeout = r->timeout;
+    if (args[3] != Py_None) {
+        if (!PyFloat_CheckExact(args[3]))
+            Py_RETURN_FALSE;
+        timeout = PyFloat_AsDouble(args[3]);
+        if (!(timeout >= 0))
+            Py_RETURN_FALSE;
+    }
+    Py_buffer lanev = {0};
+    int64_t one;
+    const int64_t *lanes = &one;
+    Py_ssize_t n = 1, rows = -1;             /* an int: one row, without a row axis */
+    int ok = 1;
+    if (PyLong_CheckExact(args[0])) {
+        one = PyLong_AsLongLong(args[0]);
+        if (one == -1 && PyErr_Occurred())
+            return NULL;
+    } else {
+        if (PyObject_GetBuffer(args[0], &lanev, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            return NULL;
+        n = rows = lanev.len / 8;
+        lanes = lanev.buf;
+        ok = lanev.itemsize == 8 && (lanev.format[0] == 'l' || lanev.format[0] == 'q') && n >= 1;
+    }
+    /* 1. Every lane ours and mapped: then no write below can need the Python path. */
+    for (Py_ssize_t i = 0; ok && i < n; i++)
+        ok = lanes[i] >= 0 && lanes[i] < r->lanes && ((unsigned char *)r->prefaulted.buf)[lanes[i]]
+             && LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_CLAIM_PID]) == r->pid;
+    Py_buffer views[MAX_FIELDS];
+    char scratch[MAX_FIELDS][8];
+    const char *src[MAX_FIELDS], *row[MAX_FIELDS];
+    int f = 0;
+    /* 2. Every field's n rows, the common case only. */
+    for (; f < r->nfields && ok == 1; f++) {
+        PyObject *v = PyDict_GetItemWithError(args[1], r->fields[f].name);
+        if (v == NULL && !PyErr_Occurred())
+            v = PyDict_GetItemWithError(args[2], r->fields[f].name);
+        if (v == NULL) {
+            views[f].obj = NULL;
+            ok = PyErr_Occurred() ? -1 : 0;
+        } else {
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f]);
+        }
+    }
+    PyObject *result = NULL;
+    if (ok == 0) {
+        result = Py_False;
+        Py_INCREF(result);
+    } else if (ok == 1) {
+        /* 3. One write of one row per lane, in order (write_rows: the protocol). */
+        Py_ssize_t i = 0;
+        for (; i < n; i++) {
+            for (int k = 0; k < r->nfields; k++)
+                row[k] = src[k] + i * r->fields[k].row_bytes;
+            if (write_rows(r, lanes[i], 1, row, timeout) != 0)
+                break;
+        }
+        if (i == n) {
+            result = Py_None;
+            Py_INCREF(result);
+        } else if (!PyErr_Occurred()) {   /* cannot happen for owned lanes; never silent */
+            PyErr_Format(PyExc_RuntimeError, "put_rows: lane %lld stopped being ours", (long long)lanes[i]);
+        }
+    }
+    for (int i = 0; i < f; i++)
+        if (views[i].obj != NULL)
+            PyBuffer_Release(&views[i]);
+    if (lanev.obj != NULL)
+        PyBuffer_Release(&lanev);
+    return result;
+}
+
 /* ---- gathering ---------------------------------------------------------------------- */
 
 /* draw(u, length, first, lane): windows of `length` rows drawn uniformly over every
@@ -626,35 +710,65 @@ done:
     return result;
 }
 
-/* gather(first, lane, length, outs): copy the windows of `length` rows starting at the
- * sequence numbers `first` (int64 array) of `lane` (an int, or an int64 array) into
- * `outs` (one C-contiguous array per field, len(first) * length rows). Returns None if
- * every window is intact, else bytes: 1 for the intact windows (sampling.py: copy_windows). */
+/* gather(first, lane, length, outs[, per_row]): copy the windows of `length` rows
+ * starting at the sequence numbers `first` (int64 array) of `lane` (an int, or an
+ * int64 array). `outs` is either one array per field (C-contiguous, len(first) *
+ * length rows: the windows one after the other), or a list of `length` such lists,
+ * one per position in the window, each array of len(first) rows (row j of every
+ * window into outs[j]: callers that treat a window's rows differently save a copy).
+ * None instead of an array: that field (at that position) is not copied; its row's
+ * stamps are checked all the same. Returns None if every window is intact, else bytes:
+ * 1 for the intact windows, or with per_row true for the intact rows (n * length).
+ * (sampling.py: copy_windows.) */
 static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
-    if (usable(r, nargs == 4 && PyList_Check(args[3]), "(first, lane, length, list of arrays)") < 0)
+    if (usable(r, (nargs == 4 || nargs == 5 || nargs == 8) && PyList_Check(args[3]),
+               "(first, lane, length, list of arrays[, per_row[, same, skip, skip_mask]])") < 0)
         return NULL;
+    int per_row = nargs >= 5 && PyObject_IsTrue(args[4]);
     Py_ssize_t length = PyLong_AsSsize_t(args[2]);
     Py_ssize_t one_lane = PyLong_Check(args[1]) ? PyLong_AsSsize_t(args[1]) : -1;
+    Py_ssize_t same = nargs == 8 ? PyLong_AsSsize_t(args[5]) : -1;
+    Py_ssize_t skip = nargs == 8 ? PyLong_AsSsize_t(args[6]) : -1;
+    long skip_mask = nargs == 8 ? PyLong_AsLong(args[7]) : 0;
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer firstv, lanev = {0}, outs[MAX_FIELDS];
+    if (same >= r->nfields || (same >= 0 && r->fields[same].row_bytes > 8) || skip >= r->nfields) {
+        PyErr_SetString(PyExc_ValueError, "gather: same must name a field of at most 8 bytes, skip a field");
+        return NULL;
+    }
+    Py_buffer firstv, lanev = {0}, *outs = NULL;
     if (PyObject_GetBuffer(args[0], &firstv, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
-    Py_ssize_t n = firstv.len / 8, f = 0;
+    Py_ssize_t n = firstv.len / 8, nout = 0, nf = r->nfields, want = 0;
     PyObject *result = NULL;
+    int by_pos = PyList_Size(args[3]) > 0 && PyList_Check(PyList_GetItem(args[3], 0));
     if (one_lane < 0 && PyObject_GetBuffer(args[1], &lanev, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
     if (length < 1 || length > r->lc || (lanev.obj && lanev.len != firstv.len) || one_lane >= r->lanes
-        || PyList_Size(args[3]) != r->nfields) {
+        || PyList_Size(args[3]) != (by_pos ? length : nf)) {
         PyErr_SetString(PyExc_ValueError, "gather: bad lane, length or number of outputs");
         goto done;
     }
-    for (; f < r->nfields; f++) {
-        if (PyObject_GetBuffer(PyList_GetItem(args[3], f), &outs[f],
-                               PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    want = by_pos ? length * nf : nf;
+    if ((outs = PyMem_Calloc(want, sizeof(Py_buffer))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; nout < want; nout++) {
+        PyObject *list = by_pos ? PyList_GetItem(args[3], nout / nf) : args[3];
+        Py_ssize_t f = nout % nf;
+        if (!PyList_Check(list) || PyList_Size(list) != nf) {
+            PyErr_SetString(PyExc_ValueError, "gather: a position's outputs are not a list of one per field");
             goto done;
-        if (outs[f].len != n * length * r->fields[f].row_bytes) {
-            PyBuffer_Release(&outs[f]);
+        }
+        PyObject *o = PyList_GetItem(list, f);
+        if (o == Py_None)                  /* a field the caller does not need */
+            continue;
+        if (PyObject_GetBuffer(o, &outs[nout], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            outs[nout].obj = NULL;
+            goto done;
+        }
+        if (outs[nout].len != n * (by_pos ? 1 : length) * r->fields[f].row_bytes) {
             PyErr_SetString(PyExc_ValueError, "gather: an output has the wrong size");
             goto done;
         }
@@ -665,10 +779,10 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
             PyErr_SetString(PyExc_ValueError, "gather: a lane or sequence number is out of range");
             goto done;
         }
-    result = PyBytes_FromStringAndSize(NULL, n);
+    result = PyBytes_FromStringAndSize(NULL, per_row ? n * length : n);
     if (result == NULL)
         goto done;
-    char *ok = PyBytes_AsString(result);
+    char *ok = PyBytes_AsString(result), *win = ok;
     Py_ssize_t bad = 0;
     int big = n * length * (r->row_stride + 64) > (1 << 16);
     PyThreadState *ts = big ? PyEval_SaveThread() : NULL;   /* large copies: let others run */
@@ -684,36 +798,69 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     }
     for (Py_ssize_t w = 0; w < n; w++) {
         Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
-        ok[w] = 1;
+        int64_t key0 = 0;                            /* row 0's value of field `same` */
+        win = per_row ? ok + w * length : ok + w;    /* where this window's verdicts go */
+        *win = 1;
         for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
             int64_t s = first[w] + j;
-            Py_ssize_t slot = lane * r->lc + at, row = w * length + j;
+            Py_ssize_t slot = lane * r->lc + at;
+            Py_buffer *dst = by_pos ? outs + j * nf : outs;  /* this row's outputs ... */
+            Py_ssize_t row = by_pos ? w : w * length + j;    /* ... and its index in them */
             int64_t *stamp = stamp_of(r, slot);
             int64_t before = LOAD_ACQ(stamp);          /* 1. the row it names, acquired */
             if (faults & FAULT_NO_STAMP_CHECK)
                 before = 2 * s + 2;
+            if (per_row)
+                win[j] = 1;
             if (before != 2 * s + 2) {
-                ok[w] = 0;
+                win[per_row ? j : 0] = 0;
+                if (per_row)
+                    continue;                          /* per row: the others may be intact */
                 break;
             }
-            for (int i = 0; i < r->nfields; i++) {     /* 2. copy every field */
+            for (int i = 0; i < nf; i++) {             /* 2. copy every field asked for */
                 Field *fd = &r->fields[i];
-                copy((char *)outs[i].buf + row * fd->row_bytes,
-                     r->base + fd->offset + slot * fd->stride, fd->row_bytes);
+                if (dst[i].obj != NULL)
+                    copy((char *)dst[i].buf + row * fd->row_bytes,
+                         r->base + fd->offset + slot * fd->stride, fd->row_bytes);
             }
+            int64_t key = 0;                           /* ... and the filters' values */
+            unsigned char flag = 0;
+            if (same >= 0)
+                memcpy(&key, r->base + r->fields[same].offset + slot * r->fields[same].stride,
+                       r->fields[same].row_bytes);
+            if (skip >= 0 && j == 0)
+                flag = *(unsigned char *)(r->base + r->fields[skip].offset + slot * r->fields[skip].stride);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* 3. no copy load moves past ... */
             if (LOAD(stamp) != before && !(faults & FAULT_NO_STAMP_CHECK)) { /* 4. unchanged? */
-                ok[w] = 0;
+                win[per_row ? j : 0] = 0;
+                if (per_row)
+                    continue;
+                break;
+            }
+            /* 4b. The filters, on values known intact: a row whose `same` field differs
+             * from row 0's, a window whose row 0 has a `skip` bit, does not count. */
+            if (j == 0)
+                key0 = key;
+            if ((same >= 0 && key != key0) || (flag & skip_mask)) {
+                win[per_row ? j : 0] = 0;
+                if (per_row)
+                    continue;
                 break;
             }
         }
     }
-    /* 5. A window drawn before a clear() must still start at or after its lane's base. */
+    /* 5. A window drawn before a clear() must still start at or after its lane's base
+     * (per row: each row). */
     for (Py_ssize_t w = 0; w < n; w++) {
         Py_ssize_t lane = lanes ? lanes[w] : one_lane;
-        if (ok[w] && first[w] < LOAD_ACQ(&r->lanes_tab[lane * TABLE_WIDTH + LANE_BASE]))
-            ok[w] = 0;
-        bad += !ok[w];
+        int64_t base = LOAD_ACQ(&r->lanes_tab[lane * TABLE_WIDTH + LANE_BASE]);
+        for (Py_ssize_t j = 0; j < (per_row ? length : 1); j++) {
+            char *v = per_row ? ok + w * length + j : ok + w;
+            if (*v && first[w] + j < base)
+                *v = 0;
+            bad += !*v;
+        }
     }
     if (ts)
         PyEval_RestoreThread(ts);
@@ -723,8 +870,12 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
         Py_INCREF(result);
     }
 done:
-    for (Py_ssize_t i = 0; i < f; i++)
-        PyBuffer_Release(&outs[i]);
+    if (outs != NULL) {
+        for (Py_ssize_t i = 0; i < want; i++)
+            if (outs[i].obj != NULL)
+                PyBuffer_Release(&outs[i]);
+        PyMem_Free(outs);
+    }
     if (lanev.obj)
         PyBuffer_Release(&lanev);
     PyBuffer_Release(&firstv);
@@ -878,7 +1029,8 @@ static PyMethodDef Ring_methods[] = {
     {"add", (PyCFunction)(void (*)(void))Ring_add, METH_FASTCALL, "add(transition, lane, timeout)"},
     {"extend", (PyCFunction)(void (*)(void))Ring_extend, METH_FASTCALL, "extend(batch, lane, timeout)"},
     {"put", (PyCFunction)(void (*)(void))Ring_put, METH_FASTCALL, "put(lane, n, arrays, timeout)"},
-    {"gather", (PyCFunction)(void (*)(void))Ring_gather, METH_FASTCALL, "gather(first, lane, length, outs)"},
+    {"gather", (PyCFunction)(void (*)(void))Ring_gather, METH_FASTCALL, "gather(first, lane, length, outs[, per_row[, same, skip, skip_mask]])"},
+    {"put_rows", (PyCFunction)(void (*)(void))Ring_put_rows, METH_FASTCALL, "put_rows(lanes, data, extra, timeout)"},
     {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, length, first, lane)"},
     {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},

@@ -166,6 +166,7 @@ class Ring:
                                           (f.stride,) + _c_strides(f))
                        for f in layout.fields}
         self.rows = np.ndarray((layout.capacity, layout.row_stride), np.uint8, mem, layout.rows_offset)
+        self.index = {f.name: i for i, f in enumerate(layout.fields)}  # field name -> position
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = _owner_lock(lock)

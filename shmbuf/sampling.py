@@ -138,9 +138,12 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
 
 
 def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
-          out: Sequence[np.ndarray]) -> np.ndarray | None:
-    """Copy the windows (lane, first) of ``length`` rows into ``out`` (field order, first
-    axes flattened). Used by the core's samplers and by the capabilities built on it
+                 out: Sequence[Any], per_row: bool = False, same: str | None = None,
+                 skip: tuple[str, int] | None = None) -> np.ndarray | None:
+    """Copy the windows (lane, first) of ``length`` rows into ``out``: one array per field
+    (field order, the windows one after the other), or one such list per position in
+    the window (``out[j]`` takes row ``j`` of every window); None for a field not
+    wanted, whose stamps are checked all the same. Used by the core's samplers and by the capabilities built on it
     (episodes), so every copy out of a ring goes through this one check.
 
     A window is intact if every stamp named its row before and after the copy, and
@@ -148,11 +151,30 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     a window drawn before a clear could otherwise join rows from both sides of it).
     ``lo`` (if not None) is a lower bound of ``first`` per lane: the common case is
     then a comparison per lane. Returns None if every window is intact, else a boolean mask of
-    the intact ones. The native path does the same in C, with acquire loads.
+    the intact ones (with ``per_row``: of the intact rows, ``(n, length)``, a row being
+    intact on its own). Two filters for the capabilities that keep segments of rows
+    (episodes): with ``same``, a row counts only if its value of that field (at most 8
+    bytes) equals the window's first row's; with ``skip=(field, bits)``, a window (or
+    its first row, per row) does not count if its first row's first byte of that field
+    has any of ``bits``. Both look at values read between the two stamp reads. The
+    native path does the same in C, with acquire loads.
     """
     if ring.native is not None:
-        mask = ring.native.gather(first, lane, length, out)
-        return None if mask is None else np.frombuffer(mask, np.bool_)
+        if same is None and skip is None:
+            mask = ring.native.gather(first, lane, length, out, per_row)
+        else:
+            mask = ring.native.gather(first, lane, length, out, per_row,
+                                      -1 if same is None else ring.index[same],
+                                      -1 if skip is None else ring.index[skip[0]], 0 if skip is None else skip[1])
+        if mask is None:
+            return None
+        mask = np.frombuffer(mask, np.bool_)
+        return mask.reshape(-1, length) if per_row else mask
+    if out and isinstance(out[0], list):
+        flat, scatter = by_position(ring, len(first), length, out)
+        ok = copy_windows(ring, lane, first, length, lo, flat, per_row, same, skip)
+        scatter()
+        return ok
     rows, expected = _rows(ring, lane, first, length)
     stamps = ring.stamps
     before = stamps[rows]
@@ -162,20 +184,62 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
         np.copyto(dst, src)
     for src, dst in own:
         np.take(src, rows, axis=0, out=dst, mode="clip")
+    kept = filters(ring, rows, length, same, skip)  # on values read between the stamp reads
     ok = stamps[rows] == before
     ok &= before == expected
+    if kept is not None:
+        ok &= kept
     bases = ring.lane_table[:, LANE_BASE].tolist()
     if lo is not None and all(map(operator.ge, lo, bases)):
         cleared = None  # every lane's lowest drawable row is still at or after its base
+    elif per_row:
+        cleared = (expected - 2) // 2 < (bases[0] if ring.lanes == 1 else
+                                         np.array(bases)[lane if length == 1 else np.repeat(lane, length)])
     elif ring.lanes == 1:
         cleared = first < bases[0]
     else:
         cleared = first < np.array(bases)[lane]
+    if per_row:
+        if cleared is not None:
+            ok &= ~cleared
+        return None if ok.all() else ok.reshape(-1, length)
     if length > 1:
         ok = ok.reshape(-1, length).all(axis=1)
     if cleared is not None:
         ok &= ~cleared
     return None if ok.all() else ok
+
+
+def filters(ring: Ring, rows: np.ndarray, length: int, same: str | None,
+            skip: tuple[str, int] | None) -> np.ndarray | None:
+    """copy_windows' filters on the flat ``rows`` of windows of ``length``: a mask of the
+    rows that count (None: no filter)."""
+    if same is None and skip is None:
+        return None
+    kept = np.ones((len(rows) // length, length), bool)
+    if same is not None:
+        key = ring.arrays[same][rows].reshape(-1, length)
+        kept &= key == key[:, :1]
+    if skip is not None:
+        flag = ring.arrays[skip[0]][rows[::length]].reshape(len(kept), -1).view(np.uint8)[:, 0]
+        kept[:, 0] &= (flag & skip[1]) == 0
+    return kept.ravel()
+
+
+def by_position(ring: Ring, n: int, length: int,
+                out: Sequence[Sequence[np.ndarray | None]]) -> tuple[list[Any], Any]:
+    """For ``out`` given per window position: flat arrays to copy the windows into (one
+    per field, None where no position wants it) and a function that then puts row
+    ``j`` of every window into ``out[j]``."""
+    flat = [None if all(pos[i] is None for pos in out) else np.empty((n * length,) + f.shape, f.dtype)
+            for i, f in enumerate(ring.layout.fields)]
+
+    def scatter() -> None:
+        for j, pos in enumerate(out):
+            for src, dst in zip(flat, pos):
+                if dst is not None:
+                    dst[...] = src.reshape((n, length) + src.shape[1:])[:, j]
+    return flat, scatter
 
 
 def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
@@ -188,11 +252,13 @@ def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any],
     got = getattr(memo, "plan", None)
     if got is not None and len(got[0]) == len(out) and all(map(operator.is_, got[0], out)):
         return got[1]
-    n, layout = len(out[0]), ring.layout
+    n, layout = next(len(a) for a in out if a is not None), ring.layout
     block = got[1][0] if got is not None and len(got[1][0]) == n else \
         np.empty((n, layout.row_stride), np.uint8)
     packed, own = [], []
     for f, dst in zip(layout.fields, out):
+        if dst is None:
+            continue
         if f.packed:
             at = f.offset - layout.rows_offset
             item = f"V{f.row_bytes}"

@@ -65,11 +65,20 @@ def break_protection(monkeypatch):
     import numpy as np
     from shmbuf import native, ring, sampling
 
-    def unchecked(ring_, lane, first, length, lo, out):
+    def unchecked(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
+        scatter = None
+        if out and isinstance(out[0], list):
+            out, scatter = sampling.by_position(ring_, len(first), length, out)
         rows, _ = sampling._rows(ring_, lane, first, length)
         for src, dst in zip(ring_.arrays.values(), out):
-            np.take(src, rows.ravel(), axis=0, out=dst, mode="clip")
-        return None  # "all intact"
+            if dst is not None:
+                np.take(src, rows.ravel(), axis=0, out=dst, mode="clip")
+        if scatter is not None:
+            scatter()
+        kept = sampling.filters(ring_, rows, length, same, skip)  # only the stamps go unchecked
+        if kept is None or kept.all():
+            return None  # "all intact"
+        return kept.reshape(-1, length) if per_row else kept.reshape(-1, length).all(axis=1)
 
     def brk(what):
         if what == "stamp check":

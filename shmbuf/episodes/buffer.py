@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
+from ..layout import normalize_fields
 from . import transitions
 from .rows import SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
@@ -37,22 +38,35 @@ class EpisodeBuffer:
         self.core = core
         self.observations: list[str] = list(meta["observations"])
         self.reward: str | None = meta.get("reward")
+        self.frame_stack: int = int(meta.get("frame_stack", 1))
         self._rows = StepRows(core.fields, self.observations)
+        self._user = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
+        self._rejected = 0.0  # the fraction of candidates transitions.sample last saw rejected
+        # observation fields read apart from the rest of a row (not once per step of
+        # an n-step window): frames to stack, and anything larger than a packed row
+        packed = {f.name: f.packed for f in core._layout.fields}
+        self._apart = [o for o in self.observations if self.frame_stack > 1 or not packed[o]]
 
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, lanes: int = 1,
                observations: Sequence[str] | None = None, reward: str | None = "reward",
-               **kwargs: Any) -> "EpisodeBuffer":
+               frame_stack: int = 1, **kwargs: Any) -> "EpisodeBuffer":
         """Create an episode buffer of ``capacity`` rows over ``lanes`` lanes (one per env
         that writes at the same time). ``observations`` names the observation fields
         (default ``["obs"]``): steps take ``next_<name>`` for each, samples return it.
-        ``reward`` names the field n-step returns add up. Other arguments: as
+        ``reward`` names the field n-step returns and returns-to-go add up (the default
+        ``"reward"`` is ignored if there is no such field). With ``frame_stack=k`` the
+        observation fields hold single frames (add the newest frame of each step) and
+        ``sample`` returns stacks ``(n, k, *frame)`` of the episode's ``k`` latest
+        frames, zeros before its first step. Other arguments: as
         :meth:`shmbuf.Buffer.create`."""
-        specs, observations = plan(fields, observations)
-        if reward is not None and reward not in specs:
+        if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
-        meta = {"kind": KIND, "observations": observations, "reward": reward}
+        if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
+            raise ValueError(f"frame_stack must be an int >= 1 (frames per stacked observation), got {frame_stack!r}")
+        specs, observations = plan(fields, observations, reward)
+        meta = {"kind": KIND, "observations": observations, "reward": reward, "frame_stack": int(frame_stack)}
         return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs))
 
     @classmethod
@@ -162,8 +176,9 @@ class EpisodeBuffer:
 
     @property
     def fields(self) -> dict[str, Any]:
-        """The user's fields (without the system fields)."""
-        return {k: v for k, v in self.core.fields.items() if k not in SYSTEM}
+        """The user's fields (without the system fields): ``{name: (shape, dtype)}``, the
+        observation fields as stored (single frames with ``frame_stack``)."""
+        return dict(self._user)
 
     def close(self) -> None:
         if self._writer is not None:

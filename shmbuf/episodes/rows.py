@@ -1,18 +1,20 @@
 """What an episode buffer stores in each row, and how steps become rows.
 
 Row ``t`` of an episode holds the step's own values (``obs_t``, ``action_t``,
-``reward_t``, ...) and three system fields:
+``reward_t``, ...) and three system fields, all but the flags the same for every row
+of the episode (so a writer updates nothing per step):
 
 * ``_episode``: the episode's number in its lane (the lane table counts them);
-* ``_step``: ``t``, the step's index in the episode;
+* ``_start``: the lane sequence number of the episode's first step, so row ``s`` is
+  step ``s - _start``;
 * ``_flags``: ``TERMINATED`` / ``TRUNCATED`` on the episode's last step, ``FINAL`` on
   the extra row written after it.
 
 Observations are stored once: ``next_obs_t`` is ``obs`` of the lane's next row when the
 episode goes on. When it ends, the real final observation goes into one extra row
-(``FINAL``: its observation fields hold it, its other fields zeros), written in the
-same reservation as the last step, so it takes one of the ``capacity`` rows per
-episode and is never a transition itself.
+(``FINAL``: its observation fields hold it, its other fields zeros), written right
+after the last step (``add_episode``: in the same reservation), so it takes one of
+the ``capacity`` rows per episode and is never a transition itself.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ from .. import validate
 from ..layout import normalize_fields
 
 TERMINATED, TRUNCATED, FINAL = 1, 2, 4
-SYSTEM = {"_episode": ((), np.int64), "_step": ((), np.int32), "_flags": ((), np.uint8)}
+SYSTEM = {"_episode": ((), np.int64), "_start": ((), np.int64), "_flags": ((), np.uint8)}
 
 
-def plan(fields: Mapping[str, Any], observations: Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
-    """The core buffer's fields (the user's plus the system fields) and the names of the
-    observation fields. ``observations`` defaults to ``["obs"]``."""
+def plan(fields: Mapping[str, Any], observations: Sequence[str] | None,
+         reward: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The core buffer's fields (the user's plus the system fields) and the names of
+    the observation fields. ``observations`` defaults to ``["obs"]``."""
     specs = {f.name: (f.shape, f.dtype) for f in normalize_fields(fields)}
-    clash = sorted(set(specs) & set(SYSTEM)) + sorted(k for k in specs if k.startswith("next_"))
+    clash = sorted(k for k in specs if k.startswith("_") or k.startswith("next_"))
     if clash:
         raise ValueError(f"field names {clash} are reserved: fields starting with '_' hold the episode "
                          "index and next_<obs> is derived from the next row; rename them")
@@ -47,6 +50,10 @@ def plan(fields: Mapping[str, Any], observations: Sequence[str] | None) -> tuple
             f"observations must name fields of the buffer, each once (got {observations!r}, "
             f"fields {list(specs)}); pass observations=[...] to say which fields are observations "
             "(the default is ['obs'])")
+    if reward is not None and (reward not in specs or specs[reward][0] != ()
+                               or specs[reward][1].kind not in "iuf"):
+        raise ValueError(f"reward={reward!r} must name a scalar number field of the buffer (fields "
+                         f"{list(specs)}); pass reward=None for a buffer without rewards")
     return {**specs, **SYSTEM}, observations
 
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import sampling
-from ..layout import LANE_HEAD
-from .rows import FINAL, SYSTEM, TERMINATED, TRUNCATED
+from . import gather
+from .rows import FINAL, TERMINATED, TRUNCATED
 
 if TYPE_CHECKING:
     from .buffer import EpisodeBuffer
@@ -30,69 +30,115 @@ _NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one 
 
 def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: float) -> dict[str, np.ndarray]:
     """``n`` transitions: the step's fields, ``next_<obs>``, ``terminated``, ``truncated``
-    and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward."""
-    core = ebuf.core
-    ring, rng = core._ring, core._rng
-    fields = ring.layout.fields
-    user = [f for f in fields if f.name not in SYSTEM]
-    out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in user}
+    and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
+    With frame stacking, observations come as stacks ``(n, k, *frame)``.
+
+    A few more candidates than ``n`` are drawn (about the fraction this handle last saw
+    rejected: final rows, rows still waiting for their next observation), so that a
+    second draw is rare: the first ``n`` that are transitions are kept, which in an
+    i.i.d. stream of candidates are i.i.d. too."""
+    if n == 0:
+        return _empty(ebuf, 0, n_step)
+    out = _empty(ebuf, n + int(n * ebuf._rejected) + 4, n_step)
+    valid = _fill(ebuf, out, n_step, gamma)
+    if valid[:n].all():
+        return {key: a[:n] for key, a in out.items()}
+    ebuf._rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
+    bad = np.flatnonzero(~valid[:n])
+    spare = np.flatnonzero(valid[n:])[:len(bad)] + n
+    for a in out.values():
+        a[bad[:len(spare)]] = a[spare]
+    bad = bad[len(spare):]
+    deadline = time.monotonic() + timeout
+    rounds = 0
+    while len(bad):  # draw again for the candidates that were not transitions (or torn)
+        rounds += 1
+        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+            raise ValueError(_NONE_YET)
+        if time.monotonic() >= deadline:
+            raise sampling.SampleTimeout(
+                f"could not draw {len(bad)} transitions within {timeout:g} s" +
+                (f": with n_step={n_step}, the newest steps of an episode in progress wait until "
+                 f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
+        more = _empty(ebuf, 2 * len(bad) + 4, n_step)
+        good = np.flatnonzero(_fill(ebuf, more, n_step, gamma))[:len(bad)]
+        for key, a in out.items():
+            a[bad[:len(good)]] = more[key][good]
+        bad = bad[len(good):]
+    return {key: a[:n] for key, a in out.items()}
+
+
+def _empty(ebuf: "EpisodeBuffer", n: int, n_step: int) -> dict[str, np.ndarray]:
+    """The arrays of a batch of ``n`` transitions."""
+    k = ebuf.frame_stack
+    out: dict[str, np.ndarray] = {}
+    for name, (shape, dtype) in ebuf._user.items():
+        stacked = k > 1 and name in ebuf.observations
+        out[name] = np.empty((n,) + ((k,) if stacked else ()) + shape, dtype)
     for o in ebuf.observations:
         out["next_" + o] = np.empty_like(out[o])
     out["terminated"] = np.empty(n, bool)
     out["truncated"] = np.empty(n, bool)
     if n_step > 1:
         out["steps"] = np.empty(n, np.int64)
-    span = n_step + 1
-    todo = np.arange(n)
-    deadline = time.monotonic() + timeout
-    rounds = 0
-    while len(todo):
-        rounds += 1
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(_NONE_YET)
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(
-                f"could not draw {len(todo)} transitions within {timeout:g} s" +
-                (f": with n_step={n_step}, the newest steps of an episode in progress wait until "
-                 f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
-        m = len(todo)
-        try:
-            lane, first, _ = sampling.draw_windows(ring, rng, m, 2, None)
-        except ValueError:
-            if ring.size() == 0:
-                raise  # "empty buffer"
-            raise ValueError(_NONE_YET) from None  # no lane holds two rows
-        lane = np.ascontiguousarray(np.broadcast_to(lane, first.shape), np.int64)
-        seq = first[:, None] + np.arange(span)
-        head = ring.lane_table[:, LANE_HEAD][lane][:, None]
-        beyond = seq >= head  # not written yet (only for n-step windows)
-        seq = np.minimum(seq, head - 1)
-        tmp = [np.empty((m * span,) + f.shape, f.dtype) for f in fields]
-        ok = sampling.copy_windows(ring, lane.repeat(span), seq.ravel(), 1, None, tmp)
-        got = {f.name: a.reshape((m, span) + f.shape) for f, a in zip(fields, tmp)}
-        ok = ~beyond if ok is None else ok.reshape(m, span) & ~beyond
-        ep, fl = got["_episode"], got["_flags"]
-        same = ok & (ep == ep[:, :1])
-        ends = (fl[:, :n_step] & (TERMINATED | TRUNCATED)) != 0
-        k = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, n_step)  # steps taken
-        rows = np.arange(m)
-        valid = same[:, 0] & ((fl[:, 0] & FINAL) == 0) & (np.cumprod(same, axis=1)[rows, k] == 1)
-        r, k = rows[valid], k[valid]
-        pos = todo[valid]
-        for f in user:
-            out[f.name][pos] = got[f.name][r, 0]
-        for o in ebuf.observations:
-            out["next_" + o][pos] = got[o][r, k]
-        last = fl[r, k - 1]
-        out["terminated"][pos] = (last & TERMINATED) != 0
-        out["truncated"][pos] = (last & TRUNCATED) != 0
-        if n_step > 1:
-            rew = got[ebuf.reward][r, :n_step].astype(np.float64)
-            disc = np.where(np.arange(n_step) < k[:, None], gamma ** np.arange(n_step), 0.0)
-            out[ebuf.reward][pos] = (rew * disc).sum(axis=1)
-            out["steps"][pos] = k
-        todo = todo[~valid]
     return out
+
+
+def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], n_step: int, gamma: float) -> np.ndarray:
+    """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows and copy them
+    into ``out``; returns the mask of those that are intact transitions."""
+    ring, rng = ebuf.core._ring, ebuf.core._rng
+    m, k, n = len(out["terminated"]), ebuf.frame_stack, n_step
+    try:
+        lane, t, _ = sampling.draw_windows(ring, rng, m, 2, None)
+    except ValueError:
+        if ring.size() == 0:
+            raise  # "empty buffer"
+        raise ValueError(_NONE_YET) from None  # no lane holds two rows
+    if type(lane) is not np.ndarray:  # a one-lane ring
+        lane = np.full(m, lane, np.int64)
+    # 1. Rows t .. t+n, one window per candidate: row t's fields straight into the
+    #    output, then what the rows after it are read for (the large observations
+    #    apart: 2.); each row checked on its own, as a window may run past the head
+    apart, obs = ebuf._apart, [o for o in ebuf.observations if o not in ebuf._apart]
+    fl = np.empty(m, np.uint8)
+    first = {name: out[name] for name in ebuf._user if name not in apart}
+    first["_flags"] = fl
+    if k > 1:
+        first["_start"] = start = np.empty(m, np.int64)
+    if n == 1:
+        valid = gather.windows(ring, lane, t, [first, {o: out["next_" + o] for o in obs}])
+        steps, last = 1, fl
+    else:
+        rew = out[ebuf.reward]
+        flags = np.empty((n, m), np.uint8)
+        rews = np.empty((n,) + rew.shape, rew.dtype)
+        nobs = {o: np.empty((n,) + out[o].shape, out[o].dtype) for o in obs}
+        after = [{"_flags": flags[j], ebuf.reward: rews[j],
+                  **{o: a[j] for o, a in nobs.items()}} for j in range(n)]
+        ok = gather.windows(ring, lane, t, [first] + after, per_row=True)
+        same = ok[:, 1:]  # intact rows of the candidate's episode
+        ended = (np.concatenate([fl[None], flags[:n - 1]]) & (TERMINATED | TRUNCATED)) != 0  # rows t .. t+n-1
+        steps = np.where(ended.any(axis=0), ended.argmax(axis=0) + 1, n)
+        rows = np.arange(m)
+        valid = ok[:, 0] & (np.cumprod(same, axis=1)[rows, steps - 1] == 1)  # rows t+1 .. t+steps
+        last = np.where(steps == 1, fl, flags[np.maximum(steps - 2, 0), rows])
+        taken = np.arange(n)[:, None] < steps  # (n, m): the rewards of rows t .. t+steps-1
+        r = np.concatenate([rew[None], rews[:n - 1]]).astype(np.float64)
+        rew[:] = (np.where(taken, r, 0.0) * gamma ** np.arange(n)[:, None]).sum(axis=0)
+        out["steps"][:] = steps
+        for o, a in nobs.items():
+            out["next_" + o][:] = a[steps - 1, rows]
+    np.bitwise_and(last, TERMINATED, out=out["terminated"].view(np.uint8))
+    np.not_equal(last & TRUNCATED, 0, out=out["truncated"])
+    # 2. The large observations: frame stacks, or the rows t and t+steps alone
+    if k > 1:
+        valid &= gather.stacks(ring, lane, t, start, k, {o: out[o] for o in apart})
+        valid &= gather.stacks(ring, lane, t + steps, start, k, {o: out["next_" + o] for o in apart})
+    elif apart:
+        valid &= gather.rows(ring, lane, t, {o: out[o] for o in apart})
+        valid &= gather.rows(ring, lane, t + steps, {o: out["next_" + o] for o in apart})
+    return valid
 
 
 def _any_transition(ebuf: "EpisodeBuffer") -> bool:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ..layout import LANE_EPISODES
+from ..layout import LANE_EPISODES, LANE_HEAD
 from .rows import FINAL, TERMINATED, TRUNCATED, flags_of
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class EpisodeWriter:
             raise ValueError(f"envs must be an int >= 1 (one lane per env), got {envs!r}")
         self.buffer = buffer
         self.envs = 1 if envs is None else int(envs)
-        self._axis = envs is not None and envs > 1  # steps come with an env axis
+        self._axis = envs is not None  # steps come with an env axis
         core = buffer.core
         ring, t = core._ring, core._t(timeout)
         self.lanes: list[int] = []
@@ -35,8 +35,19 @@ class EpisodeWriter:
         except BaseException:
             self.close()
             raise
-        self._step = np.zeros(self.envs, np.int64)  # index of each env's next step
-        self._episode = np.zeros(self.envs, np.int64)
+        n = self.envs
+        self._lanes = np.array(self.lanes, np.int64) if self._axis else self.lanes[0]
+        self._episode = np.zeros(n, np.int64)  # each env's episode number
+        self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
+        self._steps = np.zeros(n, np.int64)  # its steps so far (for messages)
+        self._started = np.zeros(n, bool)  # an episode in progress
+        self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
+        if not self._axis:  # the same memory, as one row without a row axis
+            self._sys = {k: v.reshape(()) for k, v in self._sys.items()}
+        self._user = len(buffer._rows.user)
+        self._none = bytes(n)  # tobytes() of n False flags
+        self._native = ring.native
+        self._going = False  # every env has an episode in progress: add's fast path
 
     # -- writing ---------------------------------------------------------------------
 
@@ -56,19 +67,77 @@ class EpisodeWriter:
             (2, 1)
             >>> buf.close()
         """
+        # The common case, checked and written in one native call: every env goes on
+        # (no flag set) in an episode it has started, the values are arrays of the
+        # fields' dtypes and shapes (put_rows checks those and returns False otherwise).
+        # Nothing in the rows changes from step to step but the values given.
+        if (self._going and type(step) is dict
+                and (len(step) == self._user or step.keys() <= self.buffer._rows.keys)
+                and (timeout is None or type(timeout) is float) and self._clear(terminated)
+                and self._clear(truncated) and self._native.put_rows(self._lanes, step, self._sys, timeout) is None):
+            self._steps += 1
+            return
+        self._add(step, terminated, truncated, timeout)
+
+    def _clear(self, flags: Any) -> bool:
+        """Whether ``flags`` is certainly "no env ended" (bools of the right shape, all False)."""
+        if not self._axis:
+            return flags is False
+        return type(flags) is np.ndarray and flags.dtype == np.bool_ and flags.tobytes() == self._none
+
+    def _add(self, step: Mapping[str, Any], terminated: Any, truncated: Any, timeout: float | None) -> None:
+        """``add`` in full: checks with clear errors, episodes that start and end."""
         n = self.envs if self._axis else None
         term, trunc = flags_of(terminated, truncated, n)
-        ended = term | trunc
+        ended = np.atleast_1d(term | trunc)
         steps, nexts = self.buffer._rows.split(step, (n,) if n else (), ended)
-        if not self._axis:
+        if timeout is not None:
+            timeout = self.buffer.core._t(timeout)
+        if not self._axis:  # from here on, every value has the env axis
             steps = {k: v[None] for k, v in steps.items()}
             nexts = {k: v[None] for k, v in nexts.items()}
-            term, trunc, ended = term[None], trunc[None], ended[None]
-        for i in range(self.envs):  # checked above: nothing raises from here but the writes
-            rows = {k: v[i:i + 1] for k, v in steps.items()}
-            flags = TERMINATED * int(term[i]) + TRUNCATED * int(trunc[i])
-            final = {o: v[i:i + 1] for o, v in nexts.items()} if ended[i] else None
-            self._write(i, rows, 1, flags, final, timeout)
+        # checked: nothing raises from here but the writes
+        self._begin(~self._started)
+        flags = (TERMINATED * np.atleast_1d(term) + TRUNCATED * np.atleast_1d(trunc)).astype(np.uint8)
+        sys = {"_episode": self._episode, "_start": self._start, "_flags": flags}
+        lanes = np.array(self.lanes, np.int64)
+        self._put(lanes, steps, sys, timeout)
+        self._steps += 1
+        if ended.any():  # the real final observations, in rows of their own
+            e = np.flatnonzero(ended)
+            final = {k: np.zeros((len(e),) + v.shape[1:], v.dtype) for k, v in steps.items()}
+            final.update({o: v[e] for o, v in nexts.items()})
+            self._started[e] = False
+            self._going = False
+            self._put(lanes[e], final, {"_episode": self._episode[e], "_start": self._start[e],
+                                        "_flags": flags[e] | FINAL}, timeout)
+        self._going = bool(self._native is not None and self._started.all())
+
+    def _begin(self, envs: np.ndarray) -> None:
+        """Start an episode in each env of the mask ``envs``: the next number of its
+        lane (the lane table counts them) and its head (the lane is ours: nobody else
+        moves either)."""
+        if envs.any():
+            table = self.buffer.core._ring.lane_table
+            lanes = np.array(self.lanes, np.int64)[envs]
+            table[lanes, LANE_EPISODES] += 1
+            self._episode[envs] = table[lanes, LANE_EPISODES]
+            self._start[envs] = table[lanes, LANE_HEAD]
+            self._steps[envs] = 0
+            self._started[envs] = True
+
+    def _put(self, lanes: np.ndarray, data: dict[str, np.ndarray], sys: dict[str, np.ndarray],
+             timeout: float | None) -> None:
+        """Row i of ``data`` and ``sys`` (checked arrays, a row per env) into lane
+        ``lanes[i]``: in one native call, or (pure Python, or a lane this handle has
+        not mapped yet) one core write per lane."""
+        if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
+            return
+        core = self.buffer.core
+        names = list(core.fields)
+        for i, lane in enumerate(lanes.tolist()):
+            core.extend({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names},
+                        lane=lane, timeout=timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     env: int = 0, timeout: float | None = None) -> None:
@@ -80,8 +149,10 @@ class EpisodeWriter:
         in a lane."""
         if not isinstance(terminated, (bool, np.bool_)):
             raise TypeError(f"terminated must be a bool, got {terminated!r}")
-        if self._step[env] != 0:
-            raise ValueError(f"env {env} has an episode in progress ({self._step[env]} steps); finish it "
+        if isinstance(env, bool) or not isinstance(env, (int, np.integer)) or not 0 <= env < self.envs:
+            raise ValueError(f"env must be an int in [0, {self.envs}), got {env!r}")
+        if self._started[env]:
+            raise ValueError(f"env {env} has an episode in progress ({self._steps[env]} steps); finish it "
                              "with add(..., terminated=/truncated=) before add_episode")
         rows = self.buffer._rows
         if not isinstance(episode, Mapping):
@@ -106,32 +177,21 @@ class EpisodeWriter:
                     raise ValueError(f"next_{o}: expected {length} rows or one observation, got {len(v)} rows")
                 v = np.asarray(v)[-1]
             final[o] = rows.array("next_" + o, v, (), o)[None]
+        # checked: the steps and the final row, in one reservation
+        self._begin(np.arange(self.envs) == env)
         flags = TERMINATED if terminated else TRUNCATED
-        self._write(env, steps, length, flags, final, timeout)
-
-    def _write(self, env: int, steps: dict[str, np.ndarray], n: int, flags: int,
-               final: dict[str, np.ndarray] | None, timeout: float | None) -> None:
-        """Write ``n`` steps of env ``env`` (the last with ``flags``), then the final row."""
-        core, lane = self.buffer.core, self.lanes[env]
-        if self._step[env] == 0:  # a new episode: the next number of the lane (we own it)
-            table = core._ring.lane_table
-            table[lane, LANE_EPISODES] += 1
-            self._episode[env] = table[lane, LANE_EPISODES]
-        t0 = int(self._step[env])
-        rows = dict(steps)
-        rows["_episode"] = np.full(n, self._episode[env])
-        rows["_step"] = np.arange(t0, t0 + n, dtype=np.int32)
-        rows["_flags"] = np.zeros(n, np.uint8)
-        rows["_flags"][-1] = flags
-        if final is not None:
-            last = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in steps.items()}
-            last.update(final)
-            last["_episode"] = rows["_episode"][:1]
-            last["_step"] = np.array([t0 + n], np.int32)
-            last["_flags"] = np.array([FINAL | flags], np.uint8)
-            rows = {k: np.concatenate([v, last[k]]) for k, v in rows.items()}
-        core.extend(rows, lane=lane, timeout=timeout)
-        self._step[env] = 0 if final is not None else t0 + n
+        last = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in steps.items()}
+        last.update(final)
+        data = {k: np.concatenate([v, last[k]]) for k, v in steps.items()}
+        data["_episode"] = np.full(length + 1, self._episode[env])
+        data["_start"] = np.full(length + 1, self._start[env])
+        data["_flags"] = np.zeros(length + 1, np.uint8)
+        data["_flags"][-2:] = flags, FINAL | flags
+        try:
+            self.buffer.core.extend(data, lane=self.lanes[env], timeout=timeout)
+        finally:
+            self._started[env] = False
+            self._going = False
 
     # -- lifetime ----------------------------------------------------------------------
 

@@ -1,0 +1,65 @@
+"""Copying named fields of chosen rows out of an episode buffer, stamp-checked.
+
+Every sampler of the package reads rows through :func:`rows`, which calls the core's
+:func:`shmbuf.sampling.copy_windows` (the one torn-read check of the library) with
+only the fields it needs, and :func:`stacks`, which builds frame stacks out of single
+stored frames with the same check.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import sampling
+from ..ring import Ring
+from .rows import FINAL
+
+
+def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Copy rows ``seq`` (int64) of lanes ``lane`` (int64, same length) into ``want``
+    ({field: array of len(seq) rows}, C-contiguous). The fields not named are not
+    copied. Returns a bool mask: True where the row was intact (published, and the
+    row it names, before and after the copy)."""
+    outs = [want.get(f.name) for f in ring.layout.fields]
+    ok = sampling.copy_windows(ring, lane, np.ascontiguousarray(seq, np.int64), 1, None, outs)
+    return np.ones(len(seq), bool) if ok is None else ok
+
+
+def windows(ring: Ring, lane: np.ndarray, first: np.ndarray, want: Sequence[Mapping[str, np.ndarray]],
+            per_row: bool = False) -> np.ndarray:
+    """Copy the windows of ``len(want)`` rows starting at ``first``: row ``j`` of each
+    window into ``want[j]`` ({field: array of len(first) rows}). Returns a bool mask of
+    the windows that are intact rows of one episode, the first not a final row; with
+    ``per_row``, ``(n, len(want))`` of the rows that are (a window may then run past its
+    lane's newest row, or its episode's end)."""
+    names = [f.name for f in ring.layout.fields]
+    outs = [[pos.get(name) for name in names] for pos in want]
+    ok = sampling.copy_windows(ring, lane, first, len(want), None, outs, per_row,
+                               same="_start", skip=("_flags", FINAL))
+    if ok is None:
+        return np.ones((len(first), len(want)) if per_row else len(first), bool)
+    return ok
+
+
+def stacks(ring: Ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray, k: int,
+           out: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Frame stacks: for each window, the ``k`` frames of rows ``end - k + 1 .. end`` of
+    its lane into ``out`` ({field: (n, k, *frame)}), oldest first. Frames before the
+    episode's first row (``start``) are zeros. Returns a bool mask of the windows whose
+    needed frames were all intact rows of that episode (a frame evicted or being
+    overwritten rejects the window: it is never replaced by zeros)."""
+    n = len(end)
+    seq = end[:, None] - np.arange(k - 1, -1, -1)        # oldest frame first
+    need = seq >= start[:, None]                         # inside the episode
+    first = np.empty(n * k, np.int64)
+    want: dict[str, Any] = {name: a.reshape((n * k,) + a.shape[2:]) for name, a in out.items()}
+    want["_start"] = first
+    ok = rows(ring, lane.repeat(k), np.maximum(seq, 0).ravel(), want).reshape(n, k)
+    good = ok & (first.reshape(n, k) == start[:, None])
+    valid = (good | ~need).all(axis=1)
+    if not need.all():
+        for a in out.values():
+            a[~need] = 0
+    return valid
