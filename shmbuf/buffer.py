@@ -353,6 +353,11 @@ class Buffer:
         return self._layout.lane_capacity
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the buffer takes (rows, stamps, tables, schema)."""
+        return self._layout.total_size
+
+    @property
     def persist(self) -> bool:
         """True if the buffer outlives its creator until :meth:`unlink`."""
         return bool(self._layout.flags & FLAG_PERSIST)

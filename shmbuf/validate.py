@@ -84,7 +84,7 @@ class Schema:
                                          f"{ {k: len(v) for k, v in zip(self.names_in_order(), arrays + [a])} }")
                     n = len(a)
             if a.dtype is not dtype and a.dtype != dtype:
-                _check_cast(f, a)
+                check_cast(f, a)
             arrays.append(a)
         if single:
             return arrays, 1
@@ -125,7 +125,7 @@ def rng(seed: Any) -> np.random.Generator:
             f"numpy Generator/BitGenerator; got {seed!r} ({exc})") from None
 
 
-def _check_cast(f: Field, a: np.ndarray) -> None:
+def check_cast(f: Field, a: np.ndarray) -> None:
     src, dst = a.dtype, f.dtype
     if src.kind in "SU" and dst.kind in "SU" and np.can_cast(src, dst, "same_kind"):
         chars = dst.itemsize // (4 if dst.kind == "U" else 1)

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..layout import normalize_fields
-from . import transitions
-from .rows import SYSTEM, StepRows, plan
+from . import trajectories, transitions, whole
+from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
 
 KIND = "episodes"
@@ -120,6 +120,45 @@ class EpisodeBuffer:
                              f"({self.lane_capacity})")
         return transitions.sample(self, n, n_step, float(gamma), self.core._t(timeout))
 
+    def sample_trajectories(self, batch: int, length: int, *,
+                            timeout: float | None = None) -> dict[str, np.ndarray]:
+        """``batch`` windows of ``length`` steps of one episode each, ending at a step
+        drawn uniformly over transitions (d3rlpy's trajectory slicer): every field
+        ``(batch, length, ...)`` (observations as stored: single frames with
+        ``frame_stack``), front-padded with zeros where the episode (or what is left of
+        it) is shorter, and ``mask`` (False on padding), ``timestep`` (1-based step in
+        the episode, 0 on padding), ``returns_to_go`` (the rewards from each step to the
+        episode's end; for an episode still in progress, to its newest step),
+        ``terminated`` and ``truncated`` (on the episode's last step).
+
+        Example:
+            >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16, seed=0)
+            >>> buf.add_episode({"obs": [[5]], "reward": [2], "next_obs": [6]})  # one step
+            >>> t = buf.sample_trajectories(1, 3)
+            >>> t["obs"][0, :, 0].tolist(), t["mask"][0].tolist(), t["returns_to_go"][0].tolist()
+            ([0.0, 0.0, 5.0], [False, False, True], [0.0, 0.0, 2.0])
+            >>> buf.close()
+        """
+        batch = _count(batch, "batch")
+        length = _count(length, "length", 1)
+        return trajectories.sample(self, batch, length, self.core._t(timeout))
+
+    def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
+        """``n`` whole episodes, uniformly over the complete ones (ended, none of their
+        rows evicted), with replacement: each a dict of ``(T, ...)`` arrays of the
+        fields, ``next_<obs>``, ``terminated`` and ``truncated``, in step order even
+        where the episode wraps around its lane. ValueError if there is none.
+
+        Example:
+            >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16, seed=0)
+            >>> buf.add_episode({"obs": [[0], [1]], "reward": [1, 2], "next_obs": [2]}, terminated=False)
+            >>> ep = buf.sample_episodes(1)[0]
+            >>> ep["next_obs"].ravel().tolist(), ep["truncated"].tolist()
+            ([1.0, 2.0], [False, True])
+            >>> buf.close()
+        """
+        return whole.sample(self, _count(n, "n"), self.core._t(timeout))
+
     def sample_sequences(self, batch: int, length: int, **kwargs: Any) -> dict[str, np.ndarray]:
         """Windows of consecutive rows of a lane that may cross episodes (as the core's),
         system fields and final rows included."""
@@ -130,30 +169,33 @@ class EpisodeBuffer:
     @property
     def transition_count(self) -> int:
         """Transitions that can be sampled now (about, while writers run): in each lane,
-        its rows minus the episodes they belong to (each episode's last row, its final
-        row or the newest step of one in progress, is not a transition)."""
-        return sum(max(rows - eps, 0) for rows, eps in self._lanes())
+        its rows less one per episode (an episode's final row, or the newest step of
+        one in progress, is not a transition)."""
+        return sum(rows - eps for rows, eps, _ in self._lanes())
 
     @property
     def num_episodes(self) -> int:
-        """Episodes with rows left in the buffer (d3rlpy's ``size()``), counting partly
-        evicted ones and the ones in progress."""
-        return sum(eps for _, eps in self._lanes())
+        """Episodes with at least one transition left (d3rlpy's ``size()``): partly
+        evicted ones and the ones in progress count; whole-episode samples take only
+        the complete ones."""
+        return sum(live for _, _, live in self._lanes())
 
-    def _lanes(self) -> list[tuple[int, int]]:
+    def _lanes(self) -> list[tuple[int, int, int]]:
+        """Per lane: rows, episodes with rows, episodes with a transition (raw reads)."""
         ring = self.core._ring
-        lo, head = ring.window()
-        eps = ring.arrays["_episode"]
+        lo, head = ring.window_lists()
+        eps, starts, flags = ring.arrays["_episode"], ring.arrays["_start"], ring.arrays["_flags"]
         lc = ring.lane_capacity
         out = []
         for lane in range(ring.lanes):
-            rows = int(head[lane] - lo[lane])
+            rows = head[lane] - lo[lane]
             if rows == 0:
-                out.append((0, 0))
+                out.append((0, 0, 0))
                 continue
-            first = int(eps[lane * lc + lo[lane] % lc])
-            last = int(eps[lane * lc + (head[lane] - 1) % lc])
-            out.append((rows, max(last - first + 1, 0)))
+            first, last = lane * lc + lo[lane] % lc, lane * lc + (head[lane] - 1) % lc
+            n = max(int(eps[last]) - int(eps[first]) + 1, 0)
+            live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == head[lane] - 1)
+            out.append((rows, min(n, rows), max(live, 0)))
         return out
 
     def __len__(self) -> int:
@@ -173,6 +215,11 @@ class EpisodeBuffer:
     @property
     def lane_capacity(self) -> int:
         return self.core.lane_capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the buffer takes."""
+        return self.core.nbytes
 
     @property
     def fields(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.nd
     row it names, before and after the copy)."""
     outs = [want.get(f.name) for f in ring.layout.fields]
     ok = sampling.copy_windows(ring, lane, np.ascontiguousarray(seq, np.int64), 1, None, outs)
-    return np.ones(len(seq), bool) if ok is None else ok
+    return np.ones(len(seq), bool) if ok is None else ok.copy()  # (the native mask is read-only)
 
 
 def windows(ring: Ring, lane: np.ndarray, first: np.ndarray, want: Sequence[Mapping[str, np.ndarray]],
@@ -40,7 +40,7 @@ def windows(ring: Ring, lane: np.ndarray, first: np.ndarray, want: Sequence[Mapp
                                same="_start", skip=("_flags", FINAL))
     if ok is None:
         return np.ones((len(first), len(want)) if per_row else len(first), bool)
-    return ok
+    return ok.copy()
 
 
 def stacks(ring: Ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray, k: int,

@@ -65,6 +65,7 @@ class StepRows:
         self.observations = observations
         self.keys = set(self.user) | {"next_" + o for o in observations}
         self.schema = validate.Schema(normalize_fields(self.user))
+        self._field = {f.name: f for f in self.schema.fields}
 
     def split(self, data: Mapping[str, Any], lead: tuple[int, ...],
               ended: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -93,9 +94,8 @@ class StepRows:
         if a.shape != lead + shape:
             what = "one step" if not lead else f"{lead[0]} rows along axis 0"
             raise ValueError(f"field {key!r}: expected shape {lead + shape} ({what}), got {a.shape}")
-        if a.dtype != dtype:
-            if not np.can_cast(a.dtype, dtype, "same_kind"):
-                raise TypeError(f"field {key!r}: cannot store {a.dtype} values in a {dtype} field safely")
+        if a.dtype != dtype:  # cast as the core casts: refused where a value would not survive
+            validate.check_cast(self._field[field or key], a)
             a = a.astype(dtype)
         return a
 
