@@ -86,7 +86,7 @@ def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.nda
     seq = first if length == 1 else (first[:, None] + np.arange(length)).ravel()
     rows = seq % lc
     if ring.lanes > 1:
-        rows += lane * lc if length == 1 else (lane * lc).repeat(length)
+        rows += lane * lc if length == 1 or np.ndim(lane) == 0 else (lane * lc).repeat(length)
     return rows, seq * 2 + 2
 
 

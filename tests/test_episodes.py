@@ -126,11 +126,15 @@ def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tm
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(30)
         b = buf.sample(500)  # steps 0..3 of the cut episode: their next observation is known
-        assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 3}
-        assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all() and not b["terminated"].any()
+        assert set(b["obs"][:, 0].tolist()) == {100, 101, 0, 1, 2, 3}
+        assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all() and b["terminated"].sum() > 0
+        assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(50)} == {100}  # never the cut one
+        t = buf.sample_trajectories(100, 8)
+        assert set(t["timestep"][:, -1].tolist()) == {1, 2, 3, 4}  # trajectories of it end at a transition
         buf.add({"obs": [50, 50], "reward": 0.0}, terminated=False, truncated=False)  # claims the lane again
         buf.add({"obs": [51, 51], "reward": 0.0, "next_obs": [52, 52]}, terminated=True, truncated=False)
         b = buf.sample(2000)
-        assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 3, 50, 51}  # 4 -> 50 is no transition
+        assert set(b["obs"][:, 0].tolist()) == {100, 101, 0, 1, 2, 3, 50, 51}  # 4 -> 50 is no transition
         assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all()
-        assert buf.num_episodes == 2
+        assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {100, 50}
+        assert buf.num_episodes == 3

@@ -81,7 +81,7 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
     ok &= starts.reshape(m, length) == start[:, None]
     lo = ring.window()[0][lane]  # after the copy: rows below are evicted (padding), not torn
     mask = inside & ok
-    valid &= ~(inside & ~ok & (seq >= lo[:, None])).any(axis=1)
+    valid &= ~(inside & ~ok & (seq >= lo[:, None])).any(axis=1) & mask[:, -1]  # (the end itself: not evicted)
     for name, a in out.items():
         if name in ebuf._user:
             a[~mask] = 0
