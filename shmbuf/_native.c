@@ -695,11 +695,15 @@ static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     int64_t *first = b[1].buf, *lane = b[2].buf;
     for (Py_ssize_t w = 0; total && w < b[0].len / 8; w++) {
         int64_t x = (int64_t)(u[w] * (double)total);
-        Py_ssize_t lo_lane = 0, hi_lane = r->lanes - 1;
-        while (lo_lane < hi_lane) {
-            Py_ssize_t m = (lo_lane + hi_lane) / 2;
-            if (cum[m] > x) hi_lane = m; else lo_lane = m + 1;
+        /* the first lane with cum > x: a binary search without branches (conditional
+         * moves), as a random x makes every branch of the usual one a coin toss */
+        const int64_t *at = cum;
+        for (Py_ssize_t left = r->lanes; left > 1;) {
+            Py_ssize_t half = left / 2;
+            at = at[half - 1] <= x ? at + half : at;
+            left -= half;
         }
+        Py_ssize_t lo_lane = (at - cum) + (*at <= x);
         lane[w] = lo_lane;
         first[w] = x - (lo_lane ? cum[lo_lane - 1] : 0) + lo[lo_lane];
     }

@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "buffers do not all fit in memory)")
     p.add_argument("--torch", action="store_true",
                    help="also TorchRL's shared ReplayBuffer and stable-baselines3's (needs torch)")
+    p.add_argument("--episodes", choices=("yes", "no", "only"), default="yes",
+                   help="EpisodeBuffer beside Buffer on the same workloads (only: that part alone)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -31,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
           if v is not None}
     peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
-    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers), **kw)
+    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers),
+                          episodes=a.episodes, **kw)
     res = run.run(cfg)
     text = report.markdown(res)
     print(text)

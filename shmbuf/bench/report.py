@@ -132,6 +132,34 @@ def extra_table(r: Results) -> str:
     return "\n".join(lines)
 
 
+def episodes_tables(r: Results) -> str:
+    """EpisodeBuffer beside Buffer: figures, the targets, memory per transition."""
+    from .episodes import ratios
+
+    figs = r.extra.get("episodes")
+    if not figs:
+        return ""
+    lines = ["| episodes: workload, metric | unit | Buffer | EpisodeBuffer |", "|---|---|---:|---:|"]
+    for wl, metrics in figs.items():
+        for metric, systems in metrics.items():
+            unit = "rows/s" if "rows/s" in metric else "batches/s"
+            lines.append(f"| {wl}: {metric.replace(' (rows/s)', '')} | {unit} | "
+                         f"{_cell(systems.get('Buffer'), unit)} | {_cell(systems.get('EpisodeBuffer'), unit)} |")
+    lines += ["", "| episodes: target (EpisodeBuffer / Buffer) | ratio | wanted | met |", "|---|---:|---|---|"]
+    for wl, what, ratio, want in ratios(figs):
+        lines.append(f"| {wl}: {what} | {'-' if ratio is None else f'{ratio:.2f}'} | >= {want:g} | "
+                     f"{'-' if ratio is None else ('yes' if ratio >= want else '**no**')} |")
+    mem = r.extra.get("episode memory", {})
+    if mem:
+        lines += ["", "| memory per transition | bytes | vs Buffer |", "|---|---:|---:|"]
+        for wl, row in mem.items():
+            base = row.get("Buffer (obs + next_obs)")
+            for what, v in row.items():
+                rel = "-" if v is None or not base else f"{v / base:.3f}"
+                lines.append(f"| {wl}: {what} | {'-' if v is None else f'{v:,.0f}'} | {rel} |")
+    return "\n".join(lines)
+
+
 def markdown(r: Results) -> str:
     m = r.machine
     head = (f"shmbuf bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
@@ -148,5 +176,7 @@ def markdown(r: Results) -> str:
         parts.append(f"{wl}: {', '.join(names)} left out: not enough memory for every buffer at once.\n")
     for wl in r.figures:
         parts += [figures_table(r, wl), "", ratios_table(r, wl), "", targets_table(r, wl), ""]
-    parts.append(extra_table(r))
+    if r.figures:
+        parts.append(extra_table(r))
+    parts.append(episodes_tables(r))
     return "\n".join(parts)

@@ -42,6 +42,7 @@ class Config:
     e2e_window: float = 10.0
     e2e_repeats: int = 3
     progress: bool = True
+    episodes: str = "yes"  # the EpisodeBuffer part (bench/episodes.py): yes, no, only
 
     @classmethod
     def make(cls, quick: bool, **kw: Any) -> "Config":
@@ -467,15 +468,19 @@ def _version(pkg: str) -> str | None:
 
 
 def run(cfg: Config) -> Results:
+    from . import episodes
+
     r = Results(config=cfg.__dict__.copy(), machine=machine())
-    plan_len = (len(PLAN) - 1) * cfg.repeats * len(cfg.workloads) + min(cfg.e2e_repeats, cfg.repeats) * len(cfg.workloads)
-    prog = Progress(plan_len + 2, cfg.progress)
-    prog.note("physical limits")
-    physical_limits(r, cfg)
-    prog.step("lock and torn-read check")
-    pieces(r, cfg)
+    workloads = cfg.workloads if cfg.episodes != "only" else ()
+    plan_len = (len(PLAN) - 1) * cfg.repeats * len(workloads) + min(cfg.e2e_repeats, cfg.repeats) * len(workloads)
+    prog = Progress(plan_len + 2 + (cfg.episodes != "no"), cfg.progress)
+    if workloads:
+        prog.note("physical limits")
+        physical_limits(r, cfg)
+        prog.step("lock and torn-read check")
+        pieces(r, cfg)
     prog.step("workloads")
-    for wl in (WORKLOADS[w] for w in cfg.workloads):
+    for wl in (WORKLOADS[w] for w in workloads):
         systems, pools = _build(wl, cfg, prog, r)
         try:
             for rep in range(cfg.repeats):
@@ -495,6 +500,9 @@ def run(cfg: Config) -> Results:
             for s in systems:
                 s.close()
             del systems
+    if cfg.episodes != "no":
+        episodes.run(r, cfg, _local_loop, prog.note)
+        prog.step("episodes")
     prog.end()
     return r
 

@@ -43,6 +43,7 @@ class EpisodeBuffer:
         self._user = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
         self._rejected = 0.0  # the fraction of candidates transitions.sample last saw rejected
+        self._plans: dict[int, Any] = {}  # transitions.sample's, per n_step
         # observation fields read apart from the rest of a row (not once per step of
         # an n-step window): frames to stack, and anything larger than a packed row
         packed = {f.name: f.packed for f in core._layout.fields}
@@ -111,14 +112,19 @@ class EpisodeBuffer:
         discounted sum over up to ``k`` steps, stopping at the episode's end,
         ``next_<obs>`` the observation after the last step taken, ``steps`` how many were
         taken, and the flags say how the episode ended within them."""
-        n = _count(n, "n")
-        n_step = _count(n_step, "n_step", 1)
-        if n_step > 1 and self.reward is None:
-            raise ValueError("n-step returns need a reward field: create the buffer with reward=<field name>")
-        if n_step + 1 > self.lane_capacity:
-            raise ValueError(f"n_step={n_step} needs {n_step + 1} rows of a lane, more than it holds "
-                             f"({self.lane_capacity})")
-        return transitions.sample(self, n, n_step, float(gamma), self.core._t(timeout))
+        if type(n) is not int or n < 0:
+            n = _count(n, "n")
+        if n_step != 1:
+            n_step = _count(n_step, "n_step", 1)
+            if self.reward is None:
+                raise ValueError("n-step returns need a reward field: create the buffer with reward=<field name>")
+            if n_step + 1 > self.lane_capacity:
+                raise ValueError(f"n_step={n_step} needs {n_step + 1} rows of a lane, more than it holds "
+                                 f"({self.lane_capacity})")
+            gamma = float(gamma)
+        if timeout is not None:
+            timeout = self.core._t(timeout)  # checked now; None: the handle's, looked up if needed
+        return transitions.sample(self, n, n_step, gamma, timeout)
 
     def sample_trajectories(self, batch: int, length: int, *,
                             timeout: float | None = None) -> dict[str, np.ndarray]:

@@ -22,6 +22,8 @@ def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.nd
     ({field: array of len(seq) rows}, C-contiguous). The fields not named are not
     copied. Returns a bool mask: True where the row was intact (published, and the
     row it names, before and after the copy)."""
+    if not len(seq):
+        return np.ones(0, bool)
     outs = [want.get(f.name) for f in ring.layout.fields]
     ok = sampling.copy_windows(ring, lane, np.ascontiguousarray(seq, np.int64), 1, None, outs)
     return np.ones(len(seq), bool) if ok is None else ok.copy()  # (the native mask is read-only)

@@ -28,7 +28,39 @@ _NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one 
              "or its end is written")
 
 
-def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: float) -> dict[str, np.ndarray]:
+class _Plan:
+    """What a handle's transition sampler reads, worked out once per ``n_step``: the
+    output arrays, and which field goes where in the core's per-position gather."""
+
+    def __init__(self, ebuf: "EpisodeBuffer", n_step: int) -> None:
+        k = ebuf.frame_stack
+        self.n, self.k, self.reward = n_step, k, ebuf.reward
+        self.specs = [(name, ((k,) if k > 1 and name in ebuf.observations else ()) + shape, dtype)
+                      for name, (shape, dtype) in ebuf._user.items()]
+        self.specs += [("next_" + o, shape, dtype) for o, shape, dtype in self.specs if o in ebuf.observations]
+        self.specs += [("terminated", (), np.bool_), ("truncated", (), np.bool_)]
+        if n_step > 1:
+            self.specs.append(("steps", (), np.int64))
+        self.apart = ebuf._apart  # gathered on their own (frames to stack, large rows)
+        self.obs = [o for o in ebuf.observations if o not in self.apart]
+        index = ebuf.core._ring.index
+        self.width = len(index)
+        self.first = [(index[name], name) for name in ebuf._user if name not in self.apart]
+        self.flags, self.start, self.reward_at = index["_flags"], index["_start"], index.get(ebuf.reward)
+        self.next = [(index[o], "next_" + o) for o in self.obs]
+
+    def discount(self, gamma: float) -> np.ndarray:
+        """gamma ** j for the n steps, as a column."""
+        if getattr(self, "_gamma", None) != gamma:
+            self._gamma, self._powers = gamma, (gamma ** np.arange(self.n, dtype=np.float64))[:, None]
+        return self._powers
+
+    def empty(self, n: int) -> dict[str, np.ndarray]:
+        return {name: np.empty((n,) + shape, dtype) for name, shape, dtype in self.specs}
+
+
+def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
+           timeout: float | None) -> dict[str, np.ndarray]:
     """``n`` transitions: the step's fields, ``next_<obs>``, ``terminated``, ``truncated``
     and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
     With frame stacking, observations come as stacks ``(n, k, *frame)``.
@@ -37,11 +69,14 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: fl
     rejected: final rows, rows still waiting for their next observation), so that a
     second draw is rare: the first ``n`` that are transitions are kept, which in an
     i.i.d. stream of candidates are i.i.d. too."""
+    plan = ebuf._plans.get(n_step)
+    if plan is None:
+        plan = ebuf._plans[n_step] = _Plan(ebuf, n_step)
     if n == 0:
-        return _empty(ebuf, 0, n_step)
-    out = _empty(ebuf, n + int(n * ebuf._rejected) + 4, n_step)
-    valid = _fill(ebuf, out, n_step, gamma)
-    if valid[:n].all():
+        return plan.empty(0)
+    out = plan.empty(n + int(n * ebuf._rejected) + 4)
+    valid = _fill(ebuf, plan, out, gamma)
+    if valid is None or valid[:n].all():
         return {key: a[:n] for key, a in out.items()}
     ebuf._rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
     bad = np.flatnonzero(~valid[:n])
@@ -49,6 +84,7 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: fl
     for a in out.values():
         a[bad[:len(spare)]] = a[spare]
     bad = bad[len(spare):]
+    timeout = ebuf.core._t(timeout)
     deadline = time.monotonic() + timeout
     rounds = 0
     while len(bad):  # draw again for the candidates that were not transitions (or torn)
@@ -60,85 +96,112 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, timeout: fl
                 f"could not draw {len(bad)} transitions within {timeout:g} s" +
                 (f": with n_step={n_step}, the newest steps of an episode in progress wait until "
                  f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
-        more = _empty(ebuf, 2 * len(bad) + 4, n_step)
-        good = np.flatnonzero(_fill(ebuf, more, n_step, gamma))[:len(bad)]
+        more = plan.empty(2 * len(bad) + 4)
+        got = _fill(ebuf, plan, more, gamma)
+        good = np.arange(len(more["steps" if n_step > 1 else "terminated"])) if got is None else np.flatnonzero(got)
+        good = good[:len(bad)]
         for key, a in out.items():
             a[bad[:len(good)]] = more[key][good]
         bad = bad[len(good):]
     return {key: a[:n] for key, a in out.items()}
 
 
-def _empty(ebuf: "EpisodeBuffer", n: int, n_step: int) -> dict[str, np.ndarray]:
-    """The arrays of a batch of ``n`` transitions."""
-    k = ebuf.frame_stack
-    out: dict[str, np.ndarray] = {}
-    for name, (shape, dtype) in ebuf._user.items():
-        stacked = k > 1 and name in ebuf.observations
-        out[name] = np.empty((n,) + ((k,) if stacked else ()) + shape, dtype)
-    for o in ebuf.observations:
-        out["next_" + o] = np.empty_like(out[o])
-    out["terminated"] = np.empty(n, bool)
-    out["truncated"] = np.empty(n, bool)
-    if n_step > 1:
-        out["steps"] = np.empty(n, np.int64)
-    return out
-
-
-def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], n_step: int, gamma: float) -> np.ndarray:
+def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma: float) -> np.ndarray | None:
     """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows and copy them
-    into ``out``; returns the mask of those that are intact transitions."""
+    into ``out``; returns the mask of those that are intact transitions (None: all)."""
     ring, rng = ebuf.core._ring, ebuf.core._rng
-    m, k, n = len(out["terminated"]), ebuf.frame_stack, n_step
+    m, n, k = len(out["terminated"]), plan.n, plan.k
     try:
         lane, t, _ = sampling.draw_windows(ring, rng, m, 2, None)
     except ValueError:
         if ring.size() == 0:
             raise  # "empty buffer"
         raise ValueError(_NONE_YET) from None  # no lane holds two rows
-    if type(lane) is not np.ndarray:  # a one-lane ring
-        lane = np.full(m, lane, np.int64)
-    # 1. Rows t .. t+n, one window per candidate: row t's fields straight into the
-    #    output, then what the rows after it are read for (the large observations
-    #    apart: 2.); each row checked on its own, as a window may run past the head
-    apart, obs = ebuf._apart, [o for o in ebuf.observations if o not in ebuf._apart]
+    # 1. Rows t .. t+n, one window per candidate, each position into arrays of its own:
+    #    row t's fields straight into the output, then what the rows after it are read
+    #    for (the large observations apart: 2.). The gather's filters keep rows of t's
+    #    episode only, and no window starting at a final row.
     fl = np.empty(m, np.uint8)
-    first = {name: out[name] for name in ebuf._user if name not in apart}
-    first["_flags"] = fl
+    first: list = [None] * plan.width
+    for i, name in plan.first:
+        first[i] = out[name]
+    first[plan.flags] = fl
     if k > 1:
-        first["_start"] = start = np.empty(m, np.int64)
+        first[plan.start] = start = np.empty(m, np.int64)
     if n == 1:
-        valid = gather.windows(ring, lane, t, [first, {o: out["next_" + o] for o in obs}])
+        after: list = [None] * plan.width
+        for i, name in plan.next:
+            after[i] = out[name]
+        ok = sampling.copy_windows(ring, lane, t, 2, None, [first, after], False, "_start", ("_flags", FINAL))
+        valid = None if ok is None else ok.copy()
         steps, last = 1, fl
     else:
-        rew = out[ebuf.reward]
-        flags = np.empty((n, m), np.uint8)
-        rews = np.empty((n,) + rew.shape, rew.dtype)
-        nobs = {o: np.empty((n,) + out[o].shape, out[o].dtype) for o in obs}
-        after = [{"_flags": flags[j], ebuf.reward: rews[j],
-                  **{o: a[j] for o, a in nobs.items()}} for j in range(n)]
-        ok = gather.windows(ring, lane, t, [first] + after, per_row=True)
-        same = ok[:, 1:]  # intact rows of the candidate's episode
-        ended = (np.concatenate([fl[None], flags[:n - 1]]) & (TERMINATED | TRUNCATED)) != 0  # rows t .. t+n-1
-        steps = np.where(ended.any(axis=0), ended.argmax(axis=0) + 1, n)
-        rows = np.arange(m)
-        valid = ok[:, 0] & (np.cumprod(same, axis=1)[rows, steps - 1] == 1)  # rows t+1 .. t+steps
-        last = np.where(steps == 1, fl, flags[np.maximum(steps - 2, 0), rows])
-        taken = np.arange(n)[:, None] < steps  # (n, m): the rewards of rows t .. t+steps-1
-        r = np.concatenate([rew[None], rews[:n - 1]]).astype(np.float64)
-        rew[:] = (np.where(taken, r, 0.0) * gamma ** np.arange(n)[:, None]).sum(axis=0)
-        out["steps"][:] = steps
-        for o, a in nobs.items():
-            out["next_" + o][:] = a[steps - 1, rows]
+        # position j of the window is row t+j: flags[j], rews[j] (row t's too), obs
+        rew = out[plan.reward]
+        flags = np.empty((n + 1, m), np.uint8)
+        rews = np.zeros((n + 1, m), rew.dtype)
+        nobs = [(i, name, np.empty((n,) + out[name].shape, out[name].dtype)) for i, name in plan.next]
+        first[plan.flags], first[plan.reward_at] = flags[0], rews[0]
+        positions = [first]
+        for j in range(1, n + 1):
+            pos: list = [None] * plan.width
+            pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]
+            for i, _, a in nobs:
+                pos[i] = a[j - 1]
+            positions.append(pos)
+        ok = sampling.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
+        # the common case: no end among rows t .. t+n-2, every row intact: n steps
+        early = np.bitwise_or.reduce(flags[:n - 1], axis=0) & (TERMINATED | TRUNCATED)
+        rew[:] = plan.discount(gamma)[:, 0] @ rews[:n]
+        out["steps"][:] = n
+        last = flags[n - 1]
+        for _, name, a in nobs:
+            out[name][:] = a[n - 1]
+        other = np.flatnonzero(early if ok is None else early | ~ok.all(axis=1))
+        valid = None
+        if len(other):  # the others: an episode that ends sooner, rows not intact
+            valid = np.ones(m, bool)
+            valid[other], last = _n_step(plan, out, flags[:, other], rews[:, other], ok, other, nobs, gamma, last)
+        steps = out["steps"]
+    # the flags of a step (not a final row) are 0, TERMINATED (1) or TRUNCATED (2):
     np.bitwise_and(last, TERMINATED, out=out["terminated"].view(np.uint8))
-    np.not_equal(last & TRUNCATED, 0, out=out["truncated"])
+    np.right_shift(last, 1, out=out["truncated"].view(np.uint8))  # (candidates rejected: garbage)
     # 2. The large observations: frame stacks, or the rows t and t+steps alone
-    if k > 1:
-        valid &= gather.stacks(ring, lane, t, start, k, {o: out[o] for o in apart})
-        valid &= gather.stacks(ring, lane, t + steps, start, k, {o: out["next_" + o] for o in apart})
-    elif apart:
-        valid &= gather.rows(ring, lane, t, {o: out[o] for o in apart})
-        valid &= gather.rows(ring, lane, t + steps, {o: out["next_" + o] for o in apart})
+    if plan.apart:
+        valid = np.ones(m, bool) if valid is None else valid
+        if type(lane) is not np.ndarray:  # a one-lane ring
+            lane = np.full(m, lane, np.int64)
+        if k > 1:
+            valid &= gather.stacks(ring, lane, t, start, k, {o: out[o] for o in plan.apart})
+            valid &= gather.stacks(ring, lane, t + steps, start, k, {o: out["next_" + o] for o in plan.apart})
+        else:
+            valid &= gather.rows(ring, lane, t, {o: out[o] for o in plan.apart})
+            valid &= gather.rows(ring, lane, t + steps, {o: out["next_" + o] for o in plan.apart})
     return valid
+
+
+def _n_step(plan: _Plan, out: dict[str, np.ndarray], flags: np.ndarray, rews: np.ndarray,
+            ok: np.ndarray | None, which: np.ndarray, nobs: list, gamma: float,
+            last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The n-step transitions of the candidates ``which`` in full: their steps (up to
+    their episode's last step), rewards and next observations into ``out``. Returns
+    their validity (rows t .. t+steps intact rows of t's episode) and the flags of the
+    last step taken of every candidate."""
+    n, m = plan.n, len(which)
+    ends = np.empty((n, m), bool)  # row t+j is the episode's last step (or the n-th)
+    np.not_equal(flags[:n - 1] & (TERMINATED | TRUNCATED), 0, out=ends[:n - 1])
+    ends[n - 1] = True
+    steps = ends.argmax(axis=0) + 1
+    cols = np.arange(m)
+    last = last.copy()
+    last[which] = flags[steps - 1, cols]
+    valid = np.ones(m, bool) if ok is None else np.logical_and.accumulate(ok[which], axis=1)[cols, steps]
+    taken = np.arange(n)[:, None] < steps  # (n, m): the rewards of rows t .. t+steps-1
+    out[plan.reward][which] = (np.where(taken, rews[:n], 0) * plan.discount(gamma)).sum(axis=0)
+    out["steps"][which] = steps
+    for _, name, a in nobs:
+        out[name][which] = a[steps - 1, which]
+    return valid, last
 
 
 def _any_transition(ebuf: "EpisodeBuffer") -> bool:

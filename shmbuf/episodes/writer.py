@@ -9,6 +9,8 @@ import numpy as np
 from ..layout import LANE_EPISODES, LANE_HEAD
 from .rows import FINAL, TERMINATED, TRUNCATED, flags_of
 
+_BOOL = np.dtype(np.bool_)
+
 if TYPE_CHECKING:
     from .buffer import EpisodeBuffer
 
@@ -36,15 +38,18 @@ class EpisodeWriter:
             self.close()
             raise
         n = self.envs
-        self._lanes = np.array(self.lanes, np.int64) if self._axis else self.lanes[0]
+        self._lane_array = np.array(self.lanes, np.int64)
+        for lane in self.lanes:
+            _renumber(ring, lane)
+        self._lanes = self._lane_array if self._axis else self.lanes[0]
         self._episode = np.zeros(n, np.int64)  # each env's episode number
         self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
-        self._steps = np.zeros(n, np.int64)  # its steps so far (for messages)
         self._started = np.zeros(n, bool)  # an episode in progress
         self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
         if not self._axis:  # the same memory, as one row without a row axis
             self._sys = {k: v.reshape(()) for k, v in self._sys.items()}
         self._user = len(buffer._rows.user)
+        self._keys = buffer._rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
         self._going = False  # every env has an episode in progress: add's fast path
@@ -71,19 +76,17 @@ class EpisodeWriter:
         # (no flag set) in an episode it has started, the values are arrays of the
         # fields' dtypes and shapes (put_rows checks those and returns False otherwise).
         # Nothing in the rows changes from step to step but the values given.
-        if (self._going and type(step) is dict
-                and (len(step) == self._user or step.keys() <= self.buffer._rows.keys)
-                and (timeout is None or type(timeout) is float) and self._clear(terminated)
-                and self._clear(truncated) and self._native.put_rows(self._lanes, step, self._sys, timeout) is None):
-            self._steps += 1
-            return
+        if (self._going and type(step) is dict and (len(step) == self._user or step.keys() <= self._keys)
+                and (timeout is None or type(timeout) is float)):
+            if self._axis:  # bool arrays of the right length, all False (inline: this is hot)
+                clear = (type(terminated) is np.ndarray and type(truncated) is np.ndarray
+                         and terminated.dtype is _BOOL and truncated.dtype is _BOOL
+                         and terminated.tobytes() == self._none == truncated.tobytes())
+            else:
+                clear = terminated is False and truncated is False
+            if clear and self._native.put_rows(self._lanes, step, self._sys, timeout) is None:
+                return
         self._add(step, terminated, truncated, timeout)
-
-    def _clear(self, flags: Any) -> bool:
-        """Whether ``flags`` is certainly "no env ended" (bools of the right shape, all False)."""
-        if not self._axis:
-            return flags is False
-        return type(flags) is np.ndarray and flags.dtype == np.bool_ and flags.tobytes() == self._none
 
     def _add(self, step: Mapping[str, Any], terminated: Any, truncated: Any, timeout: float | None) -> None:
         """``add`` in full: checks with clear errors, episodes that start and end."""
@@ -97,34 +100,39 @@ class EpisodeWriter:
             steps = {k: v[None] for k, v in steps.items()}
             nexts = {k: v[None] for k, v in nexts.items()}
         # checked: nothing raises from here but the writes
-        self._begin(~self._started)
-        flags = (TERMINATED * np.atleast_1d(term) + TRUNCATED * np.atleast_1d(trunc)).astype(np.uint8)
+        if not self._started.all():
+            self._begin(~self._started)
+        term, trunc = np.atleast_1d(term), np.atleast_1d(trunc)
+        flags = term.view(np.uint8) * TERMINATED | trunc.view(np.uint8) * TRUNCATED
         sys = {"_episode": self._episode, "_start": self._start, "_flags": flags}
-        lanes = np.array(self.lanes, np.int64)
-        self._put(lanes, steps, sys, timeout)
-        self._steps += 1
+        self._put(self._lane_array, steps, sys, timeout)
         if ended.any():  # the real final observations, in rows of their own
             e = np.flatnonzero(ended)
             final = {k: np.zeros((len(e),) + v.shape[1:], v.dtype) for k, v in steps.items()}
             final.update({o: v[e] for o, v in nexts.items()})
             self._started[e] = False
             self._going = False
-            self._put(lanes[e], final, {"_episode": self._episode[e], "_start": self._start[e],
-                                        "_flags": flags[e] | FINAL}, timeout)
+            self._put(self._lane_array[e], final, {"_episode": self._episode[e], "_start": self._start[e],
+                                                   "_flags": flags[e] | FINAL}, timeout)
+            self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
         self._going = bool(self._native is not None and self._started.all())
 
     def _begin(self, envs: np.ndarray) -> None:
         """Start an episode in each env of the mask ``envs``: the next number of its
-        lane (the lane table counts them) and its head (the lane is ours: nobody else
-        moves either)."""
+        lane (the lane table keeps the latest) and its head (the lane is ours: nobody
+        else moves either)."""
         if envs.any():
             table = self.buffer.core._ring.lane_table
-            lanes = np.array(self.lanes, np.int64)[envs]
+            lanes = self._lane_array[envs]
             table[lanes, LANE_EPISODES] += 1
             self._episode[envs] = table[lanes, LANE_EPISODES]
             self._start[envs] = table[lanes, LANE_HEAD]
-            self._steps[envs] = 0
             self._started[envs] = True
+
+    def _unused(self) -> np.ndarray:
+        """The envs whose episode was numbered but has no row yet."""
+        heads = self.buffer.core._ring.lane_table[self._lane_array, LANE_HEAD]
+        return self._started & (heads == self._start)
 
     def _put(self, lanes: np.ndarray, data: dict[str, np.ndarray], sys: dict[str, np.ndarray],
              timeout: float | None) -> None:
@@ -151,8 +159,9 @@ class EpisodeWriter:
             raise TypeError(f"terminated must be a bool, got {terminated!r}")
         if isinstance(env, bool) or not isinstance(env, (int, np.integer)) or not 0 <= env < self.envs:
             raise ValueError(f"env must be an int in [0, {self.envs}), got {env!r}")
-        if self._started[env]:
-            raise ValueError(f"env {env} has an episode in progress ({self._steps[env]} steps); finish it "
+        steps = int(self.buffer.core._ring.lane_table[self.lanes[env], LANE_HEAD] - self._start[env])
+        if self._started[env] and steps:
+            raise ValueError(f"env {env} has an episode in progress ({steps} steps); finish it "
                              "with add(..., terminated=/truncated=) before add_episode")
         rows = self.buffer._rows
         if not isinstance(episode, Mapping):
@@ -178,7 +187,9 @@ class EpisodeWriter:
                 v = np.asarray(v)[-1]
             final[o] = rows.array("next_" + o, v, (), o)[None]
         # checked: the steps and the final row, in one reservation
-        self._begin(np.arange(self.envs) == env)
+        this = np.arange(self.envs) == env
+        if not self._started[env]:
+            self._begin(this)
         flags = TERMINATED if terminated else TRUNCATED
         last = {k: np.zeros((1,) + v.shape[1:], v.dtype) for k, v in steps.items()}
         last.update(final)
@@ -189,9 +200,12 @@ class EpisodeWriter:
         data["_flags"][-2:] = flags, FINAL | flags
         try:
             self.buffer.core.extend(data, lane=self.lanes[env], timeout=timeout)
-        finally:
+        except BaseException:
             self._started[env] = False
             self._going = False
+            raise
+        self._started[env] = False
+        self._begin(this)  # the env's next episode, numbered now as add() does
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -199,6 +213,10 @@ class EpisodeWriter:
         """Release the lanes. An episode in progress stays unfinished: its rows are
         transitions where the next observation is known, never a whole episode."""
         ring, t = self.buffer.core._ring, self.buffer.core._t(timeout)
+        if self.lanes and len(self.lanes) == self.envs:  # numbers not used: given back
+            unused = self._unused()
+            ring.lane_table[self._lane_array[unused], LANE_EPISODES] -= 1
+            self._started[:] = False
         while self.lanes:
             ring.release(self.lanes.pop(), t)
 
@@ -207,3 +225,14 @@ class EpisodeWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _renumber(ring: Any, lane: int) -> None:
+    """Make the lane's episode count the number of its newest published row: a writer
+    killed after numbering an episode it wrote nothing of leaves the count one ahead,
+    which would show as an episode that is not there."""
+    lo, head = ring.window_lists()
+    if head[lane] > lo[lane]:
+        slot = lane * ring.lane_capacity + (head[lane] - 1) % ring.lane_capacity
+        if ring.stamps[slot] == 2 * (head[lane] - 1) + 2:
+            ring.lane_table[lane, LANE_EPISODES] = ring.arrays["_episode"][slot]
