@@ -5,7 +5,7 @@ namespace of $SHMBUF_NAMESPACE, if set).
 
 Exit status: 0 on success; 1 if a named buffer is missing or unusable, or could not
 be removed (each problem is one line on stderr, and the other names are still
-handled), or the demo saw a torn row; 2 for a usage error.
+handled), or the demo saw a torn row or a wrong next observation; 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
           f"1 learner samples batches of {args.batch}, for {args.seconds:g} s", file=sys.stderr)
     result = demo.run(args.workers, args.envs, args.seconds, args.capacity, args.batch)
     print(demo.table(result))
-    return 1 if result["torn rows"] else 0
+    return 1 if result["torn rows"] or result["wrong next"] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,15 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="shmbuf", description="A replay buffer in shared memory that many processes write "
         "and sample at once.", epilog="Exit status: 0 success; 1 a named buffer is missing, "
         "unusable or could not be removed (one line each on stderr), or the demo saw a torn "
-        "row; 2 usage error.")
+        "row or a wrong next observation; 2 usage error.")
     parser.add_argument("--version", action="version", version=f"shmbuf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser(
-        "demo", help="rollout workers write while a learner samples",
-        description="Rollout worker processes (each with its own vectorised CartPole and lane) "
-        "write transitions into one shared buffer while this process samples batches and "
-        "checks every sampled row for tears. Prints a table of rows written, batches sampled "
-        "and torn rows (always 0).")
+        "demo", help="rollout workers write episodes while a learner samples",
+        description="Rollout worker processes (each with its own vectorised CartPole, one lane "
+        "per env) write episodes into one shared EpisodeBuffer while this process samples "
+        "transitions and whole episodes, and checks every sampled transition for tears and for "
+        "its next observation. Prints a table of steps written, episodes and their returns, "
+        "batches sampled, torn rows and wrong next observations (always 0).")
     p.add_argument("--workers", type=int, default=2, help="rollout worker processes (default 2)")
     p.add_argument("--envs", type=int, default=16, help="CartPole envs per worker (default 16)")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to run (default 10)")

@@ -32,17 +32,22 @@ class CartPole:
     def obs(self) -> np.ndarray:
         return self.state.astype(np.float32)
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        x, x_dot, theta, theta_dot = self.state.T
-        force = np.where(actions == 1, self.force, -self.force)
-        total = self.cart_mass + self.pole_mass
+    @classmethod
+    def dynamics(cls, state: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """The state after ``actions`` (one per row of ``state``): Euler steps of the physics."""
+        x, x_dot, theta, theta_dot = np.asarray(state, np.float64).T
+        force = np.where(actions == 1, cls.force, -cls.force)
+        total = cls.cart_mass + cls.pole_mass
         cos, sin = np.cos(theta), np.sin(theta)
-        temp = (force + self.pole_mass * self.half_length * theta_dot**2 * sin) / total
-        theta_acc = (self.gravity * sin - cos * temp) / (
-            self.half_length * (4.0 / 3.0 - self.pole_mass * cos**2 / total))
-        x_acc = temp - self.pole_mass * self.half_length * theta_acc * cos / total
-        self.state = np.stack([x + self.tau * x_dot, x_dot + self.tau * x_acc,
-                               theta + self.tau * theta_dot, theta_dot + self.tau * theta_acc], 1)
+        temp = (force + cls.pole_mass * cls.half_length * theta_dot**2 * sin) / total
+        theta_acc = (cls.gravity * sin - cos * temp) / (
+            cls.half_length * (4.0 / 3.0 - cls.pole_mass * cos**2 / total))
+        x_acc = temp - cls.pole_mass * cls.half_length * theta_acc * cos / total
+        return np.stack([x + cls.tau * x_dot, x_dot + cls.tau * x_acc,
+                         theta + cls.tau * theta_dot, theta_dot + cls.tau * theta_acc], 1)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self.state = self.dynamics(self.state, actions)
         self.steps += 1
         next_obs = self.obs
         terminated = (np.abs(self.state[:, 0]) > self.x_limit) | (np.abs(self.state[:, 2]) > self.theta_limit)

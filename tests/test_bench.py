@@ -83,3 +83,22 @@ def test_torch_peers_on_a_tiny_run(tiny):
     assert fig["add 2w x64"]["torchrl"][0] > 0 and fig["e2e ingest"]["torchrl"][0] > 0
     assert fig["add 1w x1"]["sb3"][0] > 0 and fig["sample"]["sb3"][0] > 0
     assert "sb3" not in fig["add 1w x64"]  # it has no batched add
+
+
+def test_the_episode_part_compares_episode_buffers_with_buffers(monkeypatch):
+    from shmbuf.bench import episodes
+
+    small = peers.Workload("mujoco", 4096, peers.WORKLOADS["mujoco"].fields)
+    monkeypatch.setitem(peers.WORKLOADS, "mujoco", small)
+    monkeypatch.setattr(episodes, "_cpprb_bytes", lambda wl, cap: None)
+    cfg = run.Config.make(True, workloads=("mujoco",), peers=("shmbuf",), repeats=1, window=0.02,
+                          progress=False, episodes="only")
+    res = run.run(cfg)
+    figs = res.extra["episodes"]["mujoco"]
+    assert figs["sample 256"].keys() == {"Buffer", "EpisodeBuffer"}
+    assert all(v[0] > 0 for m in figs.values() for v in m.values())
+    mem = res.extra["episode memory"]["mujoco"]
+    assert mem["EpisodeBuffer (obs once)"] < mem["Buffer (obs + next_obs)"]
+    text = report.markdown(res)
+    assert "| mujoco: one-step sample |" in text and "| mujoco: EpisodeBuffer (obs once) |" in text
+    assert not res.figures  # "only": the core workloads did not run

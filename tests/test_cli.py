@@ -105,20 +105,23 @@ def test_demo_runs_and_reports(name):
     table = {cells[0]: cells[1] for cells in
              ([c.strip() for c in line.strip().strip("|").split("|")] for line in res.stdout.splitlines())
              if len(cells) == 2}  # widths depend on the figures: compare cells, not columns
-    assert table["torn rows detected"] == "0"
-    assert int(table["rows written"].replace(",", "")) > 0
-    assert int(table["sampled rows checked"].replace(",", "")) > 0
+    assert table["torn rows detected"] == "0" and table["wrong next observations"] == "0"
+    assert int(table["steps written"].replace(",", "")) > 0
+    assert int(table["sampled transitions checked"].replace(",", "")) > 0
+    assert "return per episode: mean (min-max)" in table
     assert "resource_tracker" not in res.stderr and "leaked" not in res.stderr
 
 
-def test_demo_checksum_catches_a_row_mixed_from_two():
+def test_demo_checks_catch_a_row_mixed_from_two_and_a_wrong_next_observation():
     env = CartPole(2, seed=1)
+    obs = env.obs
     nxt, r, term, trunc = env.step(np.array([0, 1]))
-    rows = {"obs": env.obs, "action": np.array([0, 1]), "reward": r, "next_obs": nxt,
-            "terminated": term, "truncated": trunc}
+    rows = {"obs": obs, "action": np.array([0, 1]), "reward": r, "next_obs": nxt}
     check = demo.checksum(rows)
     mixed = dict(rows, obs=rows["obs"][::-1].copy())
     assert (demo.checksum(mixed) != check).all()
+    assert not demo.wrong_next(rows).any()
+    assert demo.wrong_next(dict(rows, next_obs=nxt[::-1].copy())).all()
 
 
 def test_cartpole_terminates_and_resets():

@@ -138,3 +138,24 @@ def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tm
         assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all()
         assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {100, 50}
         assert buf.num_episodes == 3
+
+
+def test_an_episode_numbered_but_never_written_is_not_counted(name, tmp_path):
+    """A writer numbers an env's next episode as soon as one ends. If it closes before
+    writing a step, the number goes back; if it is killed, the next claimer renumbers."""
+    fields = {"obs": ((2,), "float32"), "reward": ((), "float32")}
+    with shmbuf.EpisodeBuffer.create(fields, 40, name=name, seed=0) as buf:
+        with buf.writer() as w:
+            w.add({"obs": [0, 0], "reward": 1.0, "next_obs": [1, 1]}, terminated=True, truncated=False)
+        flag = tmp_path / "wrote"
+        proc = mp.get_context("spawn").Process(target=episode_writer_then_hang, args=(name, str(flag), 0))
+        proc.start()
+        try:
+            wait_for_file(flag, proc, "the writer never wrote its episode")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
+        buf.add_episode({"obs": [[7, 7]], "reward": [1], "next_obs": [8, 8]})
+        assert buf.num_episodes == 3
+        numbers = buf.sample_sequences(1, len(buf))["_episode"][0].tolist()
+        assert numbers == [1, 1, 2, 2, 2, 3, 3]  # consecutive: no episode that is not there

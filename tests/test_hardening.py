@@ -479,9 +479,9 @@ def test_the_natural_constructor_creates(name):
 
 def test_demo_workers_stop_when_their_buffer_is_gone(name):
     ctx = mp.get_context("spawn")
-    buf = shmbuf.Buffer.create(demo.FIELDS, 1000, name=name)
+    buf = shmbuf.EpisodeBuffer.create(demo.FIELDS, 1000, lanes=2, name=name).core
     stop = ctx.Event()  # never set
-    p = ctx.Process(target=demo.worker, args=(buf, 0, 2, 0, stop))
+    p = ctx.Process(target=demo.worker, args=(name, 2, 0, stop))
     p.start()
     deadline = time.monotonic() + 60
     while buf.total_added == 0:

@@ -41,7 +41,7 @@ def run(r: Any, cfg: Any, loop: Callable[[Callable[[], Any], float], float], pro
         if wl_name not in cfg.workloads:
             continue
         wl = WORKLOADS[wl_name]
-        cap = wl.capacity if not cfg.quick else wl.capacity // 5
+        cap = (wl.capacity if not cfg.quick else wl.capacity // 5) // ENVS * ENVS
         progress(f"episodes, {wl_name}: filling")
         core, eps = _filled(wl_name, cap, tag)
         try:
@@ -65,23 +65,32 @@ def run(r: Any, cfg: Any, loop: Callable[[Callable[[], Any], float], float], pro
 def _filled(wl_name: str, cap: int, tag: str) -> tuple[shmbuf.Buffer, shmbuf.EpisodeBuffer]:
     """The core buffer of the workload and the episode buffer that stands for it, full."""
     wl = WORKLOADS[wl_name]
-    core = shmbuf.Buffer.create(wl.fields, cap, name=f"{tag}-{wl_name}-core", seed=0)
-    chunk = 4096 if wl.row_bytes < 4096 else 64
-    data = wl.data(chunk, 1)
-    for _ in range(cap // chunk + 1):
-        core.extend(data)
     fields, stack = _episode_fields(wl_name)
-    eps = shmbuf.EpisodeBuffer.create(fields, cap, lanes=ENVS, frame_stack=stack,
-                                      name=f"{tag}-{wl_name}-eps", seed=0)
-    steps = min(EPISODE, eps.lane_capacity - 1)
-    one = {k: v[:steps] for k, v in _steps(wl_name, steps).items()}
-    one["next_" + "obs"] = one["obs"][-1]
-    with eps.writer(envs=ENVS) as w:
-        for _ in range(cap // ENVS // (steps + 1) + 1):
-            for env in range(ENVS):
-                w.add_episode(one, terminated=bool(env % 2), env=env)
-    core.prefault()
-    eps.core.prefault()
+    core = shmbuf.Buffer.create(wl.fields, cap, name=f"{tag}-{wl_name}-core", seed=0)
+    try:
+        eps = shmbuf.EpisodeBuffer.create(fields, cap, lanes=ENVS, frame_stack=stack,
+                                          name=f"{tag}-{wl_name}-eps", seed=0)
+    except BaseException:
+        core.close()
+        raise
+    try:
+        chunk = min(4096 if wl.row_bytes < 4096 else 64, cap)
+        data = wl.data(chunk, 1)
+        for _ in range(cap // chunk + 1):
+            core.extend(data)
+        steps = min(EPISODE, eps.lane_capacity - 1)
+        one = _steps(wl_name, steps)
+        one["next_obs"] = one["obs"][-1]
+        with eps.writer(envs=ENVS) as w:
+            for _ in range(cap // ENVS // (steps + 1) + 1):
+                for env in range(ENVS):
+                    w.add_episode(one, terminated=bool(env % 2), env=env)
+        core.prefault()
+        eps.core.prefault()
+    except BaseException:
+        core.close()
+        eps.close()
+        raise
     return core, eps
 
 
