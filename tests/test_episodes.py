@@ -159,3 +159,49 @@ def test_an_episode_numbered_but_never_written_is_not_counted(name, tmp_path):
         assert buf.num_episodes == 3
         numbers = buf.sample_sequences(1, len(buf))["_episode"][0].tolist()
         assert numbers == [1, 1, 2, 2, 2, 3, 3]  # consecutive: no episode that is not there
+
+
+def test_bad_steps_on_the_fast_path_are_refused_and_change_nothing(name):
+    """Once every env has an episode going, add() goes straight to the native write;
+    anything off the common case still gets the full checks."""
+    with shmbuf.EpisodeBuffer.create(F, 32, lanes=2, name=name) as buf, buf.writer(envs=2) as w:
+        no = np.zeros(2, bool)
+        step = {"obs": np.zeros((2, 2), np.float32), "action": np.zeros(2, np.int64),
+                "reward": np.zeros(2, np.float32)}
+        w.add(step, terminated=no, truncated=no)
+        w.add(step, terminated=no, truncated=no)
+        for bad, error in (({**step, "obs": np.zeros((2, 3), np.float32)}, ValueError),
+                           ({"obs": step["obs"], "action": step["action"], "rewrd": step["reward"]}, ValueError),
+                           ({**step, "extra": step["reward"]}, ValueError),
+                           ({**step, "action": np.zeros(2)}, TypeError)):
+            with pytest.raises(error):
+                w.add(bad, terminated=no, truncated=no)
+        with pytest.raises(TypeError, match="terminated"):
+            w.add(step, terminated=np.zeros(2, np.uint8), truncated=no)
+        assert len(buf) == 4 and buf.transition_count == 2
+
+
+def test_one_step_episodes_and_empty_buffers(name):
+    """d3rlpy drops a one-step episode clipped as terminated (and merges it into the
+    next); here it is one terminated transition."""
+    with shmbuf.EpisodeBuffer.create(F, 16, name=name, seed=0) as buf:
+        with pytest.raises(ValueError, match="empty buffer"):
+            buf.sample_trajectories(1, 3)
+        with pytest.raises(ValueError, match="no complete episode"):
+            buf.sample_episodes(1)
+        buf.add({"obs": [5, 5], "action": 1, "reward": 2.0, "next_obs": [6, 6]}, terminated=True, truncated=False)
+        b = buf.sample(10)
+        assert b["terminated"].all() and (b["next_obs"] == 6).all() and buf.transition_count == 1
+        assert buf.sample_episodes(1)[0]["reward"].tolist() == [2.0]
+
+
+def test_fifo_keeps_whole_episodes_of_the_d3rlpy_limit_example(name):
+    """d3rlpy, limit 5: episodes A, B (3 steps, terminated) and C (3 steps, timeout) leave
+    [B0, B1, B2, C0, C1]. Here rows are the unit (each episode 4: its final observation),
+    so 8 rows keep B and C whole, and C's last step is a transition (truncated)."""
+    with shmbuf.EpisodeBuffer.create(F, 8, name=name, seed=0) as buf:
+        for first, term in ((0, True), (10, True), (20, False)):
+            buf.add_episode(_episode(first, [1, 1, 1]), terminated=term)
+        assert (buf.num_episodes, buf.transition_count) == (2, 6)
+        assert set(buf.sample(500)["obs"][:, 0].tolist()) == {10, 11, 12, 20, 21, 22}
+        assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {10, 20}
