@@ -281,3 +281,25 @@ def episode_storm_errors(batch: dict, kind: str, n: int = 1, gamma: float = 0.5)
     else:
         bad += (batch["reward"] != step + 1).sum()
     return int(bad)
+
+
+def episode_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
+    """Write ``steps`` steps of 2 envs (obs = 100 * env + t), then stop forever in the
+    middle of the next write (the native path's "writing" point, or the Python path's),
+    touching ``flag`` there."""
+    buf = shmbuf.EpisodeBuffer.attach(name)
+    w = buf.writer(envs=2)
+    no = np.zeros(2, bool)
+
+    def step(t):
+        return {"obs": np.array([[t, t], [100 + t, 100 + t]], np.float32), "reward": np.ones(2, np.float32)}
+    for t in range(steps):
+        w.add(step(t), terminated=no, truncated=no)
+
+    def hook(where: str) -> None:
+        if where == "writing":
+            open(flag, "w").close()
+            while True:
+                time.sleep(1)
+    ring.set_hook(hook)
+    w.add(step(steps), terminated=no, truncated=no)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import shmbuf
+import helpers
 from helpers import episode_writer_then_hang, wait_for_file
 
 F = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
@@ -205,3 +206,28 @@ def test_fifo_keeps_whole_episodes_of_the_d3rlpy_limit_example(name):
         assert (buf.num_episodes, buf.transition_count) == (2, 6)
         assert set(buf.sample(500)["obs"][:, 0].tolist()) == {10, 11, 12, 20, 21, 22}
         assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {10, 20}
+
+
+def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name, tmp_path):
+    """Deterministic: the writer stops in the middle of copying env 0's row (one lane per
+    env, no lock), is SIGKILLed there; the learner goes on, the half-written row is never
+    read, both lanes can be claimed again."""
+    fields = {"obs": ((2,), "float32"), "reward": ((), "float32")}
+    with shmbuf.EpisodeBuffer.create(fields, 40, lanes=2, name=name, seed=0) as buf:
+        flag = tmp_path / "writing"
+        proc = mp.get_context("spawn").Process(target=helpers.episode_writer_hang_in_write,
+                                               args=(name, str(flag), 4))
+        proc.start()
+        try:
+            wait_for_file(flag, proc, "the writer never reached the middle of a write")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
+        b = buf.sample(1000)
+        assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 100, 101, 102}  # step 3: no next yet
+        assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all()
+        with buf.writer(envs=2) as w:  # the dead writer's lanes are free again
+            w.add({"obs": [[50, 50], [150, 150]], "reward": [1, 1], "next_obs": [[51, 51], [151, 151]]},
+                  terminated=np.ones(2, bool), truncated=np.zeros(2, bool))
+        assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(50)} == {50, 150}
+        assert set(buf.sample(1000)["obs"][:, 0].tolist()) == {0, 1, 2, 100, 101, 102, 50, 150}
