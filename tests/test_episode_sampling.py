@@ -163,3 +163,20 @@ def test_episode_buffers_store_observations_once(frames):
     finally:
         eps.close()
         core.close()
+
+
+def test_the_index_of_whole_episodes_follows_new_episodes_eviction_and_clear(name):
+    with shmbuf.EpisodeBuffer.create(F, 12, name=name, seed=0) as buf:
+        firsts = lambda: {int(e["obs"][0, 0]) for e in buf.sample_episodes(200)}  # noqa: E731
+        buf.add_episode(_episode(0, [1, 1]), terminated=True)         # rows 0..2
+        assert firsts() == {0}
+        buf.add({"obs": [10.0], "reward": 1}, terminated=False, truncated=False)
+        assert firsts() == {0}  # one in progress: not whole yet
+        buf.add({"obs": [11.0], "reward": 1, "next_obs": [12.0]}, terminated=False, truncated=True)
+        assert firsts() == {0, 10}
+        for first in (20, 30, 40):
+            buf.add_episode(_episode(first, [1, 1]), terminated=True)  # rows 6..14: evicts rows 0..2
+        assert firsts() == {10, 20, 30, 40}
+        buf.core.clear()
+        buf.add_episode(_episode(50, [1]), terminated=True)
+        assert firsts() == {50}

@@ -44,6 +44,7 @@ class EpisodeBuffer:
         self._writer: EpisodeWriter | None = None
         self._rejected = 0.0  # the fraction of candidates transitions.sample last saw rejected
         self._plans: dict[int, Any] = {}  # transitions.sample's, per n_step
+        self._index = whole.Index(core.lanes)  # sample_episodes' complete episodes
         # observation fields read apart from the rest of a row (not once per step of
         # an n-step window): frames to stack, and anything larger than a packed row
         packed = {f.name: f.packed for f in core._layout.fields}

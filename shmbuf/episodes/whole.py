@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import sampling
+from ..layout import LANE_BASE
+from ..ring import Ring
 from .rows import FINAL, TERMINATED, TRUNCATED
 
 if TYPE_CHECKING:
@@ -24,23 +26,64 @@ _NONE = ("the buffer holds no complete episode: one that has ended (its final ob
          "and whose first step is not evicted yet")
 
 
-def complete(ebuf: "EpisodeBuffer") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lane, first row, final row) of every complete, unevicted episode, as read now."""
-    ring = ebuf.core._ring
+class Index:
+    """A handle's index of the complete episodes of each lane, extended by walking back
+    from the newest row only as far as the rows it has already indexed (so a call costs
+    the episodes written since the last one, not all of them), and trimmed as rows are
+    evicted. Rows a walk finds not published yet are walked again next time."""
+
+    def __init__(self, lanes: int) -> None:
+        self.base = [-1] * lanes  # the lane's base when indexed (a clear or restore: start over)
+        self.next = [0] * lanes  # every complete episode ending below this row is indexed
+        self.found: list[list[tuple[int, int]]] = [[] for _ in range(lanes)]  # (first, final) rows
+
+    def complete(self, ring: Ring) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lane, first row, final row) of every complete, unevicted episode, as read now."""
+        lo, head = ring.window_lists()
+        bases = ring.lane_table[:, LANE_BASE].tolist()
+        out: list[tuple[int, int, int]] = []
+        for lane in range(ring.lanes):
+            if bases[lane] != self.base[lane] or head[lane] < self.next[lane]:
+                self.base[lane], self.next[lane], self.found[lane] = bases[lane], 0, []
+            new, frontier = _walk(ring, lane, lo[lane], head[lane], self.next[lane])
+            found = self.found[lane]
+            found += [e for e in new if e[1] < frontier]  # the rest: walked again next time
+            self.next[lane] = frontier
+            drop = 0
+            while drop < len(found) and found[drop][0] < lo[lane]:
+                drop += 1  # evicted (in part): never whole again
+            del found[:drop]
+            out += [(lane, f, h) for f, h in found + [e for e in new if e[1] >= frontier]]
+        a = np.array(out, np.int64).reshape(-1, 3)
+        return a[:, 0], a[:, 1], a[:, 2]
+
+
+def _walk(ring: Ring, lane: int, lo: int, head: int, stop: int) -> tuple[list[tuple[int, int]], int]:
+    """The complete episodes of ``lane`` whose final row is in ``[max(lo, stop), head)``,
+    oldest first, and the row below which the lane is now fully indexed. A published row
+    (its stamp the same before and after the reads) is trusted to say where its episode
+    began, and the walk jumps there; any other row is stepped over one at a time."""
     lc = ring.lane_capacity
-    starts, flags = ring.arrays["_start"], ring.arrays["_flags"]
-    lo, head = ring.window_lists()
-    found: list[tuple[int, int, int]] = []
-    for lane in range(ring.lanes):
-        h = head[lane] - 1
-        while h >= lo[lane]:
-            slot = lane * lc + h % lc
-            s = int(starts[slot])
-            if flags[slot] & FINAL and lo[lane] <= s < h:
-                found.append((lane, s, h))
-            h = s - 1 if lo[lane] <= s <= h else h - 1  # a value out of place: one row back
-    a = np.array(found, np.int64).reshape(-1, 3)
-    return a[:, 0], a[:, 1], a[:, 2]
+    stamps, starts, flags = ring.stamps, ring.arrays["_start"], ring.arrays["_flags"]
+    found: list[tuple[int, int]] = []
+    unpublished = None  # the lowest row stepped over
+    h = head - 1
+    floor = max(lo, stop)
+    while h >= floor:
+        slot = lane * lc + h % lc
+        before = int(stamps[slot])
+        s, f = int(starts[slot]), int(flags[slot])
+        if before != 2 * h + 2 or int(stamps[slot]) != before or not lo <= s <= h:
+            h -= 1  # not published (being written, reserved by a dead writer): no guide
+            unpublished = h + 1
+            continue
+        if f & FINAL and s < h:
+            found.append((s, h))
+        h = s - 1
+    found.reverse()
+    # indexed for good: below the lowest row stepped over, else up to the newest episode
+    frontier = unpublished if unpublished is not None else found[-1][1] + 1 if found else stop
+    return found, max(stop, frontier)
 
 
 def sample(ebuf: "EpisodeBuffer", n: int, timeout: float) -> list[dict[str, np.ndarray]]:
@@ -56,7 +99,7 @@ def sample(ebuf: "EpisodeBuffer", n: int, timeout: float) -> list[dict[str, np.n
             return out  # type: ignore[return-value]
         if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(f"could not copy {len(todo)} intact episodes within {timeout:g} s")
-        lanes, first, last = complete(ebuf)
+        lanes, first, last = ebuf._index.complete(ring)
         if not len(lanes):
             raise ValueError(_NONE)
         for i, j in zip(todo, rng.integers(0, len(lanes), len(todo))):
