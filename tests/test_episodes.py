@@ -223,6 +223,7 @@ def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name,
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(30)
+        assert (buf.num_episodes, buf.transition_count) == (2, 6)  # the row being written: not counted
         b = buf.sample(1000)
         assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 100, 101, 102}  # step 3: no next yet
         assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all()

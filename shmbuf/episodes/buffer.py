@@ -199,10 +199,14 @@ class EpisodeBuffer:
             if rows == 0:
                 out.append((0, 0, 0))
                 continue
-            first, last = lane * lc + lo[lane] % lc, lane * lc + (head[lane] - 1) % lc
+            h = head[lane] - 1  # the newest published row (not one a writer is writing, or died in)
+            while h > lo[lane] and ring.stamps[lane * lc + h % lc] != 2 * h + 2 and head[lane] - h < 8:
+                h -= 1
+            unpublished = head[lane] - 1 - h
+            first, last = lane * lc + lo[lane] % lc, lane * lc + h % lc
             n = max(int(eps[last]) - int(eps[first]) + 1, 0)
-            live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == head[lane] - 1)
-            out.append((rows, min(n, rows), max(live, 0)))
+            live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == h)
+            out.append((rows - unpublished, min(n, rows), max(live, 0)))
         return out
 
     def __len__(self) -> int:
