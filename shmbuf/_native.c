@@ -724,6 +724,11 @@ done:
  * stamps are checked all the same. Returns None if every window is intact, else bytes:
  * 1 for the intact windows, or with per_row true for the intact rows (n * length).
  * (sampling.py: copy_windows.) */
+typedef struct {             /* one field to copy out of each row (gather) */
+    char *dst;
+    Py_ssize_t offset, stride, bytes;
+} Todo;
+
 static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, (nargs == 4 || nargs == 5 || nargs == 8) && PyList_Check(args[3]),
                "(first, lane, length, list of arrays[, per_row[, same, skip, skip_mask]])") < 0)
@@ -741,6 +746,8 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     Py_buffer firstv, lanev = {0}, *outs = NULL;
+    Todo *todo = NULL;
+    Py_ssize_t *todo_at = NULL;
     if (PyObject_GetBuffer(args[0], &firstv, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
     Py_ssize_t n = firstv.len / 8, nout = 0, nf = r->nfields, want = 0;
@@ -783,6 +790,24 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
             PyErr_SetString(PyExc_ValueError, "gather: a lane or sequence number is out of range");
             goto done;
         }
+    /* The copies to make, per position (todo_at[j] .. todo_at[j + 1]), only the fields
+     * asked for: the row loop below then does no per-field bookkeeping. */
+    if ((todo = PyMem_Malloc((want + 1) * sizeof(Todo) + (length + 2) * sizeof(Py_ssize_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    todo_at = (Py_ssize_t *)(todo + want + 1);
+    Py_ssize_t ntodo = 0;
+    for (Py_ssize_t i = 0; i < want; i++) {
+        if (i % nf == 0)
+            todo_at[i / nf] = ntodo;
+        if (outs[i].obj != NULL) {
+            Field *fd = &r->fields[i % nf];
+            todo[ntodo++] = (Todo){(char *)outs[i].buf, fd->offset, fd->stride, fd->row_bytes};
+        }
+    }
+    todo_at[want / nf] = ntodo;
+    Py_ssize_t same_bytes = same >= 0 ? r->fields[same].row_bytes : 0;
     result = PyBytes_FromStringAndSize(NULL, per_row ? n * length : n);
     if (result == NULL)
         goto done;
@@ -808,8 +833,7 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
         for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
             int64_t s = first[w] + j;
             Py_ssize_t slot = lane * r->lc + at;
-            Py_buffer *dst = by_pos ? outs + j * nf : outs;  /* this row's outputs ... */
-            Py_ssize_t row = by_pos ? w : w * length + j;    /* ... and its index in them */
+            Py_ssize_t row = by_pos ? w : w * length + j;    /* its index in the outputs */
             int64_t *stamp = stamp_of(r, slot);
             int64_t before = LOAD_ACQ(stamp);          /* 1. the row it names, acquired */
             if (faults & FAULT_NO_STAMP_CHECK)
@@ -822,17 +846,16 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
                     continue;                          /* per row: the others may be intact */
                 break;
             }
-            for (int i = 0; i < nf; i++) {             /* 2. copy every field asked for */
-                Field *fd = &r->fields[i];
-                if (dst[i].obj != NULL)
-                    copy((char *)dst[i].buf + row * fd->row_bytes,
-                         r->base + fd->offset + slot * fd->stride, fd->row_bytes);
+            for (Py_ssize_t k = todo_at[by_pos ? j : 0]; k < todo_at[by_pos ? j + 1 : 1]; k++) {
+                const Todo *c = &todo[k];                 /* 2. copy every field asked for */
+                copy(c->dst + row * c->bytes, r->base + c->offset + slot * c->stride, c->bytes);
             }
             int64_t key = 0;                           /* ... and the filters' values */
             unsigned char flag = 0;
-            if (same >= 0)
-                memcpy(&key, r->base + r->fields[same].offset + slot * r->fields[same].stride,
-                       r->fields[same].row_bytes);
+            if (same_bytes == 8)                       /* (the common size: one load) */
+                memcpy(&key, r->base + r->fields[same].offset + slot * r->fields[same].stride, 8);
+            else if (same_bytes)
+                memcpy(&key, r->base + r->fields[same].offset + slot * r->fields[same].stride, same_bytes);
             if (skip >= 0 && j == 0)
                 flag = *(unsigned char *)(r->base + r->fields[skip].offset + slot * r->fields[skip].stride);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* 3. no copy load moves past ... */
@@ -874,6 +897,7 @@ static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
         Py_INCREF(result);
     }
 done:
+    PyMem_Free(todo);
     if (outs != NULL) {
         for (Py_ssize_t i = 0; i < want; i++)
             if (outs[i].obj != NULL)
