@@ -232,3 +232,15 @@ def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name,
                   terminated=np.ones(2, bool), truncated=np.zeros(2, bool))
         assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(50)} == {50, 150}
         assert set(buf.sample(1000)["obs"][:, 0].tolist()) == {0, 1, 2, 100, 101, 102, 50, 150}
+
+
+def test_an_episode_buffer_pickles_as_its_name(name):
+    import pickle
+    with shmbuf.EpisodeBuffer.create(F, 16, name=name) as buf:
+        buf.add_episode(_episode(0, [1, 2]), terminated=True)
+        other = pickle.loads(pickle.dumps(buf))
+        try:
+            assert isinstance(other, shmbuf.EpisodeBuffer) and other.name == name
+            assert (other.num_episodes, other.transition_count) == (1, 2)
+        finally:
+            other.close()

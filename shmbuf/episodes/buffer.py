@@ -250,6 +250,15 @@ class EpisodeBuffer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its name, like a core Buffer: unpickling attaches (in any process,
+        any start method); writers are not carried over (a process makes its own)."""
+        return (_attach, (self.name, self.core._timeout))
+
     def __repr__(self) -> str:
         return (f"<shmbuf.EpisodeBuffer {self.name!r} {len(self)}/{self.capacity} rows, "
                 f"{self.num_episodes} episodes, fields={list(self.fields)}>")
+
+
+def _attach(name: str, timeout: float) -> EpisodeBuffer:
+    return EpisodeBuffer.attach(name, timeout=timeout)
