@@ -13,7 +13,7 @@ import pytest
 
 import shmbuf
 from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer
-from shmbuf import sampling
+from shmbuf import native, sampling
 
 
 def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3,
@@ -67,6 +67,12 @@ def test_the_storm_sees_episodes_mixed_when_the_boundary_check_is_off(name, monk
 
     def no_boundary(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
         return real(ring_, lane, first, length, lo, out, per_row)
-    monkeypatch.setattr(sampling, "copy_windows", no_boundary)
-    checked, errors, _ = episode_storm(name, seconds=1.5)
+    monkeypatch.setattr(sampling, "copy_windows", no_boundary)  # the pure-Python path
+    if native.available():
+        native._native.set_faults(4)  # the native path's segment check (this process only)
+    try:
+        checked, errors, _ = episode_storm(name, seconds=1.5)
+    finally:
+        if native.available():
+            native._native.set_faults(0)
     assert errors["transition"] > 0 and errors["n-step"] > 0, (errors, checked)

@@ -12,7 +12,7 @@ the candidate, which is drawn again.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -135,34 +135,19 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
         ok = sampling.copy_windows(ring, lane, t, 2, None, [first, after], False, "_start", ("_flags", FINAL))
         valid = None if ok is None else ok.copy()
         steps, last = 1, fl
-    else:
-        # position j of the window is row t+j: flags[j], rews[j] (row t's too), obs
+    elif ring.native is not None:  # n steps, summed in one native call
         rew = out[plan.reward]
-        flags = np.empty((n + 1, m), np.uint8)
-        rews = np.zeros((n + 1, m), rew.dtype)
-        nobs = [(i, name, np.empty((n,) + out[name].shape, out[name].dtype)) for i, name in plan.next]
-        first[plan.flags], first[plan.reward_at] = flags[0], rews[0]
-        positions = [first]
-        for j in range(1, n + 1):
-            pos: list = [None] * plan.width
-            pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]
-            for i, _, a in nobs:
-                pos[i] = a[j - 1]
-            positions.append(pos)
-        ok = sampling.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
-        # the common case: no end among rows t .. t+n-2, every row intact: n steps
-        early = np.bitwise_or.reduce(flags[:n - 1], axis=0) & (TERMINATED | TRUNCATED)
-        rew[:] = plan.discount(gamma)[:, 0] @ rews[:n]
-        out["steps"][:] = n
-        last = flags[n - 1]
-        for _, name, a in nobs:
-            out[name][:] = a[n - 1]
-        other = np.flatnonzero(early if ok is None else early | ~ok.all(axis=1))
-        valid = None
-        if len(other):  # the others: an episode that ends sooner, rows not intact
-            valid = np.ones(m, bool)
-            valid[other], last = _n_step(plan, out, flags[:, other], rews[:, other], ok, other, nobs, gamma, last)
-        steps = out["steps"]
+        nxt: list = [None] * plan.width
+        for i, name in plan.next:
+            nxt[i] = out[name]
+        steps, total, last = out["steps"], np.empty(m), fl
+        first[plan.flags] = None
+        ok = ring.native.reduce_windows(t, lane, n, gamma, plan.start, plan.flags, TERMINATED | TRUNCATED,
+                                        FINAL, plan.reward_at, first, nxt, steps, total, last)
+        valid = None if ok is None else np.frombuffer(ok, np.bool_).copy()
+        rew[:] = total
+    else:
+        valid, steps, last = _n_step_python(plan, ring, lane, t, first, fl, out, gamma)
     # the flags of a step (not a final row) are 0, TERMINATED (1) or TRUNCATED (2):
     np.bitwise_and(last, TERMINATED, out=out["terminated"].view(np.uint8))
     np.right_shift(last, 1, out=out["truncated"].view(np.uint8))  # (candidates rejected: garbage)
@@ -178,6 +163,43 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
             valid &= gather.rows(ring, lane, t, {o: out[o] for o in plan.apart})
             valid &= gather.rows(ring, lane, t + steps, {o: out["next_" + o] for o in plan.apart})
     return valid
+
+
+def _n_step_python(plan: _Plan, ring: Any, lane: Any, t: np.ndarray, first: list, fl: np.ndarray,
+                   out: dict[str, np.ndarray], gamma: float) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """The pure-Python path of the native ``reduce_windows``: rows t .. t+n in one
+    window per candidate (each row checked on its own), then the steps taken, their
+    discounted rewards and the next observations with numpy. Returns (validity or None
+    for all, steps, flags of the last step taken)."""
+    n, m = plan.n, len(t)
+    # position j of the window is row t+j: flags[j], rews[j] (row t's too), obs
+    rew = out[plan.reward]
+    flags = np.empty((n + 1, m), np.uint8)
+    rews = np.zeros((n + 1, m), rew.dtype)
+    nobs = [(i, name, np.empty((n,) + out[name].shape, out[name].dtype)) for i, name in plan.next]
+    first[plan.flags], first[plan.reward_at] = flags[0], rews[0]
+    positions = [first]
+    for j in range(1, n + 1):
+        pos: list = [None] * plan.width
+        pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]
+        for i, _, a in nobs:
+            pos[i] = a[j - 1]
+        positions.append(pos)
+    ok = sampling.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
+    fl[:] = flags[0]
+    # the common case: no end among rows t .. t+n-2, every row intact: n steps
+    early = np.bitwise_or.reduce(flags[:n - 1], axis=0) & (TERMINATED | TRUNCATED)
+    rew[:] = plan.discount(gamma)[:, 0] @ rews[:n]
+    out["steps"][:] = n
+    last = flags[n - 1]
+    for _, name, a in nobs:
+        out[name][:] = a[n - 1]
+    other = np.flatnonzero(early if ok is None else early | ~ok.all(axis=1))
+    valid = None
+    if len(other):  # the others: an episode that ends sooner, rows not intact
+        valid = np.ones(m, bool)
+        valid[other], last = _n_step(plan, out, flags[:, other], rews[:, other], ok, other, nobs, gamma, last)
+    return valid, out["steps"], last
 
 
 def _n_step(plan: _Plan, out: dict[str, np.ndarray], flags: np.ndarray, rews: np.ndarray,

@@ -53,6 +53,10 @@ class EpisodeWriter:
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
         self._going = False  # every env has an episode in progress: add's fast path
+        user = buffer._rows.user
+        self._next_specs = [(o, (n,) + user[o][0], user[o][1]) for o in buffer.observations]
+        self._zeros = {k: np.zeros((n,) + shape, dtype) for k, (shape, dtype) in user.items()
+                       if k not in buffer.observations}  # a final row's other fields
 
     # -- writing ---------------------------------------------------------------------
 
@@ -78,15 +82,45 @@ class EpisodeWriter:
         # Nothing in the rows changes from step to step but the values given.
         if (self._going and type(step) is dict and (len(step) == self._user or step.keys() <= self._keys)
                 and (timeout is None or type(timeout) is float)):
-            if self._axis:  # bool arrays of the right length, all False (inline: this is hot)
-                clear = (type(terminated) is np.ndarray and type(truncated) is np.ndarray
-                         and terminated.dtype is _BOOL and truncated.dtype is _BOOL
-                         and terminated.tobytes() == self._none == truncated.tobytes())
-            else:
-                clear = terminated is False and truncated is False
-            if clear and self._native.put_rows(self._lanes, step, self._sys, timeout) is None:
-                return
+            if not self._axis:
+                if terminated is False and truncated is False \
+                        and self._native.put_rows(self._lanes, step, self._sys, timeout) is None:
+                    return
+            elif (type(terminated) is np.ndarray and type(truncated) is np.ndarray
+                  and terminated.dtype is _BOOL and truncated.dtype is _BOOL):  # (inline: this is hot)
+                if terminated.tobytes() == self._none == truncated.tobytes():
+                    if self._native.put_rows(self._lanes, step, self._sys, timeout) is None:
+                        return
+                elif terminated.shape == truncated.shape == (self.envs,) and \
+                        self._ends(step, terminated, truncated, timeout):
+                    return
         self._add(step, terminated, truncated, timeout)
+
+    def _ends(self, step: dict, term: np.ndarray, trunc: np.ndarray, timeout: float | None) -> bool:
+        """``add``'s native path for a step where episodes end: the steps, then the final
+        rows. False, with nothing written, if anything is off the common case (the
+        Python path then checks and explains)."""
+        nexts = {}
+        for o, shape, dtype in self._next_specs:
+            v = step.get("next_" + o)
+            if type(v) is not np.ndarray or v.dtype != dtype or v.shape != shape:
+                return False
+            nexts[o] = v
+        term = term.view(np.uint8)
+        flags = term | (trunc.view(np.uint8) & (term ^ 1)) << 1  # both set: terminated
+        if self._native.put_rows(self._lanes, step, {**self._sys, "_flags": flags}, timeout) is not None:
+            return False
+        ended = flags != 0
+        e = np.flatnonzero(ended)
+        final = {k: z[:len(e)] for k, z in self._zeros.items()}
+        final.update({o: v[e] for o, v in nexts.items()})
+        self._started[e] = False
+        self._going = False
+        self._put(self._lane_array[e], final, {"_episode": self._episode[e], "_start": self._start[e],
+                                               "_flags": flags[e] | FINAL}, timeout)
+        self._begin(ended)
+        self._going = True
+        return True
 
     def _add(self, step: Mapping[str, Any], terminated: Any, truncated: Any, timeout: float | None) -> None:
         """``add`` in full: checks with clear errors, episodes that start and end."""
@@ -121,13 +155,12 @@ class EpisodeWriter:
         """Start an episode in each env of the mask ``envs``: the next number of its
         lane (the lane table keeps the latest) and its head (the lane is ours: nobody
         else moves either)."""
-        if envs.any():
-            table = self.buffer.core._ring.lane_table
-            lanes = self._lane_array[envs]
-            table[lanes, LANE_EPISODES] += 1
-            self._episode[envs] = table[lanes, LANE_EPISODES]
-            self._start[envs] = table[lanes, LANE_HEAD]
-            self._started[envs] = True
+        table = self.buffer.core._ring.lane_table
+        for i in np.flatnonzero(envs).tolist():  # a few at a time: scalars beat fancy indexing
+            lane = self.lanes[i]
+            self._episode[i] = table[lane, LANE_EPISODES] = table[lane, LANE_EPISODES] + 1
+            self._start[i] = table[lane, LANE_HEAD]
+            self._started[i] = True
 
     def _unused(self) -> np.ndarray:
         """The envs whose episode was numbered but has no row yet."""
