@@ -219,3 +219,47 @@ def test_attach_refuses_a_segment_of_another_format_version(name):
             f.write(struct.pack("<I", 1))
         with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 2"):
             shmbuf.Buffer.attach(name)
+
+
+@needs_native
+def test_both_paths_write_and_sample_the_same_episodes(name, monkeypatch):
+    """An EpisodeBuffer written by a vectorised writer on each path holds the same bytes,
+    and handles of the same seed on each path draw the same transitions, n-step ones
+    (the native path sums them in C), frame stacks, trajectories and whole episodes."""
+    fields = {"obs": ((3,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+    made = [shmbuf.EpisodeBuffer.create(fields, 120, lanes=3, frame_stack=2, name=f"{name}-{i}")
+            for i in range(2)]
+    try:
+        handles = []
+        for i in range(2):
+            with monkeypatch.context() as m:
+                m.setenv("SHMBUF_PURE_PYTHON", "1" if i else "")
+                handles.append(shmbuf.EpisodeBuffer.attach(f"{name}-{i}", seed=3))
+            assert handles[-1].core.native is not bool(i)
+        rng = np.random.default_rng(0)
+        steps = [{"obs": rng.random((3, 3), np.float32), "action": rng.integers(0, 9, 3),
+                  "reward": rng.random(3).astype(np.float32), "next_obs": rng.random((3, 3), np.float32)}
+                 for _ in range(50)]
+        ends = [(rng.random(3) < 0.1, rng.random(3) < 0.05) for _ in range(50)]
+        for h in handles:
+            with h.writer(envs=3) as w:
+                for step, (term, trunc) in zip(steps, ends):
+                    w.add(step, terminated=term, truncated=trunc)
+        ra, rb = handles[0].core._ring, handles[1].core._ring
+        assert np.array_equal(ra.stamps, rb.stamps) and np.array_equal(ra.lane_table, rb.lane_table)
+        for k in ra.arrays:
+            assert np.array_equal(ra.arrays[k], rb.arrays[k]), k
+        a, b = handles
+        for _ in range(3):
+            for got in ((a.sample(32), b.sample(32)), (a.sample(32, n_step=3, gamma=0.9),
+                                                       b.sample(32, n_step=3, gamma=0.9)),
+                        (a.sample_trajectories(8, 5), b.sample_trajectories(8, 5))):
+                for k in got[0]:
+                    assert np.array_equal(got[0][k], got[1][k]), k
+            ea, eb = a.sample_episodes(3), b.sample_episodes(3)
+            assert all(np.array_equal(x[k], y[k]) for x, y in zip(ea, eb) for k in x)
+        for h in handles:
+            h.close()
+    finally:
+        for buf in made:
+            buf.close()
