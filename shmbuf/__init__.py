@@ -12,10 +12,11 @@ from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
 from .episodes import EpisodeBuffer, EpisodeWriter
 from .layout import FormatError
 from .lock import LockTimeout
+from .ratelimit import RateLimit, RateLimitTimeout
 from .ring import WriteTimeout
 from .sampling import SampleTimeout
 from .segment import ShmSpaceError
 
-__all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout",
-           "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
+__all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "RateLimit", "RateLimitTimeout",
+           "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
 __version__ = "0.1.0"

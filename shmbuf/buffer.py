@@ -17,6 +17,7 @@ from . import native, procs, sampling, segment, validate
 from . import state as _state
 from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
 from .lock import HeaderLock
+from .ratelimit import Limiter, RateLimit
 from .ring import Ring, WriteTimeout
 from .segment import NotReadyError, Segment
 
@@ -119,6 +120,8 @@ class Buffer:
         self._native = native.make_ring(layout, seg.mmap, self._lock.busy, self._prefaulted,
                                         procs.is_alive, WriteTimeout, self._lock._timeout)
         self._ring = Ring(layout, seg.mmap, self._lock, self._native)
+        rate = layout.meta.get("rate")
+        self._limiter = None if rate is None else Limiter(RateLimit.from_meta(rate), self._ring)
         self._rng = rng
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
@@ -132,7 +135,8 @@ class Buffer:
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
                lanes: int = 1, seed: Any = None, persist: bool = False,
-               timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None) -> "Buffer":
+               timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
+               rate: RateLimit | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment.
 
         Args:
@@ -147,6 +151,8 @@ class Buffer:
             timeout: default timeout of this handle's blocking calls, in seconds.
             meta: a JSON object kept with the schema, read back by every handle as
                 :attr:`meta` (the capabilities built on Buffer describe themselves there).
+            rate: a :class:`~shmbuf.RateLimit` that every handle's samples and inserts
+                then keep to (samples per insert, across all processes).
 
         Raises:
             FileExistsError: the name is taken.
@@ -165,6 +171,10 @@ class Buffer:
         persist = validate.flag(persist, "persist")
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
+        if rate is not None:
+            if not isinstance(rate, RateLimit):
+                raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
+            meta = {**(meta or {}), "rate": rate.to_meta()}
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time(), meta)
         seg = Segment.create(name, layout.total_size)
@@ -410,7 +420,7 @@ class Buffer:
             >>> buf.close()
         """
         fast = self._native
-        if fast is not None and fast.add(transition, lane, timeout) is None:
+        if fast is not None and self._limiter is None and fast.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
         arrays, n = self._schema.check_rows(transition, single=True)
         self._write(arrays, n, lane, timeout)
@@ -431,7 +441,8 @@ class Buffer:
             >>> buf.close()
         """
         fast = self._native
-        if fast is not None and truncate_ok is False and fast.extend(batch, lane, timeout) is None:
+        if fast is not None and truncate_ok is False and self._limiter is None \
+                and fast.extend(batch, lane, timeout) is None:
             return  # the common case, checked and written in C
         arrays, n = self._schema.check_rows(batch, single=False)
         if truncate_ok is not False:
@@ -452,6 +463,8 @@ class Buffer:
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
                timeout: float | None) -> None:
         timeout = self._timeout if timeout is None else validate.timeout(timeout)
+        if self._limiter is not None:
+            self._limiter.before_insert(n, timeout)
         if lane is None and self._layout.lanes == 1:
             lane = 0
         else:
@@ -558,6 +571,8 @@ class Buffer:
         """
         n = _count(n, "n")
         out, arrays = self._prepare_out(out, (n,))
+        if self._limiter is not None:
+            self._limiter.before_sample(n, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
                                 self._t(timeout))
         return out
@@ -581,6 +596,8 @@ class Buffer:
         length = _count(length, "length", 1)
         out, arrays = self._prepare_out(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
+        if self._limiter is not None:
+            self._limiter.before_sample(batch, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
                                 self._t(timeout))
         return out

@@ -303,3 +303,19 @@ def episode_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
                 time.sleep(1)
     ring.set_hook(hook)
     w.add(step(steps), terminated=no, truncated=no)
+
+
+def rate_writer(name: str, rows: int, chunk: int, seconds: float, ready, results) -> None:
+    """Attach and add ``chunk``-row batches until ``rows`` are written or ``seconds``
+    pass, waiting on the rate limit with short timeouts; report rows written."""
+    buf = shmbuf.Buffer.attach(name)
+    ready.wait(30)
+    written, deadline = 0, time.monotonic() + seconds
+    while written < rows and time.monotonic() < deadline:
+        try:
+            buf.extend({"x": np.arange(written, written + chunk)}, timeout=0.05)
+            written += chunk
+        except shmbuf.RateLimitTimeout:
+            pass
+    buf.close()
+    results.put(written)

@@ -125,6 +125,8 @@ class EpisodeBuffer:
             gamma = float(gamma)
         if timeout is not None:
             timeout = self.core._t(timeout)  # checked now; None: the handle's, looked up if needed
+        if self.core._limiter is not None:
+            self.core._limiter.before_sample(n, self.core._t(timeout))
         return transitions.sample(self, n, n_step, gamma, timeout)
 
     def sample_trajectories(self, batch: int, length: int, *,
@@ -148,6 +150,8 @@ class EpisodeBuffer:
         """
         batch = _count(batch, "batch")
         length = _count(length, "length", 1)
+        if self.core._limiter is not None:
+            self.core._limiter.before_sample(batch, self.core._t(timeout))
         return trajectories.sample(self, batch, length, self.core._t(timeout))
 
     def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
@@ -164,7 +168,10 @@ class EpisodeBuffer:
             ([1.0, 2.0], [False, True])
             >>> buf.close()
         """
-        return whole.sample(self, _count(n, "n"), self.core._t(timeout))
+        n = _count(n, "n")
+        if self.core._limiter is not None:
+            self.core._limiter.before_sample(n, self.core._t(timeout))
+        return whole.sample(self, n, self.core._t(timeout))
 
     def sample_sequences(self, batch: int, length: int, **kwargs: Any) -> dict[str, np.ndarray]:
         """Windows of consecutive rows of a lane that may cross episodes (as the core's),

@@ -52,6 +52,7 @@ class EpisodeWriter:
         self._keys = buffer._rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
+        self._limiter = core._limiter  # a rate limit: writes wait in _put (no fast path)
         self._going = False  # every env has an episode in progress: add's fast path
         user = buffer._rows.user
         self._next_specs = [(o, (n,) + user[o][0], user[o][1]) for o in buffer.observations]
@@ -149,7 +150,7 @@ class EpisodeWriter:
             self._put(self._lane_array[e], final, {"_episode": self._episode[e], "_start": self._start[e],
                                                    "_flags": flags[e] | FINAL}, timeout)
             self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
-        self._going = bool(self._native is not None and self._started.all())
+        self._going = bool(self._native is not None and self._limiter is None and self._started.all())
 
     def _begin(self, envs: np.ndarray) -> None:
         """Start an episode in each env of the mask ``envs``: the next number of its
@@ -172,6 +173,8 @@ class EpisodeWriter:
         """Row i of ``data`` and ``sys`` (checked arrays, a row per env) into lane
         ``lanes[i]``: in one native call, or (pure Python, or a lane this handle has
         not mapped yet) one core write per lane."""
+        if self._limiter is not None:
+            self._limiter.before_insert(len(lanes), self.buffer.core._t(timeout))
         if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
             return
         core = self.buffer.core

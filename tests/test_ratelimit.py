@@ -1,0 +1,131 @@
+"""Rate limiting (Reverb's SampleToInsertRatio) across processes: counters in the
+header, waits with timeouts, writers and learners held to the ratio."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmbuf
+from helpers import rate_writer
+
+X = {"x": ((), "int64")}
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"min_size": 0}, "min_size"), ({"min_size": 1.5}, "min_size"), ({"samples_per_insert": 0}, "> 0"),
+    ({"samples_per_insert": float("nan")}, "finite"), ({"error_buffer": -1}, "finite"),
+    ({"samples_per_insert": 4, "error_buffer": 2}, "smaller than samples_per_insert"),
+])
+def test_bad_limits_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        shmbuf.RateLimit(**kw)
+
+
+def test_a_rate_must_be_a_rate_limit(name):
+    with pytest.raises(TypeError, match="RateLimit"):
+        shmbuf.Buffer.create(X, 8, name=name, rate={"min_size": 1})
+
+
+def test_min_size_holds_samples_until_enough_rows_were_inserted(name):
+    rate = shmbuf.RateLimit(min_size=100, samples_per_insert=1, error_buffer=50)
+    with shmbuf.Buffer.create(X, 1000, name=name, rate=rate, seed=0) as buf:
+        buf.extend({"x": np.arange(99)})
+        with pytest.raises(shmbuf.SampleTimeout, match=r"99 rows inserted, 0 sampled"):
+            buf.sample(1, timeout=0.05)
+        ctx = mp.get_context("spawn")
+        ready, results = ctx.Barrier(1), ctx.Queue()
+        p = ctx.Process(target=rate_writer, args=(name, 1, 1, 30.0, ready, results))
+        p.start()
+        try:
+            got = buf.sample(10, timeout=60)  # released by the other process's insert
+        finally:
+            p.join(60)
+        assert results.get(timeout=10) == 1 and len(got["x"]) == 10 and buf.total_added == 100
+
+
+def test_writers_wait_for_learners_and_timeouts_name_the_counters(name):
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=10)
+    with shmbuf.Buffer.create(X, 100, name=name, rate=rate, seed=0) as buf:
+        buf.extend({"x": np.arange(11)})  # diff 11 = 1 * 1 + 10: the upper bound
+        with pytest.raises(shmbuf.WriteTimeout, match="writers are ahead"):
+            buf.add({"x": 11}, timeout=0.05)
+        assert len(buf) == 11  # nothing written
+        buf.sample(5)
+        buf.add({"x": 11}, timeout=0.05)
+        with pytest.raises(ValueError, match="never be sampled"):
+            buf.sample(21)  # wider than the window: would wait forever
+        other = shmbuf.Buffer.attach(name)  # the limit and the counters are shared
+        try:
+            other.sample(7)
+            with pytest.raises(shmbuf.RateLimitTimeout, match="12 rows inserted, 12 sampled"):
+                other.sample(10, timeout=0.05)  # 12 - 12 - 10 < 1 - 10
+        finally:
+            other.close()
+
+
+def test_a_fast_learner_is_held_to_the_ratio_of_real_writers(name):
+    spi, eb, chunk = 2.0, 64.0, 8
+    rate = shmbuf.RateLimit(min_size=16, samples_per_insert=spi, error_buffer=eb)
+    ctx = mp.get_context("fork")
+    with shmbuf.Buffer.create(X, 4096, name=name, rate=rate, seed=0) as buf:
+        ready, results = ctx.Barrier(3), ctx.Queue()
+        procs = [ctx.Process(target=rate_writer, args=(name, 10**9, chunk, 2.0, ready, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        ready.wait(30)
+        low, high = rate.bounds
+        seen, deadline = [], time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                buf.sample(32, timeout=0.05)
+            except shmbuf.RateLimitTimeout:
+                pass
+            inserted, sampled = buf._limiter.counts()
+            seen.append(inserted * spi - sampled)
+        written = [results.get(timeout=30) for _ in procs]
+        for p in procs:
+            p.join(30)
+        inserted, sampled = buf._limiter.counts()
+        assert sampled > 0 and min(written) > 0
+        assert inserted == sum(written)
+        # the learner never ran ahead of the writers, the writers never more than a
+        # write each (their checks take no lock) ahead of the learner
+        assert min(seen) >= low and max(seen) <= high + 2 * chunk * spi, (min(seen), max(seen))
+
+
+def test_a_killed_writer_holds_the_learner_only_until_its_timeout(name):
+    rate = shmbuf.RateLimit(min_size=1000, samples_per_insert=1, error_buffer=10)
+    with shmbuf.Buffer.create(X, 2000, name=name, rate=rate, seed=0) as buf:
+        ctx = mp.get_context("spawn")
+        ready, results = ctx.Barrier(2), ctx.Queue()
+        p = ctx.Process(target=rate_writer, args=(name, 10**9, 1, 600.0, ready, results))
+        p.start()
+        ready.wait(60)
+        while buf.total_added == 0:
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        with pytest.raises(shmbuf.RateLimitTimeout, match="writers must insert"):
+            buf.sample(1, timeout=0.2)
+
+
+def test_episode_buffers_keep_to_a_rate_limit(name):
+    rate = shmbuf.RateLimit(min_size=4, samples_per_insert=1, error_buffer=4)
+    fields = {"obs": ((1,), "float32"), "reward": ((), "float32")}
+    with shmbuf.EpisodeBuffer.create(fields, 64, lanes=2, name=name, rate=rate, seed=0) as buf:
+        with buf.writer(envs=2) as w:
+            no = np.zeros(2, bool)
+            for t in range(4):  # 8 rows: diff 8 = 4 + 4
+                w.add({"obs": [[t], [t]], "reward": [1, 1]}, terminated=no, truncated=no)
+            with pytest.raises(shmbuf.RateLimitTimeout):
+                w.add({"obs": [[4], [4]], "reward": [1, 1]}, terminated=no, truncated=no, timeout=0.05)
+            assert len(buf) == 8
+            buf.sample(4)
+            w.add({"obs": [[4], [4]], "reward": [1, 1]}, terminated=no, truncated=no, timeout=0.05)
+            assert len(buf) == 10
