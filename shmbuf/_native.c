@@ -1099,6 +1099,103 @@ done:
 
 /* configure(pid, ctime, fd, default_lane, timeout): this process's identity and the
  * handle's defaults (again after a fork, a claim, a new timeout). */
+/* Whether row s of a lane is published (raw stamp read) with its `kf` field (8 bytes)
+ * equal to value: a guide for last_rows. */
+static inline int episode_row(Ring *r, const Field *kf, Py_ssize_t lane, int64_t s, int64_t value) {
+    if (s < 0)
+        return 0;
+    Py_ssize_t slot = slot_of(r, lane, s);
+    int64_t v;
+    memcpy(&v, r->base + kf->offset + slot * kf->stride, 8);  /* (may be unaligned) */
+    return LOAD_ACQ(stamp_of(r, slot)) == 2 * s + 2 && v == value;
+}
+
+/* last_rows(end, lane, start, key, out): for each i, the last row at or after end[i] of
+ * lane[i] (int64 arrays) that is published and whose `key` field (8 bytes) equals
+ * start[i], looked for among rows end[i] .. head - 1 of the lane, into out[i] (row
+ * end[i] is taken to be such a row). Raw reads, a guide only: callers copy
+ * the rows they then use with gather's check. An episode's rows are contiguous and a
+ * lane's unpublished rows are its newest (one writer owns it), so "published and of the
+ * episode" holds for a prefix of end .. head - 1. (episodes/gather.py: last_rows.) */
+static PyObject *Ring_last_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+    if (usable(r, nargs == 5, "(end, lane, start, key, out)") < 0)
+        return NULL;
+    Py_ssize_t key = PyLong_AsSsize_t(args[3]);
+    if (key == -1 && PyErr_Occurred())
+        return NULL;
+    if (key < 0 || key >= r->nfields || r->fields[key].row_bytes != 8) {
+        PyErr_SetString(PyExc_ValueError, "last_rows: bad key field");
+        return NULL;
+    }
+    Py_buffer b[4];
+    int got = 0;
+    int64_t *hi = NULL;
+    PyObject *result = NULL;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(args[got < 3 ? got : 4], &b[got],
+                               PyBUF_C_CONTIGUOUS | (got == 3 ? PyBUF_WRITABLE : 0)) < 0)
+            goto done;
+    Py_ssize_t m = b[0].len / 8;
+    if (b[1].len != b[0].len || b[2].len != b[0].len || b[3].len != b[0].len) {
+        PyErr_SetString(PyExc_ValueError, "last_rows: arrays of different lengths");
+        goto done;
+    }
+    const int64_t *end = b[0].buf, *lanes = b[1].buf, *start = b[2].buf;
+    int64_t *lo = b[3].buf;           /* the answers, row lo of the episode all along */
+    const Field *kf = &r->fields[key];
+    if ((hi = PyMem_Malloc(3 * (m + 1) * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *step = hi + m + 1, *probe = step + m + 1;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (lanes[i] < 0 || lanes[i] >= r->lanes || end[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "last_rows: a lane or row out of range");
+            goto done;
+        }
+        lo[i] = end[i];
+        hi[i] = LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_HEAD]) - 1;
+        step[i] = 1;
+    }
+    /* Each search gallops from its end (rows end+1, end+2, end+4, ...: an episode is
+     * short next to a lane, and probes near the end share pages), then halves what is
+     * left between the last probe inside and the first outside. Rows past hi are not of
+     * the episode. All the searches advance together, one probe each per round, the
+     * rows of a round fetched before any is read: their cache misses overlap. */
+    for (int busy = 1; busy;) {
+        busy = 0;
+        for (Py_ssize_t i = 0; i < m; i++) {      /* this round's probes, fetched ahead */
+            if (lo[i] >= hi[i])
+                continue;
+            busy = 1;
+            if (step[i] > hi[i] - lo[i])
+                step[i] = 0;                    /* past the newest row: halve from here */
+            probe[i] = step[i] ? lo[i] + step[i] : lo[i] + (hi[i] - lo[i] + 1) / 2;
+            Py_ssize_t slot = slot_of(r, lanes[i], probe[i]);
+            __builtin_prefetch(stamp_of(r, slot));
+            __builtin_prefetch(r->base + kf->offset + slot * kf->stride);
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {      /* then read them */
+            if (lo[i] >= hi[i])
+                continue;
+            if (episode_row(r, kf, lanes[i], probe[i], start[i])) {
+                lo[i] = probe[i];
+                step[i] = step[i] < INT64_MAX / 2 ? 2 * step[i] : 0;
+            } else {
+                hi[i] = probe[i] - 1;
+                step[i] = 0;
+            }
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(hi);
+    while (got--)
+        PyBuffer_Release(&b[got]);
+    return result;
+}
+
 static PyObject *Ring_configure(Ring *r, PyObject *args) {
     long long pid;
     if (!PyArg_ParseTuple(args, "Ldind", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout))
@@ -1248,6 +1345,7 @@ static PyMethodDef Ring_methods[] = {
      "reduce_windows(first, lane, n, gamma, key, flag, end_bits, skip_bits, value, outs0, outs_last, "
      "steps, total, last_flag)"},
     {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, length, first, lane)"},
+    {"last_rows", (PyCFunction)(void (*)(void))Ring_last_rows, METH_FASTCALL, "last_rows(end, lane, start, key, out)"},
     {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
     {NULL},

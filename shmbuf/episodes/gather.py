@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import sampling
 from ..ring import Ring
+from ..layout import LANE_HEAD
 from .rows import FINAL
 
 
@@ -65,3 +66,34 @@ def stacks(ring: Ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray, k: 
         for a in out.values():
             a[~need] = 0
     return valid
+
+
+def last_rows(ring: Ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The last published row at or after ``end`` (a row of the episode that starts at
+    ``start``) of that episode: its final row, or for an episode in progress its newest
+    published step. A binary search over raw reads, a guide only (the rows are then
+    read with the stamp check): an episode's rows are contiguous, later episodes start
+    later, and a lane's only unpublished rows are its newest (one writer owns it)."""
+    if ring.native is not None:
+        out = np.empty(len(end), np.int64)
+        ring.native.last_rows(end, lane, start, ring.index["_start"], out)
+        return out
+    lc = ring.lane_capacity
+    starts, stamps = ring.arrays["_start"], ring.stamps
+    lo, hi = end.copy(), ring.lane_table[:, LANE_HEAD][lane] - 1  # invariant: row lo is in the episode
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi + 1) // 2
+        slot = lane * lc + mid % lc
+        inside = (stamps[slot] == 2 * mid + 2) & (starts[slot] == start)
+        lo = np.where(open_ & inside, mid, lo)
+        hi = np.where(open_ & ~inside, mid - 1, hi)
+
+
+def continues(ring: Ring, lane: np.ndarray, seq: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Whether rows ``seq`` of ``lane`` are published rows of the episodes that start
+    at ``start``, now (raw reads: a row written since a search ran shows here)."""
+    slot = lane * ring.lane_capacity + seq % ring.lane_capacity
+    return (ring.stamps[slot] == 2 * seq + 2) & (ring.arrays["_start"][slot] == start)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import sampling
-from ..layout import LANE_HEAD
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .transitions import _NONE_YET
@@ -105,11 +104,10 @@ def _rest(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray,
           start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sum of the rewards after row ``end`` to its episode's end, and a mask of the
     windows for which it is known (every row read intact; the end found is the final
-    row or the newest row of the lane)."""
+    row, or no published row of the episode follows it)."""
     ring = ebuf.core._ring
     m = len(end)
-    head = ring.lane_table[:, LANE_HEAD][lane]
-    last = _last_row(ring, lane, end, start, head)  # the episode's last row (final, or newest)
+    last = gather.last_rows(ring, lane, end, start)  # the episode's last row (final, or newest)
     count = last - end  # rows after the end, up to and with the last
     rows = np.repeat(np.arange(m), count)
     seq = np.repeat(end + 1 - np.cumsum(count) + count, count) + np.arange(count.sum())
@@ -120,22 +118,6 @@ def _rest(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray,
     known = np.bincount(rows, weights=~ok, minlength=m) == 0
     final = np.zeros(m, bool)
     final[rows[(flags & FINAL) != 0]] = True
-    known &= final | (last == head - 1)
+    known &= final | ~gather.continues(ring, lane, last + 1, start)  # (it went on since: drawn again)
     return np.bincount(rows, weights=np.where(ok, rew, 0), minlength=m), known
 
-
-def _last_row(ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """The last row at or after ``end`` whose episode starts at ``start``: a binary
-    search over raw reads (a guide only: the rows are then read with the stamp check),
-    as an episode's rows are contiguous and later episodes start later."""
-    lc = ring.lane_capacity
-    starts = ring.arrays["_start"]
-    lo, hi = end.copy(), head - 1  # invariant: row lo is in the episode
-    while True:
-        open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = (lo + hi + 1) // 2
-        inside = starts[lane * lc + mid % lc] == start
-        lo = np.where(open_ & inside, mid, lo)
-        hi = np.where(open_ & ~inside, mid - 1, hi)
