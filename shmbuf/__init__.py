@@ -10,6 +10,7 @@ Example:
 
 from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
 from .episodes import EpisodeBuffer, EpisodeWriter
+from .her import HER
 from .layout import FormatError
 from .lock import LockTimeout
 from .ratelimit import RateLimit, RateLimitTimeout
@@ -17,6 +18,6 @@ from .ring import WriteTimeout
 from .sampling import SampleTimeout
 from .segment import ShmSpaceError
 
-__all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "RateLimit", "RateLimitTimeout",
+__all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
            "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
 __version__ = "0.1.0"

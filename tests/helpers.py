@@ -150,6 +150,19 @@ def wait_for_file(path, proc, what: str = "", timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
+def kill_when_there(target, args, flag, what):
+    """Run ``target(*args)`` in a spawned process; SIGKILL it once it creates ``flag``."""
+    import multiprocessing as mp
+
+    proc = mp.get_context("spawn").Process(target=target, args=args)
+    proc.start()
+    try:
+        wait_for_file(flag, proc, what)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+
+
 def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int = 4, tag: str = ""):
     """A spawned writer stopped for good at ``point`` of writing ``rows`` rows (see
     :func:`write_and_hang`); returns once it is there."""
@@ -319,3 +332,66 @@ def rate_writer(name: str, rows: int, chunk: int, seconds: float, ready, results
             pass
     buf.close()
     results.put(written)
+
+
+# Goal episodes (HER): observation t of episode ep achieves goal (ep, t); every desired
+# goal stored is (-1, -1), so a relabelled one shows, and says where it came from.
+GOALS = {"obs": ((1,), "int64"), "achieved_goal": ((2,), "int64"), "desired_goal": ((2,), "int64"),
+         "reward": ((), "float64")}
+GOAL_OBS = ["obs", "achieved_goal", "desired_goal"]
+
+
+def goal_step(ep: int, t: int) -> dict[str, np.ndarray]:
+    return {"obs": np.array([t]), "achieved_goal": np.array([ep, t]), "desired_goal": np.array([-1, -1]),
+            "reward": -1.0}
+
+
+def goal_episode(ep: int, steps: int) -> dict[str, np.ndarray]:
+    """An episode of ``steps`` steps (observations 0 .. steps, the last one final)."""
+    t = np.arange(steps + 1)
+    achieved = np.stack([np.full(steps + 1, ep), t], axis=1)
+    return {"obs": t[:steps, None], "achieved_goal": achieved[:steps],
+            "desired_goal": np.full((steps, 2), -1), "reward": np.full(steps, -1.0),
+            "next_obs": [steps], "next_achieved_goal": achieved[steps], "next_desired_goal": [-1, -1]}
+
+
+def goal_reward(achieved: np.ndarray, desired: np.ndarray, info) -> np.ndarray:
+    """A reward that says which goals it was computed from."""
+    return (1000 * desired[:, 1] + achieved[:, 1]).astype(np.float64)
+
+
+def goal_writer(name: str, seconds: float, ready, stop, results) -> None:
+    """Write goal episodes step by step (lengths 1 .. 12) for ``seconds`` or until
+    ``stop``; report how many episodes."""
+    buf = shmbuf.EpisodeBuffer.attach(name)
+    w = buf.writer()
+    ready.wait(30)
+    ep, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline and not stop.is_set():
+        steps = 1 + (ep * 7) % 12
+        for t in range(steps):
+            end = t == steps - 1
+            step = goal_step(ep, t)
+            if end:
+                step.update(next_obs=[steps], next_achieved_goal=[ep, steps], next_desired_goal=[-1, -1])
+            w.add(step, terminated=end, truncated=False)
+        ep += 1
+    buf.close()
+    results.put(ep)
+
+
+def goal_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
+    """Write ``steps`` steps of goal episode 7 (in progress), then stop forever in the
+    middle of writing the next one, touching ``flag`` there."""
+    buf = shmbuf.EpisodeBuffer.attach(name)
+    w = buf.writer()
+    for t in range(steps):
+        w.add(goal_step(7, t), terminated=False, truncated=False)
+
+    def hook(where: str) -> None:
+        if where == "writing":
+            open(flag, "w").close()
+            while True:
+                time.sleep(1)
+    ring.set_hook(hook)
+    w.add(goal_step(7, steps), terminated=False, truncated=False)

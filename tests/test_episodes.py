@@ -3,29 +3,15 @@ one-step and n-step transitions (seed-semantics scenario 43), writers that die."
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 
 import numpy as np
 import pytest
 
 import shmbuf
 import helpers
-from helpers import episode_writer_then_hang, wait_for_file
+from helpers import episode_writer_then_hang, kill_when_there
 
 F = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
-
-
-def _kill_when_there(target, args, flag, what):
-    """Run ``target(*args)`` in a spawned process; SIGKILL it once it creates ``flag``."""
-    proc = mp.get_context("spawn").Process(target=target, args=args)
-    proc.start()
-    try:
-        wait_for_file(flag, proc, what)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
 
 
 def _episode(start, rewards):
@@ -130,7 +116,7 @@ def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tm
     with shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 40,
                                      name=name, seed=0) as buf:
         flag = tmp_path / "wrote"
-        _kill_when_there(episode_writer_then_hang, (name, str(flag), 5), flag, "the writer never wrote its steps")
+        kill_when_there(episode_writer_then_hang, (name, str(flag), 5), flag, "the writer never wrote its steps")
         b = buf.sample(500)  # steps 0..3 of the cut episode: their next observation is known
         assert set(b["obs"][:, 0].tolist()) == {100, 101, 0, 1, 2, 3}
         assert (b["next_obs"][:, 0] == b["obs"][:, 0] + 1).all() and b["terminated"].sum() > 0
@@ -154,7 +140,7 @@ def test_an_episode_numbered_but_never_written_is_not_counted(name, tmp_path):
         with buf.writer() as w:
             w.add({"obs": [0, 0], "reward": 1.0, "next_obs": [1, 1]}, terminated=True, truncated=False)
         flag = tmp_path / "wrote"
-        _kill_when_there(episode_writer_then_hang, (name, str(flag), 0), flag, "the writer never wrote its episode")
+        kill_when_there(episode_writer_then_hang, (name, str(flag), 0), flag, "the writer never wrote its episode")
         buf.add_episode({"obs": [[7, 7]], "reward": [1], "next_obs": [8, 8]})
         assert buf.num_episodes == 3
         numbers = buf.sample_sequences(1, len(buf))["_episode"][0].tolist()
@@ -214,7 +200,7 @@ def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name,
     fields = {"obs": ((2,), "float32"), "reward": ((), "float32")}
     with shmbuf.EpisodeBuffer.create(fields, 40, lanes=2, name=name, seed=0) as buf:
         flag = tmp_path / "writing"
-        _kill_when_there(helpers.episode_writer_hang_in_write, (name, str(flag), 4), flag, "the writer never reached the middle of a write")
+        kill_when_there(helpers.episode_writer_hang_in_write, (name, str(flag), 4), flag, "the writer never reached the middle of a write")
         assert (buf.num_episodes, buf.transition_count) == (2, 6)  # the row being written: not counted
         b = buf.sample(1000)
         assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 100, 101, 102}  # step 3: no next yet

@@ -263,3 +263,50 @@ def test_both_paths_write_and_sample_the_same_episodes(name, monkeypatch):
     finally:
         for buf in made:
             buf.close()
+
+
+@needs_native
+def test_both_paths_relabel_the_same_goals(name, monkeypatch):
+    """Handles of the same seed on each path draw the same hindsight goals with each
+    strategy (the native path finds an episode's last row in C), over lanes that wrap,
+    with episodes in progress."""
+    from helpers import GOAL_OBS, GOALS, goal_reward
+    from shmbuf.episodes import gather
+    with shmbuf.EpisodeBuffer.create(GOALS, 90, lanes=3, observations=GOAL_OBS, name=name) as buf:
+        rng = np.random.default_rng(1)
+        no = np.zeros(3, bool)
+        with buf.writer(envs=3) as w:
+            for t in range(70):
+                end = rng.random(3) < 0.15
+                step = {"obs": np.full((3, 1), t), "achieved_goal": np.stack([np.arange(3), np.full(3, t)], 1),
+                        "desired_goal": np.full((3, 2), -1), "reward": np.zeros(3),
+                        "next_obs": np.full((3, 1), t + 1),
+                        "next_achieved_goal": np.stack([np.arange(3), np.full(3, t + 1)], 1),
+                        "next_desired_goal": np.full((3, 2), -1)}
+                w.add(step, terminated=end, truncated=no)
+        handles = []
+        for pure in (False, True):
+            with monkeypatch.context() as m:
+                m.setenv("SHMBUF_PURE_PYTHON", "1" if pure else "")
+                handles.append(shmbuf.EpisodeBuffer.attach(name, seed=5))
+            assert handles[-1].core.native is not pure
+        try:
+            for strategy in ("future", "final", "episode"):
+                got = []
+                for h in handles:
+                    h.her = shmbuf.HER(strategy, 0.7, reward_fn=goal_reward)
+                    got.append(h.sample(200))
+                assert (got[0]["desired_goal"] != -1).any()
+                for k in got[0]:
+                    assert np.array_equal(got[0][k], got[1][k]), (strategy, k)
+            # the search itself, from every row of every lane
+            ring, pure_ring = handles[0].core._ring, handles[1].core._ring
+            lo, head = ring.window()
+            lane = np.concatenate([np.full(head[i] - lo[i], i) for i in range(3)])
+            end = np.concatenate([np.arange(lo[i], head[i]) for i in range(3)])
+            start = ring.arrays["_start"][lane * ring.lane_capacity + end % ring.lane_capacity]
+            assert np.array_equal(gather.last_rows(ring, lane, end, start),
+                                  gather.last_rows(pure_ring, lane, end, start))
+        finally:
+            for h in handles:
+                h.close()

@@ -30,7 +30,7 @@ class EpisodeBuffer:
         >>> buf.close()
     """
 
-    def __init__(self, core: Buffer) -> None:
+    def __init__(self, core: Buffer, her: Any = None) -> None:
         meta = core.meta
         if meta.get("kind") != KIND:
             raise ValueError(f"buffer {core.name!r} is not an episode buffer (it was made by "
@@ -49,11 +49,13 @@ class EpisodeBuffer:
         # an n-step window): frames to stack, and anything larger than a packed row
         packed = {f.name: f.packed for f in core._layout.fields}
         self._apart = [o for o in self.observations if self.frame_stack > 1 or not packed[o]]
+        self._her = None
+        self.her = her
 
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, lanes: int = 1,
                observations: Sequence[str] | None = None, reward: str | None = "reward",
-               frame_stack: int = 1, **kwargs: Any) -> "EpisodeBuffer":
+               frame_stack: int = 1, her: Any = None, **kwargs: Any) -> "EpisodeBuffer":
         """Create an episode buffer of ``capacity`` rows over ``lanes`` lanes (one per env
         that writes at the same time). ``observations`` names the observation fields
         (default ``["obs"]``): steps take ``next_<name>`` for each, samples return it.
@@ -61,25 +63,44 @@ class EpisodeBuffer:
         ``"reward"`` is ignored if there is no such field). With ``frame_stack=k`` the
         observation fields hold single frames (add the newest frame of each step) and
         ``sample`` returns stacks ``(n, k, *frame)`` of the episode's ``k`` latest
-        frames, zeros before its first step. Other arguments: as
+        frames, zeros before its first step. ``her=shmbuf.HER(...)`` relabels samples
+        with achieved goals (this handle's; see :attr:`her`). Other arguments: as
         :meth:`shmbuf.Buffer.create`."""
         if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1 (frames per stacked observation), got {frame_stack!r}")
         specs, observations = plan(fields, observations, reward)
+        if her is not None:
+            her.check(specs, observations, reward, int(frame_stack))
         meta = {"kind": KIND, "observations": observations, "reward": reward, "frame_stack": int(frame_stack)}
-        return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs))
+        return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs), her)
 
     @classmethod
-    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "EpisodeBuffer":
-        """Attach to an episode buffer by name (any process)."""
+    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,
+               her: Any = None) -> "EpisodeBuffer":
+        """Attach to an episode buffer by name (any process); ``her``: this handle's
+        hindsight relabelling (a function cannot be shared, so each handle has its own)."""
         core = Buffer.attach(name, seed=seed, timeout=timeout)
         try:
-            return cls(core)
+            return cls(core, her)
         except BaseException:
             core.close()
             raise
+
+    @property
+    def her(self) -> Any:
+        """This handle's :class:`shmbuf.HER` relabelling of :meth:`sample`, or None.
+        Set it (or None) at any time; it is checked against the buffer's fields."""
+        return self._her
+
+    @her.setter
+    def her(self, her: Any) -> None:
+        if her is not None:
+            if not callable(getattr(her, "relabel", None)):
+                raise TypeError(f"her must be a shmbuf.HER (or None), got {type(her).__name__}")
+            her.check(self._user, self.observations, self.reward, self.frame_stack)
+        self._her = her
 
     # -- writing ---------------------------------------------------------------------
 
@@ -112,7 +133,8 @@ class EpisodeBuffer:
         ended), ``terminated`` and ``truncated``. With ``n_step=k``: ``reward`` is the
         discounted sum over up to ``k`` steps, stopping at the episode's end,
         ``next_<obs>`` the observation after the last step taken, ``steps`` how many were
-        taken, and the flags say how the episode ended within them."""
+        taken, and the flags say how the episode ended within them. With :attr:`her`
+        set, a fraction of the transitions come relabelled (one-step only)."""
         if type(n) is not int or n < 0:
             n = _count(n, "n")
         if n_step != 1:
@@ -127,6 +149,12 @@ class EpisodeBuffer:
             timeout = self.core._t(timeout)  # checked now; None: the handle's, looked up if needed
         if self.core._limiter is not None:
             self.core._limiter.before_sample(n, self.core._t(timeout))
+        if self._her is not None:
+            if n_step != 1:
+                raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
+                                 "set buf.her = None (an n-step return recomputed for a new goal would need "
+                                 "every step's reward recomputed)")
+            return self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
         return transitions.sample(self, n, n_step, gamma, timeout)
 
     def sample_trajectories(self, batch: int, length: int, *,

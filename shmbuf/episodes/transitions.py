@@ -32,15 +32,17 @@ class _Plan:
     """What a handle's transition sampler reads, worked out once per ``n_step``: the
     output arrays, and which field goes where in the core's per-position gather."""
 
-    def __init__(self, ebuf: "EpisodeBuffer", n_step: int) -> None:
+    def __init__(self, ebuf: "EpisodeBuffer", n_step: int, where: bool) -> None:
         k = ebuf.frame_stack
-        self.n, self.k, self.reward = n_step, k, ebuf.reward
+        self.n, self.k, self.reward, self.where = n_step, k, ebuf.reward, where
         self.specs = [(name, ((k,) if k > 1 and name in ebuf.observations else ()) + shape, dtype)
                       for name, (shape, dtype) in ebuf._user.items()]
         self.specs += [("next_" + o, shape, dtype) for o, shape, dtype in self.specs if o in ebuf.observations]
         self.specs += [("terminated", (), np.bool_), ("truncated", (), np.bool_)]
         if n_step > 1:
             self.specs.append(("steps", (), np.int64))
+        if where:  # where each transition's step is: its lane, row and episode's first row
+            self.specs += [("_lane", (), np.int64), ("_seq", (), np.int64), ("_start", (), np.int64)]
         self.apart = ebuf._apart  # gathered on their own (frames to stack, large rows)
         self.obs = [o for o in ebuf.observations if o not in self.apart]
         index = ebuf.core._ring.index
@@ -60,18 +62,20 @@ class _Plan:
 
 
 def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
-           timeout: float | None) -> dict[str, np.ndarray]:
+           timeout: float | None, where: bool = False) -> dict[str, np.ndarray]:
     """``n`` transitions: the step's fields, ``next_<obs>``, ``terminated``, ``truncated``
     and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
-    With frame stacking, observations come as stacks ``(n, k, *frame)``.
+    With frame stacking, observations come as stacks ``(n, k, *frame)``. With
+    ``where``, also where each step was read: ``_lane``, ``_seq`` (its row in the lane)
+    and ``_start`` (its episode's first row), for samplers built on this one.
 
     A few more candidates than ``n`` are drawn (about the fraction this handle last saw
     rejected: final rows, rows still waiting for their next observation), so that a
     second draw is rare: the first ``n`` that are transitions are kept, which in an
     i.i.d. stream of candidates are i.i.d. too."""
-    plan = ebuf._plans.get(n_step)
+    plan = ebuf._plans.get((n_step, where))
     if plan is None:
-        plan = ebuf._plans[n_step] = _Plan(ebuf, n_step)
+        plan = ebuf._plans[n_step, where] = _Plan(ebuf, n_step, where)
     if n == 0:
         return plan.empty(0)
     out = plan.empty(n + int(n * ebuf._rejected) + 4)
@@ -126,8 +130,13 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
     for i, name in plan.first:
         first[i] = out[name]
     first[plan.flags] = fl
+    if plan.where:
+        out["_lane"][:], out["_seq"][:] = lane, t
+        first[plan.start] = out["_start"]
     if k > 1:
-        first[plan.start] = start = np.empty(m, np.int64)
+        if first[plan.start] is None:
+            first[plan.start] = np.empty(m, np.int64)
+        start = first[plan.start]
     if n == 1:
         after: list = [None] * plan.width
         for i, name in plan.next:
