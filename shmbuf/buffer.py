@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import native, procs, sampling, segment, validate
+from . import priority as _priority
 from . import state as _state
 from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
 from .lock import HeaderLock
@@ -122,6 +123,8 @@ class Buffer:
         self._ring = Ring(layout, seg.mmap, self._lock, self._native)
         rate = layout.meta.get("rate")
         self._limiter = None if rate is None else Limiter(RateLimit.from_meta(rate), self._ring)
+        prio = layout.meta.get("priority")
+        self._prio = None if prio is None else _priority.Trees(self, prio)
         self._rng = rng
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
@@ -136,7 +139,7 @@ class Buffer:
     def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
-               rate: RateLimit | None = None) -> "Buffer":
+               rate: RateLimit | None = None, priority: float | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment.
 
         Args:
@@ -153,6 +156,9 @@ class Buffer:
                 :attr:`meta` (the capabilities built on Buffer describe themselves there).
             rate: a :class:`~shmbuf.RateLimit` that every handle's samples and inserts
                 then keep to (samples per insert, across all processes).
+            priority: the exponent ``a`` of prioritized replay (0.6 is usual): samples are
+                then drawn with probability ``p**a / sum p**a`` and carry ``weight`` and
+                ``index``; see :meth:`update_priorities` and :mod:`shmbuf.priority`.
 
         Raises:
             FileExistsError: the name is taken.
@@ -175,8 +181,17 @@ class Buffer:
             if not isinstance(rate, RateLimit):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
+        regions = {}
+        if priority is not None:
+            meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
+            if not isinstance(fields, Mapping) or _priority.FIELD in fields:
+                raise ValueError(f"fields must be a mapping without {_priority.FIELD!r} (a prioritized "
+                                 "buffer keeps the priority a writer passes there)")
+            fields = {**fields, _priority.FIELD: ((), np.float64)}
+            regions[_priority.REGION] = _priority.region_bytes(_count(capacity, "capacity", 1),
+                                                               _count(lanes, "lanes", 1))
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
-                             procs.identity(), time.time(), meta)
+                             procs.identity(), time.time(), meta, regions)
         seg = Segment.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
@@ -341,7 +356,11 @@ class Buffer:
 
     @property
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """``{name: (shape, dtype)}``, in schema order."""
+        """``{name: (shape, dtype)}``, in schema order (a prioritized buffer's hidden
+        ``_priority`` left out)."""
+        return {f.name: (f.shape, f.dtype) for f in self._fields if f.name != _priority.FIELD}
+
+    def _stored(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {f.name: (f.shape, f.dtype) for f in self._fields}
 
     @property
@@ -410,8 +429,10 @@ class Buffer:
     # -- writing ---------------------------------------------------------------------
 
     def add(self, transition: Mapping[str, Any], *, lane: int | None = None,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None, priority: float | None = None) -> None:
         """Add one transition: ``{name: value}`` with each value of the field's shape.
+        ``priority``: a prioritized buffer's priority for it (default: the largest
+        priority ever set).
 
         Example:
             >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
@@ -419,6 +440,8 @@ class Buffer:
             1
             >>> buf.close()
         """
+        if self._prio is not None or priority is not None:
+            transition = self._with_priority(transition, priority, None)
         fast = self._native
         if fast is not None and self._limiter is None and fast.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
@@ -426,8 +449,10 @@ class Buffer:
         self._write(arrays, n, lane, timeout)
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
-               truncate_ok: bool = False, timeout: float | None = None) -> None:
-        """Add ``n`` transitions given along axis 0 of every field.
+               truncate_ok: bool = False, timeout: float | None = None,
+               priority: Any = None) -> None:
+        """Add ``n`` transitions given along axis 0 of every field (``priority``: of a
+        prioritized buffer, one for all or one per row).
 
         More rows than a lane holds raise ``ValueError`` unless ``truncate_ok=True``,
         which keeps only the last ``lane_capacity`` of them. Values are checked before
@@ -440,6 +465,8 @@ class Buffer:
             2
             >>> buf.close()
         """
+        if self._prio is not None or priority is not None:
+            batch = self._with_priority(batch, priority, 0)
         fast = self._native
         if fast is not None and truncate_ok is False and self._limiter is None \
                 and fast.extend(batch, lane, timeout) is None:
@@ -459,6 +486,25 @@ class Buffer:
         if n == 1:
             arrays = [a[0] for a in arrays]  # one row is written without its row axis
         self._write(arrays, n, lane, timeout)
+
+    def _with_priority(self, data: Mapping[str, Any], priority: Any, axis: int | None) -> dict[str, Any]:
+        """``data`` with the hidden priority field (0: the largest priority ever set)."""
+        if self._prio is None:
+            raise ValueError("priority= is for a prioritized buffer: create it with priority=<exponent>")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
+        if _priority.FIELD in data:
+            raise ValueError(f"{_priority.FIELD!r} is kept by shmbuf: pass priority= instead")
+        if axis is None:
+            p: Any = 0.0 if priority is None else float(_priority.check_values(priority, 1, "priority")[0])
+        else:
+            try:
+                rows = len(next(iter(data.values())))
+            except (TypeError, StopIteration):
+                rows = 0  # (the schema check explains a bad batch)
+            p = np.zeros(rows) if priority is None else \
+                np.broadcast_to(_priority.check_values(priority, None, "priority"), (rows,))
+        return {**data, _priority.FIELD: p}
 
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
                timeout: float | None) -> None:
@@ -556,8 +602,12 @@ class Buffer:
         lead = (n,) if length is None else (n, length)
         return {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
 
-    def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None) -> Batch:
-        """Sample ``n`` rows uniformly, with replacement, over all published rows.
+    def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
+               beta: float | None = None) -> Batch:
+        """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
+        prioritized buffer, by priority, adding ``weight`` (importance sampling with
+        exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
+        (``(n, 2)``: each row's slot and sequence number, for :meth:`update_priorities`).
 
         Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
         ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
@@ -570,12 +620,44 @@ class Buffer:
             >>> buf.close()
         """
         n = _count(n, "n")
+        if self._prio is not None or beta is not None:
+            return self._sample_by_priority(n, beta, out, timeout)
         out, arrays = self._prepare_out(out, (n,))
         if self._limiter is not None:
             self._limiter.before_sample(n, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
                                 self._t(timeout))
         return out
+
+    def _sample_by_priority(self, n: int, beta: Any, out: Any, timeout: float | None) -> Batch:
+        if self._prio is None:
+            raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+        if out is not None:
+            raise ValueError("out= is not supported by prioritized sampling")
+        beta = _priority.DEFAULT_BETA if beta is None else _priority.check_alpha(beta)
+        if self._limiter is not None:
+            self._limiter.before_sample(n, self._t(timeout))
+        return _priority.sample(self, n, beta, self._t(timeout))
+
+    def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
+        """Set the priorities of sampled rows, from any process: ``index`` as
+        :meth:`sample` returned it, ``priorities`` one per row, finite and > 0 (``|td| +
+        1e-6``, say). Rows overwritten since they were sampled are skipped (the new row
+        in their slot keeps its own priority); returns how many were set.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 4, priority=1.0, seed=0)
+            >>> buf.extend({"x": [0, 1, 2, 3]})
+            >>> b = buf.sample(1)
+            >>> buf.update_priorities(b["index"], [1e-9])
+            1
+            >>> bool((buf.sample(1000)["x"] == b["x"][0]).mean() < 0.01)
+            True
+            >>> buf.close()
+        """
+        if self._prio is None:
+            raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
+        return _priority.update(self, index, priorities, self._t(timeout))
 
     def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
                          timeout: float | None = None) -> Batch:
@@ -600,6 +682,8 @@ class Buffer:
             self._limiter.before_sample(batch, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
                                 self._t(timeout))
+        if self._prio is not None:
+            out.pop(_priority.FIELD, None)  # (kept by shmbuf)
         return out
 
     def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> tuple[Batch, list[np.ndarray]]:
@@ -653,7 +737,7 @@ class Buffer:
             True
             >>> a.close(); b.close()
         """
-        return _state.snapshot(self._ring, self.fields, self._rng.bit_generator.state,
+        return _state.snapshot(self._ring, self._stored(), self._rng.bit_generator.state,
                                self._t(timeout))
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
@@ -664,7 +748,7 @@ class Buffer:
         lock, after letting the writes in flight finish. Rows get new sequence numbers
         (``total_added`` grows); ``len()``, the rows and the samples are as saved.
         """
-        checked = _state.check(state, self._layout, self.fields)
+        checked = _state.check(state, self._layout, self._stored())
         _state.restore(self._ring, checked, self._t(timeout))
         self._rng = checked["rng"]
 

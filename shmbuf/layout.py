@@ -11,6 +11,8 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
     aligned      rows      (capacity x S)  per slot: its int64 stamp (see ring.py), then the
                                            small fields, packed
     aligned      one array per large field (capacity, *shape), C order
+    aligned      regions   named blocks of bytes the layers above keep beside the rows
+                           (shmbuf.priority's trees), listed in the schema
 
 **Packed rows.** Shared memory uses 4 kB pages here (no transparent huge pages for
 shmem), so a random gather touches one page per field per row. Fields of at most
@@ -49,7 +51,7 @@ from numpy.lib import format as npformat
 from .segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
-VERSION = 2
+VERSION = 3
 ALIGN = 64
 PACK_LIMIT = 1024
 """Fields of at most this many bytes per row are packed into the rows block."""
@@ -204,6 +206,7 @@ class Layout:
     creator_ctime: float = 0.0
     created_at: float = 0.0
     meta: Mapping[str, Any] = field(default_factory=dict)  # what layers above store (JSON)
+    regions: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name: (offset, bytes)
 
     @property
     def lane_capacity(self) -> int:
@@ -216,12 +219,17 @@ class Layout:
     @classmethod
     def plan(cls, fields: Mapping[str, Any], capacity: int, lanes: int = 1, flags: int = 0,
              creator: tuple[int, float] = (0, 0.0), created_at: float = 0.0,
-             meta: Mapping[str, Any] | None = None) -> "Layout":
+             meta: Mapping[str, Any] | None = None, regions: Mapping[str, int] | None = None) -> "Layout":
         """Lay out a new buffer; validates the schema, capacity and lanes. ``meta``: a
         JSON object that the layers above Buffer keep with the schema (an episode
-        buffer's observation fields, say)."""
+        buffer's observation fields, say). ``regions``: ``{name: bytes}`` of blocks for
+        them (zeros when created)."""
         specs = normalize_fields(fields)
         meta = _check_meta(meta)
+        regions = dict(regions or {})
+        for key, size in regions.items():
+            if not isinstance(key, str) or not key or _as_count(size, f"region {key!r}: size") > 1 << 50:
+                raise ValueError(f"bad region {key!r}: {size!r} bytes")
         capacity = _as_count(capacity, "capacity")
         lanes = _as_count(lanes, "lanes")
         if capacity < lanes:
@@ -235,7 +243,8 @@ class Layout:
             )
         # The schema's own size depends on the offsets it lists; offsets depend on the
         # schema size. Reserve generously (offsets are at most 20 digits), then fix.
-        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19, 10**19) for f in specs], meta)
+        draft = _schema_bytes([Field(f.name, f.shape, f.dtype, 10**19, 10**19) for f in specs], meta,
+                              {k: (10**19, 10**19) for k in regions})
         schema_size = len(draft)
         pos = _align(HEADER_SIZE + schema_size)
         control = pos
@@ -262,13 +271,17 @@ class Layout:
             else:
                 placed.append(Field(f.name, f.shape, f.dtype, pos, f.row_bytes))
                 pos = _align(pos + capacity * f.row_bytes)
+        at_region = {}
+        for key, size in regions.items():
+            at_region[key] = (pos, int(size))
+            pos = _align(pos + size)
         return cls(tuple(placed), capacity, lanes, flags, pos, HEADER_SIZE, schema_size,
                    control, lanes_off, res_off, N_RESERVATIONS, rows, stride,
-                   creator[0], creator[1], created_at, meta)
+                   creator[0], creator[1], created_at, meta, at_region)
 
     def write(self, mem: Any) -> None:
         """Write header and schema; the magic goes last, so a half-made header never validates."""
-        schema = _schema_bytes(self.fields, self.meta).ljust(self.schema_size, b" ")
+        schema = _schema_bytes(self.fields, self.meta, self.regions).ljust(self.schema_size, b" ")
         mem[self.schema_offset:self.schema_offset + self.schema_size] = schema
         _HEADER.pack_into(
             mem, 0, b"\0" * 8, VERSION, self.flags, self.total_size, self.capacity,
@@ -319,7 +332,7 @@ class Layout:
         if schema_off < HEADER_SIZE or schema_off + schema_size > total:
             raise bad(f"the schema lies outside the segment ({schema_off} + {schema_size})")
         try:
-            fields, meta = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
+            fields, meta, regions = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
         except FormatError as exc:
             raise bad(str(exc)) from None
         blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
@@ -337,6 +350,7 @@ class Layout:
             end = at + f.row_bytes
         blocks += [(f"field {f.name!r}", f.offset, capacity * f.row_bytes) for f in fields
                    if f.stride == f.row_bytes]
+        blocks += [(f"region {key!r}", off, length) for key, (off, length) in regions.items()]
         end = HEADER_SIZE
         for what, off, length in sorted(blocks, key=lambda b: b[1]):
             if off % ALIGN:
@@ -347,16 +361,22 @@ class Layout:
             if end > total:
                 raise bad(f"the {what} lies outside the segment ({off} + {length} > {total})")
         return cls(fields, capacity, lanes, flags, total, schema_off, schema_size, control,
-                   lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at, meta)
+                   lanes_off, res_off, n_res, rows, stride, pid, ctime, created_at, meta, regions)
 
 
-def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any]]:
-    """The fields and metadata of a stored schema, checked like a user's; FormatError if bad."""
+def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any], dict[str, tuple[int, int]]]:
+    """The fields, metadata and regions of a stored schema, checked like a user's;
+    FormatError if bad."""
     try:
         doc = json.loads(raw.decode("utf-8"))
-        if not isinstance(doc, dict) or set(doc) != {"fields", "meta"}:
-            raise FormatError("the schema is not an object of fields and meta")
-        items, meta = doc["fields"], _check_meta(doc["meta"])
+        if not isinstance(doc, dict) or set(doc) != {"fields", "meta", "regions"}:
+            raise FormatError("the schema is not an object of fields, meta and regions")
+        items, meta, regions = doc["fields"], _check_meta(doc["meta"]), doc["regions"]
+        if not isinstance(regions, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
+                for v in regions.values()):
+            raise FormatError(f"the regions are not an object of [offset, bytes] pairs: {regions!r:.200}")
+        regions = {k: (v[0], v[1]) for k, v in regions.items()}
         if not isinstance(items, list) or not items:
             raise FormatError("the schema is not a non-empty list of fields")
         spec, offsets = {}, []
@@ -383,7 +403,7 @@ def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any]]:
         if stride != f.row_bytes and not (f.row_bytes <= PACK_LIMIT and stride > f.row_bytes):
             raise FormatError(f"field {f.name!r}: stride {stride} for rows of {f.row_bytes} bytes")
     return tuple(Field(f.name, f.shape, f.dtype, off, stride)
-                 for f, (off, stride) in zip(fields, offsets)), meta
+                 for f, (off, stride) in zip(fields, offsets)), meta, regions
 
 
 def _check_meta(meta: Any) -> dict[str, Any]:
@@ -410,8 +430,9 @@ def _tupleize(descr: Any) -> Any:
     return [tuple(_tupleize(x) for x in item) for item in descr]
 
 
-def _schema_bytes(fields: Any, meta: Mapping[str, Any]) -> bytes:
+def _schema_bytes(fields: Any, meta: Mapping[str, Any], regions: Mapping[str, tuple[int, int]]) -> bytes:
     return json.dumps({"fields": [
         {"name": f.name, "dtype": npformat.dtype_to_descr(f.dtype), "shape": list(f.shape),
          "offset": f.offset, "stride": f.stride} for f in fields
-    ], "meta": meta}, separators=(",", ":")).encode("utf-8")
+    ], "meta": meta, "regions": {k: list(v) for k, v in regions.items()}},
+        separators=(",", ":")).encode("utf-8")

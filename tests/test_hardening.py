@@ -255,7 +255,12 @@ BAD_SEGMENTS = {
     "NaN start time": (_with_schema(lambda f: None, lambda r: struct.pack_into("<d", r, 120, float("nan"))), "creator"),
     "unknown flags": (_with_schema(lambda f: None, lambda r: struct.pack_into("<I", r, 12, 6)), "flags"),
     "meta not an object": (_with_doc(lambda d: d.update(meta=[1])), "meta"),
-    "schema not an object": (_with_doc(lambda d: d.pop("meta")), "object of fields and meta"),
+    "schema not an object": (_with_doc(lambda d: d.pop("meta")), "object of fields, meta and regions"),
+    "regions not pairs": (_with_doc(lambda d: d.update(regions={"priority": [64]})), "regions"),
+    "region past the end": (_with_doc(lambda d: d.update(regions={"priority": [64 * 10**6, 8]})), "outside"),
+    "region over the rows": (_with_doc(lambda d: d.update(regions={"priority": [d["fields"][0]["offset"]
+                                                                                 // 64 * 64, 64]})), "overlaps"),
+    "priority without its region": (_with_doc(lambda d: d["meta"].update(priority={"alpha": 0.5})), "priority"),
     "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),
 }
 

@@ -217,7 +217,7 @@ def test_attach_refuses_a_segment_of_another_format_version(name):
         with open(shm_path(name), "r+b") as f:
             f.seek(8)
             f.write(struct.pack("<I", 1))
-        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 2"):
+        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 3"):
             shmbuf.Buffer.attach(name)
 
 
@@ -310,3 +310,37 @@ def test_both_paths_relabel_the_same_goals(name, monkeypatch):
         finally:
             for h in handles:
                 h.close()
+
+
+@needs_native
+def test_both_paths_keep_the_same_priority_trees_and_draw_the_same_rows(name, monkeypatch):
+    """The C tree_set / tree_find and their numpy twins: the same updates leave the same
+    trees (bit for bit), and handles of one seed draw the same rows and weights."""
+    made = [shmbuf.Buffer.create({"x": ((), "int64")}, 100, lanes=2, priority=0.7, name=f"{name}-{i}")
+            for i in range(2)]
+    try:
+        handles = []
+        for i, pure in enumerate((False, True)):
+            with monkeypatch.context() as m:
+                m.setenv("SHMBUF_PURE_PYTHON", "1" if pure else "")
+                handles.append(shmbuf.Buffer.attach(f"{name}-{i}", seed=4))
+            assert handles[-1].native is not pure
+        rng = np.random.default_rng(0)
+        for step in range(30):
+            rows, lane, p = np.arange(step * 7, step * 7 + 7), step % 2, rng.random(7) + 0.01
+            new = rng.random(16) * 3 + 0.1
+            got = []
+            for h in handles:
+                h.extend({"x": rows}, lane=lane, priority=p)
+                got.append(h.sample(16, beta=0.5))
+                h.update_priorities(got[-1]["index"], new)
+            for k in got[0]:
+                assert np.array_equal(got[0][k], got[1][k]), k
+        ta, tb = handles[0]._prio, handles[1]._prio
+        assert np.array_equal(ta.sum, tb.sum) and np.array_equal(ta.min, tb.min)
+        assert np.array_equal(ta.seq, tb.seq)
+        for h in handles:
+            h.close()
+    finally:
+        for buf in made:
+            buf.close()

@@ -71,6 +71,9 @@ class EpisodeBuffer:
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1 (frames per stacked observation), got {frame_stack!r}")
         specs, observations = plan(fields, observations, reward)
+        if kwargs.get("priority") is not None:
+            raise ValueError("prioritized sampling of episodes is not supported yet: use a prioritized "
+                             "shmbuf.Buffer of transitions (README: Prioritized replay)")
         if her is not None:
             her.check(specs, observations, reward, int(frame_stack))
         meta = {"kind": KIND, "observations": observations, "reward": reward, "frame_stack": int(frame_stack)}

@@ -1,0 +1,320 @@
+"""Proportional prioritized replay (Schaul et al. 2016) shared by every process of a buffer.
+
+A row is drawn with probability ``P(i) = p_i**a / sum_j p_j**a`` and weighted by
+``(N * P(i))**-b / max_j (N * P(j))**-b = (min_j p_j**a / p_i**a)**b`` (the largest
+weight is the minimum priority's, over the whole buffer). Everything lives in a region
+of the segment, next to the rows::
+
+    head        version (a seqlock: odd while a tree is being changed), the largest
+                priority ever set, spare words
+    lanes       per lane: rows below ``synced`` are in the trees; the lane base they saw
+    sum tree    2P float64, P the power of two >= capacity: leaf P + slot holds p**a
+    min tree    2P float64, the same leaves; 0 means "no row" (the minimum of the rest)
+    leaf seq    per slot: 1 + the sequence number of the row its leaf is for (0: none)
+
+**Writers never touch the trees** (their speed does not change, and a writer killed
+anywhere cannot break them). A row carries the priority its writer passed in a hidden
+field, ``_priority`` (0: the largest priority ever set, by an update or a writer); every sample and update first
+*syncs*: under the header lock it reads the rows published since the last sync
+(stamp-checked) and sets their leaves. So a row enters the trees before anyone can
+draw it by priority, and a slot's leaf always says which row (sequence number) it is
+for. An ``index`` handle of a sample is ``(slot, seq)``; an update for a slot whose
+leaf is now for another row (overwritten since) is dropped, never applied to the new
+row.
+
+Changing the trees takes the header lock and bumps the version before and after.
+Samplers do not lock: they read the version, descend the sum tree, read the leaves and
+their sequence numbers, and read the version again (retry if it moved), then copy the
+rows through the core's stamp-checked gather at exactly those sequence numbers, so a
+row and its priority and weight refer to the same write. A process killed inside a
+change leaves the version odd: the next one to take the lock rebuilds the inner nodes
+from the leaves (level by level), and samplers that see an odd version for long take
+the lock to do it themselves. The tree work is vectorised level by level, in C when
+the extension is there (``tree_set``, ``tree_find``), in numpy otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import native, sampling
+from .layout import LANE_BASE, LANE_HEAD
+from .segment import FormatError
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+
+REGION = "priority"
+FIELD = "_priority"
+DEFAULT_BETA = 0.4  # cpprb's default
+_HEAD_WORDS = 8
+H_VERSION, H_MAX = 0, 1  # H_MAX: float64 bits; 0.0 reads as 1.0 (no priority set yet)
+
+
+def leaves(capacity: int) -> int:
+    """P: the number of leaves, the power of two >= capacity."""
+    return 1 << max(capacity - 1, 0).bit_length()
+
+
+def region_bytes(capacity: int, lanes: int) -> int:
+    return 8 * (_HEAD_WORDS + 2 * lanes + 4 * leaves(capacity) + capacity)
+
+
+def check_alpha(alpha: Any) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"priority= is the exponent a of p**a: a finite number >= 0 (0.6 is usual, "
+                         f"0 samples uniformly), got {alpha!r}")
+    return float(alpha)
+
+
+def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
+    """``priorities`` as float64 ``(n,)``; ValueError unless all are finite and > 0."""
+    p = np.asarray(priorities, dtype=np.float64)
+    if n is not None:
+        if p.size != n:
+            raise ValueError(f"{what}: expected {n} priorities (one per row), got shape {p.shape}")
+        p = p.reshape(n)
+    bad = ~np.isfinite(p) | (p <= 0)
+    if bad.any():
+        raise ValueError(f"{what}: priorities must be finite and > 0, got {p[bad][:5].tolist()} "
+                         "(with TD errors, pass abs(td) + a small epsilon such as 1e-6)")
+    return p
+
+
+class Trees:
+    """Views on a buffer's priority region, and the operations on them."""
+
+    def __init__(self, buf: "Buffer", meta: Any) -> None:
+        layout, mem = buf._layout, buf._seg.mmap
+        off, size = layout.regions.get(REGION, (0, 0))
+        field = {f.name: f for f in layout.fields}.get(FIELD)
+        try:
+            alpha = check_alpha(meta.get("alpha") if isinstance(meta, dict) else None)
+        except ValueError as exc:
+            raise FormatError(f"buffer {buf.name!r}: bad priority settings: {exc}") from None
+        if size != region_bytes(layout.capacity, layout.lanes) or field is None \
+                or (field.shape, field.dtype) != ((), np.dtype(np.float64)):
+            raise FormatError(f"buffer {buf.name!r} is prioritized but its priority region ({size} bytes) "
+                              f"or field ({field}) is not the one its capacity and lanes need")
+        self.alpha, self.ring, self.lock = alpha, buf._ring, buf._lock
+        self.capacity, self.lanes, self.lc = layout.capacity, layout.lanes, layout.lane_capacity
+        self.P = P = leaves(layout.capacity)
+        self.head = np.ndarray((_HEAD_WORDS,), np.int64, mem, off)
+        self.headf = self.head.view(np.float64)
+        off += 8 * _HEAD_WORDS
+        self.synced = np.ndarray((layout.lanes, 2), np.int64, mem, off)  # [synced, base seen]
+        off += 16 * layout.lanes
+        self.sum = np.ndarray((2 * P,), np.float64, mem, off)
+        self.min = np.ndarray((2 * P,), np.float64, mem, off + 16 * P)
+        self.seq = np.ndarray((layout.capacity,), np.int64, mem, off + 32 * P)
+        self.prio = buf._ring.arrays[FIELD]
+        self._native = native._native if buf._native is not None else None
+
+    # -- changing the trees (under the lock) ----------------------------------------
+
+    def change(self, timeout: float) -> "_Change":
+        """``with trees.change(timeout):`` the lock held and the version odd."""
+        return _Change(self, timeout)
+
+    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Leaves ``slots`` to ``values`` (p**a; the last of repeated slots wins) and
+        their ancestors."""
+        if not len(slots):
+            return
+        if self._native is not None:
+            self._native.tree_set(self.sum, self.min, np.ascontiguousarray(slots, np.int64),
+                                  np.ascontiguousarray(values, np.float64))
+            return
+        nodes = slots + self.P
+        self.sum[nodes] = values
+        self.min[nodes] = values
+        while nodes[0] > 1:
+            nodes = np.unique(nodes >> 1)
+            left, right = 2 * nodes, 2 * nodes + 1
+            self.sum[nodes] = self.sum[left] + self.sum[right]
+            self.min[nodes] = _nonzero_min(self.min[left], self.min[right])
+
+    def rebuild(self) -> None:
+        """Every inner node from the leaves (after a process died changing them)."""
+        lo = self.P
+        while lo > 1:
+            left, right = self.sum[lo:2 * lo:2], self.sum[lo + 1:2 * lo:2]
+            self.sum[lo // 2:lo] = left + right
+            self.min[lo // 2:lo] = _nonzero_min(self.min[lo:2 * lo:2], self.min[lo + 1:2 * lo:2])
+            lo //= 2
+
+    def sync(self) -> None:
+        """Give the rows published since the last sync their leaves (lock held)."""
+        ring, lc = self.ring, self.lc
+        table = ring.lane_table
+        top = self.headf[H_MAX] or 1.0
+        for lane in range(self.lanes):
+            head, base = int(table[lane, LANE_HEAD]), int(table[lane, LANE_BASE])
+            synced, seen = int(self.synced[lane, 0]), int(self.synced[lane, 1])
+            if base != seen:  # cleared or restored: its rows are gone (the new ones: again)
+                slots = np.arange(lane * lc, (lane + 1) * lc)
+                self.seq[slots] = 0
+                self.set(slots, np.zeros(lc))
+                self.synced[lane] = synced, seen = base, base
+            first = max(synced, head - lc, base)
+            if first >= head:
+                continue
+            rows = np.arange(first, head, dtype=np.int64)
+            slots = lane * lc + rows % lc
+            before = ring.stamps[slots]
+            p = self.prio[slots]
+            ok = (before == 2 * rows + 2) & (ring.stamps[slots] == before)  # published, read whole
+            stuck = np.flatnonzero(~ok)
+            self.synced[lane, 0] = rows[stuck[0]] if len(stuck) else head
+            new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
+            if new.any():
+                given = p[new]
+                p = np.where(given > 0, given, top)
+                self.seq[slots[new]] = rows[new] + 1
+                self.set(slots[new], p ** self.alpha)
+                top = max(top, float(given.max()))
+                self.headf[H_MAX] = top
+
+    def update(self, slots: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> int:
+        """Set the leaves of the rows ``(slots, seqs)`` still there (lock held)."""
+        ok = self.seq[slots] == seqs + 1
+        if ok.any():
+            self.set(slots[ok], p[ok] ** self.alpha)
+            self.headf[H_MAX] = max(self.headf[H_MAX], float(p[ok].max()))
+        return int(ok.sum())
+
+    # -- reading them (no lock) ------------------------------------------------------
+
+    def draw(self, rng: np.random.Generator, n: int, deadline: float,
+             timeout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """``n`` slots drawn by priority, with their leaves, their rows' sequence
+        numbers (-1: none) and the smallest leaf, all of one version of the trees."""
+        delay = 20e-6
+        while True:
+            v = int(self.head[H_VERSION])
+            if not v & 1:
+                total, low = float(self.sum[1]), float(self.min[1])
+                u = rng.random(n) * total
+                if self._native is not None:
+                    slots = np.empty(n, np.int64)
+                    self._native.tree_find(self.sum, u, slots)
+                else:
+                    slots = self._find(u)
+                np.minimum(slots, self.capacity - 1, out=slots)  # (rounding: a leaf past the rows)
+                p = self.sum[slots + self.P]
+                seq = self.seq[slots] - 1
+                if int(self.head[H_VERSION]) == v:
+                    if total <= 0:
+                        raise ValueError("cannot sample from an empty buffer: add rows first")
+                    return slots, p, seq, low
+            if time.monotonic() >= deadline:
+                raise sampling.SampleTimeout(
+                    f"the priority trees kept changing (or a process stopped while changing them "
+                    f"holds the header lock) for {timeout:g} s")
+            if v & 1 and delay >= 1e-3:  # odd for long: its changer may be dead; repair
+                with self.change(max(0.0, deadline - time.monotonic())):
+                    pass
+            time.sleep(delay)
+            delay = min(2 * delay, 5e-3)
+
+    def _find(self, u: np.ndarray) -> np.ndarray:
+        """The leaves where the prefix sums reach ``u``, level by level."""
+        node = np.ones(len(u), np.int64)
+        s = self.sum
+        while node[0] < self.P:
+            left = 2 * node
+            mass = s[left]
+            right = u >= mass
+            u = np.where(right, u - mass, u)
+            node = left + right
+        return node - self.P
+
+
+class _Change:
+    __slots__ = ("trees", "timeout")
+
+    def __init__(self, trees: Trees, timeout: float) -> None:
+        self.trees, self.timeout = trees, timeout
+
+    def __enter__(self) -> Trees:
+        t = self.trees
+        t.lock.acquire(self.timeout)
+        try:
+            v = int(t.head[H_VERSION])
+            if v & 1:  # its last changer died inside: the leaves are right, the rest may not be
+                t.rebuild()
+                v += 1
+            t.head[H_VERSION] = v + 1
+        except BaseException:
+            t.lock.release()
+            raise
+        return t
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        t = self.trees
+        try:
+            if kind is None:  # (an exception, Ctrl-C, inside: left odd, the next changer rebuilds)
+                t.head[H_VERSION] += 1
+        finally:
+            t.lock.release()
+
+
+def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise min, where 0 stands for "no row" (so min(0, x) is x)."""
+    return np.where(a == 0, b, np.where(b == 0, a, np.minimum(a, b)))
+
+
+# -- the Buffer operations ---------------------------------------------------------
+
+def sample(buf: "Buffer", n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
+    """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module)."""
+    trees: Trees = buf._prio
+    ring = buf._ring
+    fields = [f for f in buf._fields if f.name != FIELD]
+    out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in fields}
+    weight = np.empty(n, np.float64)
+    index = np.empty((n, 2), np.int64)
+    todo = np.arange(n)
+    deadline = time.monotonic() + timeout
+    while len(todo):
+        m = len(todo)
+        with trees.change(max(0.0, deadline - time.monotonic())):
+            trees.sync()  # (again on a second round: rows overwritten since are synced)
+        slots, p, seq, low = trees.draw(buf._rng, m, deadline, timeout)
+        drawn = (p > 0) & (seq >= 0)  # (rounding may reach an empty leaf)
+        lane, seq = slots // trees.lc, np.maximum(seq, 0)
+        got = {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields} if m < n else out
+        outs = [got.get(f.name) for f in buf._fields]
+        ok = sampling.copy_windows(ring, lane, seq, 1, None, outs)
+        ok = drawn if ok is None else drawn & ok
+        if m < n:
+            for k in out:
+                out[k][todo[ok]] = got[k][ok]
+        weight[todo[ok]] = (low / p[ok]) ** beta
+        index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
+        todo = todo[~ok]
+        if len(todo) and time.monotonic() >= deadline:
+            raise sampling.SampleTimeout(f"could not draw {len(todo)} intact rows by priority within "
+                                         f"{timeout:g} s")
+    out["weight"], out["index"] = weight, index
+    return out
+
+
+def update(buf: "Buffer", index: Any, priorities: Any, timeout: float) -> int:
+    trees: Trees = buf._prio
+    idx = np.asarray(index)
+    if idx.ndim != 2 or idx.shape[1] != 2 or idx.dtype.kind not in "iu":
+        raise ValueError(f"index must be the (n, 2) integer array sample() returned as 'index' (slot, row), "
+                         f"got {idx.dtype} {idx.shape}")
+    p = check_values(priorities, len(idx), "update_priorities")
+    slots, seqs = idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
+    if len(slots) and (slots.min() < 0 or slots.max() >= trees.capacity):
+        raise ValueError(f"index: slots must be in [0, {trees.capacity}); was it sampled from another buffer?")
+    with trees.change(timeout):
+        trees.sync()  # rows published since: their slots' leaves are theirs now
+        return trees.update(slots, seqs, p)

@@ -1,0 +1,180 @@
+"""Prioritized replay (Buffer.create(priority=a)): exact probabilities and weights, new
+rows at the largest priority, stale updates dropped, bad priorities refused, writers
+and learners in other processes at once, a process killed inside a tree change."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import shmbuf
+import helpers
+from helpers import STORM, check_trees, kill_when_there
+
+X = {"x": ((), "int64")}
+
+
+def _set(buf, priorities):
+    """Give the rows x = 0 .. k-1 (each sampled at least once) these priorities."""
+    k = len(priorities)
+    seen = {}
+    while len(seen) < k:
+        b = buf.sample(64)
+        for x, idx in zip(b["x"].tolist(), b["index"]):
+            seen[x] = idx
+    assert buf.update_priorities(np.array([seen[x] for x in range(k)]), priorities) == k
+
+
+def test_probabilities_and_weights_follow_the_formulas(name):
+    """p ** a with a = 0.5 of priorities 1, 4, 9, 16 is 1, 2, 3, 4: P = 0.1 .. 0.4; the
+    weight of row i is (N P(i)) ** -b over the largest weight, the minimum priority's."""
+    with shmbuf.Buffer.create(X, 4, priority=0.5, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(4)})
+        b = buf.sample(50)
+        assert (b["weight"] == 1).all()  # every row at priority 1 before any update
+        _set(buf, [1.0, 4.0, 9.0, 16.0])
+        b = buf.sample(40_000, beta=0.7)
+        freq = np.bincount(b["x"], minlength=4) / len(b["x"])
+        assert np.allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.01), freq
+        P = np.array([0.1, 0.2, 0.3, 0.4])
+        w = (4 * P) ** -0.7 / ((4 * P) ** -0.7).max()
+        assert np.allclose(b["weight"], w[b["x"]], rtol=1e-12, atol=0)
+        assert b["weight"].dtype == np.float64 and b["index"].shape == (40_000, 2)
+        assert (b["index"][:, 0] == b["x"]).all()  # one lane: slot = row here
+        check_trees(buf._prio)
+
+
+def test_new_rows_enter_at_the_largest_priority_ever_set_or_their_own(name):
+    with shmbuf.Buffer.create(X, 8, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(2)})
+        _set(buf, [3.0, 1.0])
+        buf.add({"x": 2})  # the largest so far: 3
+        buf.extend({"x": [3, 4]}, priority=[6.0, 2.0])
+        buf.add({"x": 5}, priority=7.0)
+        b = buf.sample(60_000)
+        freq = np.bincount(b["x"], minlength=6) / len(b["x"])
+        assert np.allclose(freq, np.array([3, 1, 3, 6, 2, 7]) / 22, atol=0.01), freq
+        buf.extend({"x": [6]})  # the largest priority set (a writer's count too): 7
+        buf.sample(1)  # (rows enter the trees when the next sample or update syncs them)
+        assert buf._prio.sum[1] == 29
+
+
+def test_bad_priorities_are_refused_and_change_nothing(name):
+    with shmbuf.Buffer.create(X, 8, priority=0.6, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(4)})
+        b = buf.sample(4)
+        before = buf._prio.sum.copy(), buf._prio.seq.copy()
+        for bad in ([1, 2, 0, 1], [1, -1, 1, 1], [1, np.nan, 1, 1], [np.inf, 1, 1, 1], [1, 2, 3]):
+            with pytest.raises(ValueError, match="priorit"):
+                buf.update_priorities(b["index"], bad)
+        for index in (b["index"][:, 0], b["index"].astype(float), np.array([[99, 0]] * 4)):
+            with pytest.raises(ValueError, match="index|slot"):
+                buf.update_priorities(index, [1, 1, 1, 1])
+        for bad in (0.0, -2.0, float("nan")):
+            with pytest.raises(ValueError, match="priorit"):
+                buf.add({"x": 9}, priority=bad)
+        with pytest.raises(ValueError, match="priorit"):
+            buf.extend({"x": [9, 9]}, priority=[1.0, float("inf")])
+        with pytest.raises(ValueError, match="kept by shmbuf"):
+            buf.add({"x": 9, "_priority": 1.0})
+        assert len(buf) == 4 and buf.total_added == 4
+        assert np.array_equal(buf._prio.sum, before[0]) and np.array_equal(buf._prio.seq, before[1])
+    with shmbuf.Buffer.create(X, 8, name=name) as plain:
+        for call in (lambda: plain.sample(2, beta=0.4), lambda: plain.add({"x": 1}, priority=2.0),
+                     lambda: plain.update_priorities(np.zeros((1, 2), np.int64), [1.0])):
+            with pytest.raises(ValueError, match="prioritized buffer"):
+                call()
+    for bad in (-0.5, float("inf"), "0.6", True):
+        with pytest.raises(ValueError, match="exponent"):
+            shmbuf.Buffer.create(X, 8, priority=bad, name=name)
+    with pytest.raises(ValueError, match="not supported yet"):
+        shmbuf.EpisodeBuffer.create({"obs": ((1,), "float32")}, 8, priority=0.6, name=name)
+
+
+def test_an_update_for_an_overwritten_row_is_dropped(name):
+    """A writer in another process overwrites the sampled rows' slots between the sample
+    and the update: the update changes nothing, and the new rows keep their priority."""
+    with shmbuf.Buffer.create(X, 4, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(4)})
+        b = buf.sample(8)
+        p = mp.get_context("spawn").Process(target=helpers.write_range, args=(name, 100, 104))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        assert buf.update_priorities(b["index"], np.full(8, 1000.0)) == 0
+        b2 = buf.sample(4000)
+        assert set(b2["x"].tolist()) == {100, 101, 102, 103}
+        assert (b2["weight"] == 1).all()  # all at priority 1: none got 1000
+        assert buf.update_priorities(b2["index"][:1], [5.0]) == 1  # a fresh handle applies
+
+
+def test_a_sample_after_clear_sees_only_new_rows(name):
+    with shmbuf.Buffer.create(X, 8, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(6)})
+        buf.sample(4)
+        buf.clear()
+        with pytest.raises(ValueError, match="empty"):
+            buf.sample(4)
+        buf.extend({"x": [7, 8]})
+        assert set(buf.sample(500)["x"].tolist()) == {7, 8}
+        check_trees(buf._prio)
+
+
+def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
+    """Two writer processes add storm rows (64 per call, wrapping a small ring) while two
+    learner processes sample by priority and update, and this one too: no torn row, and
+    afterwards every inner node equals the sum (the minimum) of its children."""
+    ctx = mp.get_context("spawn")
+    with shmbuf.Buffer.create(STORM, 512, priority=0.6, seed=0, name=name) as buf:
+        buf.extend(helpers.storm_rows(9, np.arange(64)))
+        ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=helpers.storm_writer, args=(name, w, 64, 3.0, ready, stop, results))
+                 for w in range(2)]
+        procs += [ctx.Process(target=helpers.prio_learner, args=(name, 3.0, ready, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        ready.set()
+        got = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        learners = [g for g in got if g[0] == "learner"]
+        assert all(torn == 0 for _, _, _, torn in learners)
+        assert sum(applied for _, _, applied, _ in learners) > 0
+        assert helpers.storm_torn(buf.sample(2000)) == 0
+        check_trees(buf._prio)
+        t = buf._prio
+        leaves = t.sum[t.P:t.P + t.capacity]
+        assert ((leaves > 0) == (t.seq > 0)).all()  # a leaf for every row, none for no row
+
+
+def test_a_process_killed_inside_a_tree_change_leaves_a_usable_buffer(name, tmp_path):
+    """Deterministic: a process stops between setting leaves and their ancestors (the
+    header lock held, the version odd) and is SIGKILLed there. The next sampler takes
+    the lock the kernel released, rebuilds the inner nodes, and samples."""
+    with shmbuf.Buffer.create(X, 16, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(16)})
+        buf.sample(1)  # synced: the child's change is its update
+        flag = tmp_path / "half"
+        kill_when_there(helpers.prio_update_then_hang, (name, str(flag)), flag,
+                        "the updater never got inside its change")
+        assert int(buf._prio.head[0]) % 2 == 1  # left half done
+        b = buf.sample(2000, timeout=10)
+        check_trees(buf._prio)
+        assert np.isclose(buf._prio.sum[1], buf._prio.sum[16:32].sum())
+        assert buf._prio.sum[16:32].max() == 50.0  # the dead process's leaves count
+        assert (np.bincount(b["x"], minlength=16) > 0).all()
+        assert buf.update_priorities(b["index"][:3], [2.0, 2.0, 2.0]) == 3
+        check_trees(buf._prio)
+
+
+def test_prioritized_buffer_state_round_trip_and_fields(name):
+    with shmbuf.Buffer.create(X, 8, priority=0.6, seed=0, name=name) as buf:
+        assert buf.fields == {"x": ((), np.dtype("int64"))}
+        buf.extend({"x": np.arange(5)}, priority=2.0)
+        state = buf.state_dict()
+        with shmbuf.Buffer.create(buf.fields, 8, priority=0.6, seed=0, name=name + "-b") as other:
+            other.load_state_dict(state)
+            assert sorted(set(other.sample(300)["x"].tolist())) == [0, 1, 2, 3, 4]
+            assert "_priority" not in other.sample_sequences(2, 2)
