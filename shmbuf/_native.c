@@ -1399,6 +1399,7 @@ static PyObject *tree_set(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (tree_views(args[0], args[1], &sv, &mv, &P) < 0)
         return NULL;
     PyObject *result = NULL;
+    int64_t *node = NULL;
     int got = 0;
     if (PyObject_GetBuffer(args[2], &kv, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
@@ -1422,15 +1423,32 @@ static PyObject *tree_set(PyObject *module, PyObject *const *args, Py_ssize_t na
     /* 1. the leaves, in order (the last of repeated slots wins) */
     for (Py_ssize_t i = 0; i < k; i++)
         sum[P + slots[i]] = mn[P + slots[i]] = values[i];
-    /* 2. each leaf's ancestors, from its parent to the root */
+    /* 2. their ancestors, a level at a time from the leaves' parents up (a node's
+     * children are final before it is computed; a node shared by several leaves is
+     * computed again, to the same value), each level's children fetched before any is
+     * read: the cache misses of a level overlap. */
+    if ((node = PyMem_Malloc((k + 1) * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < k; i++)
-        for (int64_t node = (P + slots[i]) >> 1; node >= 1; node >>= 1) {
-            sum[node] = sum[2 * node] + sum[2 * node + 1];
-            mn[node] = nonzero_min(mn[2 * node], mn[2 * node + 1]);
+        node[i] = P + slots[i];
+    for (Py_ssize_t width = P; width > 1; width /= 2) {
+        for (Py_ssize_t i = 0; i < k; i++) {
+            node[i] >>= 1;
+            __builtin_prefetch(&sum[2 * node[i]]);
+            __builtin_prefetch(&mn[2 * node[i]]);
         }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int64_t a = node[i];
+            sum[a] = sum[2 * a] + sum[2 * a + 1];
+            mn[a] = nonzero_min(mn[2 * a], mn[2 * a + 1]);
+        }
+    }
     result = Py_None;
     Py_INCREF(result);
 done:
+    PyMem_Free(node);
     if (got > 1)
         PyBuffer_Release(&vv);
     if (got > 0)
@@ -1440,17 +1458,19 @@ done:
     return result;
 }
 
-/* tree_find(sum, u, out): for each u[i] in [0, total), the leaf where the sum tree's
- * prefix sums reach it: from the root, go left if u < the left child's sum, else
- * subtract it and go right; out[i] = the leaf's slot. All descents go down a level
- * together, each level's children fetched before any is read (their cache misses
- * overlap). Raw reads, no lock: the caller checks the tree's version around it. */
+/* tree_find(sum, u, out, leaf, seq, row): for each u[i] in [0, total), the leaf where
+ * the sum tree's prefix sums reach it: from the root, go left if u < the left child's
+ * sum, else subtract it and go right; out[i] = the leaf's slot (clamped below len(seq),
+ * the capacity: rounding may pass the last row), leaf[i] its value, row[i] = seq[slot].
+ * All descents go down a level together, each level's children fetched before any is
+ * read (their cache misses overlap). Raw reads, no lock: the caller checks the tree's
+ * version around it. */
 static PyObject *tree_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "tree_find(sum, u, out)");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "tree_find(sum, u, out, leaf, seq, row)");
         return NULL;
     }
-    Py_buffer sv, uv, ov;
+    Py_buffer sv, uv, ov, lv, qv, rv;
     Py_ssize_t P;
     if (tree_views(args[0], NULL, &sv, NULL, &P) < 0)
         return NULL;
@@ -1463,9 +1483,18 @@ static PyObject *tree_find(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (PyObject_GetBuffer(args[2], &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     got = 2;
-    Py_ssize_t n = uv.len / 8;
-    if (ov.len != uv.len) {
-        PyErr_SetString(PyExc_ValueError, "tree_find: u and out differ in length");
+    if (PyObject_GetBuffer(args[3], &lv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 3;
+    if (PyObject_GetBuffer(args[4], &qv, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    got = 4;
+    if (PyObject_GetBuffer(args[5], &rv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    got = 5;
+    Py_ssize_t n = uv.len / 8, capacity = qv.len / 8;
+    if (ov.len != uv.len || lv.len != uv.len || rv.len != uv.len || capacity < 1 || capacity > P) {
+        PyErr_SetString(PyExc_ValueError, "tree_find: arrays of different lengths");
         goto done;
     }
     if ((x = PyMem_Malloc((n + 1) * sizeof(double))) == NULL) {
@@ -1488,12 +1517,29 @@ static PyObject *tree_find(PyObject *module, PyObject *const *args, Py_ssize_t n
             node[i] = 2 * node[i] + right;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++)
+    const int64_t *seq = qv.buf;
+    int64_t *row = rv.buf;
+    double *leaf = lv.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
         node[i] -= P;
+        if (node[i] >= capacity)
+            node[i] = capacity - 1;
+        __builtin_prefetch(&seq[node[i]]);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        leaf[i] = sum[P + node[i]];
+        row[i] = seq[node[i]];
+    }
     result = Py_None;
     Py_INCREF(result);
 done:
     PyMem_Free(x);
+    if (got > 4)
+        PyBuffer_Release(&rv);
+    if (got > 3)
+        PyBuffer_Release(&qv);
+    if (got > 2)
+        PyBuffer_Release(&lv);
     if (got > 1)
         PyBuffer_Release(&ov);
     if (got > 0)
@@ -1516,7 +1562,7 @@ static PyObject *set_faults(PyObject *module, PyObject *arg) {
 
 static PyMethodDef module_methods[] = {
     {"tree_set", (PyCFunction)(void (*)(void))tree_set, METH_FASTCALL, "tree_set(sum, min, slots, values)"},
-    {"tree_find", (PyCFunction)(void (*)(void))tree_find, METH_FASTCALL, "tree_find(sum, u, out)"},
+    {"tree_find", (PyCFunction)(void (*)(void))tree_find, METH_FASTCALL, "tree_find(sum, u, out, leaf, seq, row)"},
     {"set_hook", set_hook, METH_O, "set_hook(f): call f(point) at protocol points (tests)"},
     {"set_faults", set_faults, METH_O, "set_faults(bits): 1 no stamp check, 2 no waiting (tests)"},
     {NULL},

@@ -502,8 +502,12 @@ class Buffer:
                 rows = len(next(iter(data.values())))
             except (TypeError, StopIteration):
                 rows = 0  # (the schema check explains a bad batch)
-            p = np.zeros(rows) if priority is None else \
-                np.broadcast_to(_priority.check_values(priority, None, "priority"), (rows,))
+            if priority is None:
+                p = np.zeros(rows)
+            else:
+                p = _priority.check_values(priority, None, "priority")
+                if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
+                    p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
         return {**data, _priority.FIELD: p}
 
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,

@@ -115,17 +115,21 @@ class HER:
         k = int(whole) + (rng.random() < frac if frac else 0)
         if k == 0:
             return batch
-        goals = np.empty((k,) + batch[self.desired].shape[1:], batch[self.desired].dtype)
-        got = _goals(ebuf, self, lane[:k], seq[:k], start[:k], goals)
-        rows = np.flatnonzero(got) if not got.all() else slice(0, k)
-        goals = goals[rows]
+        desired = batch[self.desired]
+        kept = desired[:k].copy()  # (for a transition that gets no goal: rare)
+        got = _goals(ebuf, self, lane[:k], seq[:k], start[:k], desired[:k])  # goals straight in
+        if got.all():
+            rows: Any = slice(0, k)
+        else:
+            rows = np.flatnonzero(got)
+            desired[:k][~got] = kept[~got]
+        goals = desired[rows]
         rewards = np.asarray(self.reward_fn(batch["next_" + self.achieved][rows], goals, {}))
         count = len(goals)
         if rewards.size != count:
             raise ValueError(f"HER reward_fn returned an array of shape {rewards.shape} for {count} "
                              f"transitions; it must return one reward per transition")
         batch[ebuf.reward][rows] = rewards.reshape(count)
-        batch[self.desired][rows] = goals
         if "next_" + self.desired in batch:
             batch["next_" + self.desired][rows] = goals
         return batch

@@ -79,8 +79,8 @@ def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
         if p.size != n:
             raise ValueError(f"{what}: expected {n} priorities (one per row), got shape {p.shape}")
         p = p.reshape(n)
-    bad = ~np.isfinite(p) | (p <= 0)
-    if bad.any():
+    if p.size and not (p.min() > 0 and p.max() < math.inf):  # (a NaN makes the minimum NaN)
+        bad = ~((p > 0) & (p < math.inf))
         raise ValueError(f"{what}: priorities must be finite and > 0, got {p[bad][:5].tolist()} "
                          "(with TD errors, pass abs(td) + a small epsilon such as 1e-6)")
     return p
@@ -125,6 +125,11 @@ class Trees:
         """Leaves ``slots`` to ``values`` (p**a; the last of repeated slots wins) and
         their ancestors."""
         if not len(slots):
+            return
+        if len(slots) > self.P // 8:  # many (a learner's first sync): every node, once
+            self.sum[slots + self.P] = values
+            self.min[slots + self.P] = values
+            self.rebuild()
             return
         if self._native is not None:
             self._native.tree_set(self.sum, self.min, np.ascontiguousarray(slots, np.int64),
@@ -199,15 +204,15 @@ class Trees:
             v = int(self.head[H_VERSION])
             if not v & 1:
                 total, low = float(self.sum[1]), float(self.min[1])
-                u = rng.random(n) * total
+                u = rng.random(n)
+                u *= total
                 if self._native is not None:
-                    slots = np.empty(n, np.int64)
-                    self._native.tree_find(self.sum, u, slots)
+                    slots, p, seq = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
+                    self._native.tree_find(self.sum, u, slots, p, self.seq, seq)
                 else:
-                    slots = self._find(u)
-                np.minimum(slots, self.capacity - 1, out=slots)  # (rounding: a leaf past the rows)
-                p = self.sum[slots + self.P]
-                seq = self.seq[slots] - 1
+                    slots = np.minimum(self._find(u), self.capacity - 1)  # (rounding: past the rows)
+                    p, seq = self.sum[slots + self.P], self.seq[slots]
+                seq -= 1
                 if int(self.head[H_VERSION]) == v:
                     if total <= 0:
                         raise ValueError("cannot sample from an empty buffer: add rows first")
@@ -274,35 +279,48 @@ def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def sample(buf: "Buffer", n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
     """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module)."""
     trees: Trees = buf._prio
-    ring = buf._ring
     fields = [f for f in buf._fields if f.name != FIELD]
-    out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in fields}
-    weight = np.empty(n, np.float64)
-    index = np.empty((n, 2), np.int64)
-    todo = np.arange(n)
     deadline = time.monotonic() + timeout
+    out, slots, p, seq, low, ok = _round(buf, trees, fields, n, deadline, timeout)
+    if ok is not None and not ok.all():  # rows overwritten since the draw (or rounding): again
+        out, slots, p, seq, low = _again(buf, trees, fields, out, slots, p, seq, low, ok, deadline, timeout)
+    out["weight"] = np.power(low / p, beta)
+    out["index"] = np.stack([slots, seq], axis=1)
+    return out
+
+
+def _round(buf: "Buffer", trees: Trees, fields: list, m: int, deadline: float, timeout: float) -> tuple:
+    """Sync, draw ``m`` rows by priority and copy them: (rows, slots, leaves, sequence
+    numbers, the smallest leaf, the mask of the good ones or None for all)."""
+    with trees.change(max(0.0, deadline - time.monotonic())):
+        trees.sync()
+    slots, p, seq, low = trees.draw(buf._rng, m, deadline, timeout)
+    drawn = (p > 0) & (seq >= 0)  # (rounding may reach an empty leaf)
+    np.maximum(seq, 0, out=seq)
+    got = {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
+    ok = sampling.copy_windows(buf._ring, slots // trees.lc, seq, 1, None, [got.get(f.name) for f in buf._fields])
+    if drawn.all():
+        return got, slots, p, seq, low, ok
+    return got, slots, p, seq, low, drawn if ok is None else drawn & ok
+
+
+def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarray, p: np.ndarray,
+           seq: np.ndarray, low: float, ok: np.ndarray, deadline: float, timeout: float) -> tuple:
+    """Draw again for the rows that were not good, until all are (or the deadline)."""
+    todo = np.flatnonzero(~ok)
     while len(todo):
-        m = len(todo)
-        with trees.change(max(0.0, deadline - time.monotonic())):
-            trees.sync()  # (again on a second round: rows overwritten since are synced)
-        slots, p, seq, low = trees.draw(buf._rng, m, deadline, timeout)
-        drawn = (p > 0) & (seq >= 0)  # (rounding may reach an empty leaf)
-        lane, seq = slots // trees.lc, np.maximum(seq, 0)
-        got = {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields} if m < n else out
-        outs = [got.get(f.name) for f in buf._fields]
-        ok = sampling.copy_windows(ring, lane, seq, 1, None, outs)
-        ok = drawn if ok is None else drawn & ok
-        if m < n:
-            for k in out:
-                out[k][todo[ok]] = got[k][ok]
-        weight[todo[ok]] = (low / p[ok]) ** beta
-        index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
-        todo = todo[~ok]
-        if len(todo) and time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(f"could not draw {len(todo)} intact rows by priority within "
                                          f"{timeout:g} s")
-    out["weight"], out["index"] = weight, index
-    return out
+        got, s2, p2, q2, low2, ok2 = _round(buf, trees, fields, len(todo), deadline, timeout)
+        low = min(low, low2)  # (every weight <= 1, whichever version of the trees it was drawn from)
+        ok2 = np.ones(len(todo), bool) if ok2 is None else ok2
+        fill = todo[ok2]
+        for k in out:
+            out[k][fill] = got[k][ok2]
+        slots[fill], p[fill], seq[fill] = s2[ok2], p2[ok2], q2[ok2]
+        todo = todo[~ok2]
+    return out, slots, p, seq, low
 
 
 def update(buf: "Buffer", index: Any, priorities: Any, timeout: float) -> int:

@@ -102,3 +102,23 @@ def test_the_episode_part_compares_episode_buffers_with_buffers(monkeypatch):
     text = report.markdown(res)
     assert "| mujoco: one-step sample |" in text and "| mujoco: EpisodeBuffer (obs once) |" in text
     assert not res.figures  # "only": the core workloads did not run
+
+
+def test_the_strategies_part_measures_priorities_and_hindsight(monkeypatch):
+    """Prioritized sample + update beside cpprb's (when installed), costs over uniform,
+    HER beside the plain sample, on small buffers; the report shows the ratios."""
+    from shmbuf.bench import strategies
+    small = peers.Workload("mujoco", 4096, TINY.fields)
+    monkeypatch.setitem(strategies.WORKLOADS, "mujoco", small)
+    monkeypatch.setattr(strategies, "HER_CAPACITY", 4096)
+    cfg = run.Config.make(True, workloads=("mujoco",), strategies="only", repeats=2, window=0.05, progress=False)
+    res = run.run(cfg)
+    figs = res.extra["strategies"]
+    assert len(figs["sample 256 + update 256"]["shmbuf"]) == 2
+    assert all(v > 0 for v in figs["episode sample 256 (goals)"]["HER future 0.8"])
+    assert set(figs["sample 256"]) == {"shmbuf", "shmbuf uniform"}
+    if importlib.util.find_spec("cpprb"):
+        assert "cpprb MP" in figs["sample 256 + update 256"]
+    assert not res.figures and "episodes" not in res.extra  # only that part
+    text = report.markdown(res)
+    assert "| HER future 0.8 / plain one-step sample |" in text

@@ -25,6 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also TorchRL's shared ReplayBuffer and stable-baselines3's (needs torch)")
     p.add_argument("--episodes", choices=("yes", "no", "only"), default="yes",
                    help="EpisodeBuffer beside Buffer on the same workloads (only: that part alone)")
+    p.add_argument("--strategies", choices=("yes", "no", "only"), default="yes",
+                   help="prioritized replay beside cpprb's, and hindsight relabelling (only: that part alone)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           if v is not None}
     peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
     cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers),
-                          episodes=a.episodes, **kw)
+                          episodes=a.episodes, strategies=a.strategies, **kw)
     res = run.run(cfg)
     text = report.markdown(res)
     print(text)

@@ -160,6 +160,26 @@ def episodes_tables(r: Results) -> str:
     return "\n".join(lines)
 
 
+def strategies_tables(r: Results) -> str:
+    """Prioritized replay and hindsight: figures, then the ratios (and targets)."""
+    from .strategies import ratios
+
+    figs = r.extra.get("strategies")
+    if not figs:
+        return ""
+    lines = ["| strategies: metric | system | unit | median (min-max) |", "|---|---|---|---:|"]
+    for metric, systems in figs.items():
+        unit = "rows/s" if "rows/s" in metric else "batches/s"
+        for system, vals in systems.items():
+            lines.append(f"| {metric.replace(' (rows/s)', '')} | {system} | {unit} | {_cell(vals, unit)} |")
+    lines += ["", "| strategies: ratio | value | wanted | met |", "|---|---:|---|---|"]
+    for what, ratio, want in ratios(figs):
+        met = "-" if ratio is None or want is None else ("yes" if ratio >= want else "**no**")
+        lines.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{'-' if want is None else f'>= {want:g}'} | {met} |")
+    return "\n".join(lines)
+
+
 def markdown(r: Results) -> str:
     m = r.machine
     head = (f"shmbuf bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
@@ -179,4 +199,5 @@ def markdown(r: Results) -> str:
     if r.figures:
         parts.append(extra_table(r))
     parts.append(episodes_tables(r))
+    parts.append(strategies_tables(r))
     return "\n".join(parts)

@@ -43,6 +43,7 @@ class Config:
     e2e_repeats: int = 3
     progress: bool = True
     episodes: str = "yes"  # the EpisodeBuffer part (bench/episodes.py): yes, no, only
+    strategies: str = "yes"  # priorities and hindsight (bench/strategies.py): yes, no, only
 
     @classmethod
     def make(cls, quick: bool, **kw: Any) -> "Config":
@@ -468,12 +469,15 @@ def _version(pkg: str) -> str | None:
 
 
 def run(cfg: Config) -> Results:
-    from . import episodes
+    from . import episodes, strategies
 
     r = Results(config=cfg.__dict__.copy(), machine=machine())
-    workloads = cfg.workloads if cfg.episodes != "only" else ()
+    only = "only" in (cfg.episodes, cfg.strategies)
+    workloads = cfg.workloads if not only else ()
+    with_episodes = cfg.episodes == "only" or (cfg.episodes == "yes" and not only)
+    with_strategies = cfg.strategies == "only" or (cfg.strategies == "yes" and not only)
     plan_len = (len(PLAN) - 1) * cfg.repeats * len(workloads) + min(cfg.e2e_repeats, cfg.repeats) * len(workloads)
-    prog = Progress(plan_len + 2 + (cfg.episodes != "no"), cfg.progress)
+    prog = Progress(plan_len + 2 + with_episodes + with_strategies, cfg.progress)
     if workloads:
         prog.note("physical limits")
         physical_limits(r, cfg)
@@ -500,9 +504,12 @@ def run(cfg: Config) -> Results:
             for s in systems:
                 s.close()
             del systems
-    if cfg.episodes != "no":
+    if with_episodes:
         episodes.run(r, cfg, _local_loop, prog.note)
         prog.step("episodes")
+    if with_strategies:
+        strategies.run(r, cfg, _local_loop, prog.note)
+        prog.step("priorities and hindsight")
     prog.end()
     return r
 
