@@ -25,3 +25,17 @@ def test_readme_example_runs(tmp_path):
 def test_readme_names_the_two_commands():
     head = README.read_text()[:800]
     assert "scripts/demo" in head and "scripts/test" in head
+
+
+def test_readme_priority_and_her_examples_run(tmp_path):
+    """The prioritized DQN-style loop and the HER example run as written (they make
+    buffers with fixed names: this run's namespace keeps them apart from others')."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+              if "update_priorities" in b or "shmbuf.HER(" in b]
+    assert len(blocks) == 2
+    for i, code in enumerate(blocks):
+        script = tmp_path / f"example{i}.py"
+        script.write_text(code)
+        res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert res.stderr == ""
