@@ -510,6 +510,12 @@ class Buffer:
                     p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
         return {**data, _priority.FIELD: p}
 
+    def _extend_stored(self, batch: Mapping[str, Any], lane: int, timeout: float | None) -> None:
+        """``extend`` of every stored field, hidden ones included (for the layers built
+        on Buffer: an episode writer gives its final rows no priority)."""
+        arrays, n = self._schema.check_rows(batch, single=False)
+        self._write([a[0] for a in arrays] if n == 1 else arrays, n, lane, timeout)
+
     def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
                timeout: float | None) -> None:
         timeout = self._timeout if timeout is None else validate.timeout(timeout)

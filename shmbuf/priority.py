@@ -178,8 +178,8 @@ class Trees:
             self.synced[lane, 0] = rows[stuck[0]] if len(stuck) else head
             new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
             if new.any():
-                given = p[new]
-                p = np.where(given > 0, given, top)
+                given = p[new]  # > 0: the writer's; 0: the largest; < 0: none (an episode's final row)
+                p = np.where(given > 0, given, np.where(given < 0, 0.0, top))
                 self.seq[slots[new]] = rows[new] + 1
                 self.set(slots[new], p ** self.alpha)
                 top = max(top, float(given.max()))

@@ -89,8 +89,11 @@ def test_bad_priorities_are_refused_and_change_nothing(name):
     for bad in (-0.5, float("inf"), "0.6", True):
         with pytest.raises(ValueError, match="exponent"):
             shmbuf.Buffer.create(X, 8, priority=bad, name=name)
-    with pytest.raises(ValueError, match="not supported yet"):
-        shmbuf.EpisodeBuffer.create({"obs": ((1,), "float32")}, 8, priority=0.6, name=name)
+    her = shmbuf.HER(reward_fn=lambda a, d, i: a[:, 0])
+    with pytest.raises(ValueError, match="not supported"):
+        shmbuf.EpisodeBuffer.create(helpers.GOALS, 8, priority=0.6, name=name, observations=helpers.GOAL_OBS,
+                                    her=her)
+    assert name not in shmbuf.segment.list_names()
 
 
 def test_an_update_for_an_overwritten_row_is_dropped(name):
@@ -178,3 +181,44 @@ def test_prioritized_buffer_state_round_trip_and_fields(name):
             other.load_state_dict(state)
             assert sorted(set(other.sample(300)["x"].tolist())) == [0, 1, 2, 3, 4]
             assert "_priority" not in other.sample_sequences(2, 2)
+
+
+EPISODE_FIELDS = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+
+
+def _episode(start, rewards):
+    t = np.arange(len(rewards))
+    return {"obs": (start + t)[:, None] * np.ones(2), "action": t, "reward": rewards,
+            "next_obs": [start + len(rewards)] * 2}
+
+
+def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
+    """Prioritized one-step and n-step transitions of an EpisodeBuffer: final rows and
+    steps still waiting for their next observation are never drawn; the rest in
+    proportion to their priority, with the weights of the formula."""
+    with shmbuf.EpisodeBuffer.create(EPISODE_FIELDS, 40, lanes=2, priority=1.0, seed=0, name=name) as buf:
+        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=True)  # steps 0..3, final row 4
+        with buf.writer(envs=1) as w:  # (the other lane) an episode in progress: obs 10, 11
+            for t in (10, 11):
+                w.add({"obs": np.full((1, 2), t, np.float32), "action": np.zeros(1, np.int64),
+                       "reward": np.ones(1, np.float32)}, terminated=np.zeros(1, bool), truncated=np.zeros(1, bool))
+            b = buf.sample(5000)
+            assert set(b["obs"][:, 0].tolist()) == {0, 1, 2, 3, 10}  # not 4 (final) nor 11 (no next yet)
+            first = {int(o): idx for o, idx in zip(b["obs"][:, 0], b["index"])}
+            assert buf.update_priorities(np.array([first[0], first[10]]), [6.0, 2.0]) == 2
+            b = buf.sample(40_000, beta=1.0)
+            freq = {o: np.mean(b["obs"][:, 0] == o) for o in (0, 1, 2, 3, 10)}
+            assert np.allclose([freq[o] for o in (0, 1, 2, 3, 10)], np.array([6, 1, 1, 1, 2]) / 11, atol=0.01)
+            assert np.allclose(b["weight"], 1 / np.where(b["obs"][:, 0] == 0, 6, np.where(b["obs"][:, 0] == 10, 2, 1)))
+            b = buf.sample(3000, n_step=3, gamma=0.5)
+            got = set(zip(b["obs"][:, 0].tolist(), b["reward"].tolist(), b["steps"].tolist()))
+            assert got == {(0, 3, 3), (1, 6, 3), (2, 8, 2), (3, 8, 1)}  # seed scenario 43's numbers
+            w.add({"obs": np.full((1, 2), 12, np.float32), "action": np.zeros(1, np.int64),
+                   "reward": np.ones(1, np.float32), "next_obs": np.full((1, 2), 13, np.float32)},
+                  terminated=np.ones(1, bool), truncated=np.zeros(1, bool))  # its final row: no priority
+        assert set(buf.sample(3000)["obs"][:, 0].tolist()) == {0, 1, 2, 3, 10, 11, 12}
+        t = buf.core._prio
+        leaves = t.sum[t.P:t.P + t.capacity]
+        finals = (buf.core._ring.arrays["_flags"] & 4) != 0
+        assert (leaves[finals & (t.seq > 0)] == 0).all() and (leaves[~finals & (t.seq > 0)] > 0).all()
+        check_trees(t)

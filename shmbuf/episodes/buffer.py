@@ -8,6 +8,7 @@ import numpy as np
 
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..layout import normalize_fields
+from ..priority import DEFAULT_BETA, check_alpha
 from . import trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
@@ -71,11 +72,11 @@ class EpisodeBuffer:
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1 (frames per stacked observation), got {frame_stack!r}")
         specs, observations = plan(fields, observations, reward)
-        if kwargs.get("priority") is not None:
-            raise ValueError("prioritized sampling of episodes is not supported yet: use a prioritized "
-                             "shmbuf.Buffer of transitions (README: Prioritized replay)")
         if her is not None:
             her.check(specs, observations, reward, int(frame_stack))
+            if kwargs.get("priority") is not None:
+                raise ValueError("hindsight relabelling of a prioritized buffer is not supported: pass "
+                                 "her= or priority=, not both")
         meta = {"kind": KIND, "observations": observations, "reward": reward, "frame_stack": int(frame_stack)}
         return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs), her)
 
@@ -103,6 +104,8 @@ class EpisodeBuffer:
             if not callable(getattr(her, "relabel", None)):
                 raise TypeError(f"her must be a shmbuf.HER (or None), got {type(her).__name__}")
             her.check(self._user, self.observations, self.reward, self.frame_stack)
+            if self.core._prio is not None:
+                raise ValueError("hindsight relabelling of a prioritized buffer is not supported")
         self._her = her
 
     # -- writing ---------------------------------------------------------------------
@@ -130,14 +133,17 @@ class EpisodeBuffer:
     # -- sampling --------------------------------------------------------------------
 
     def sample(self, n: int, *, n_step: int = 1, gamma: float = 0.99,
-               timeout: float | None = None) -> dict[str, np.ndarray]:
+               timeout: float | None = None, beta: float | None = None) -> dict[str, np.ndarray]:
         """``n`` transitions, uniformly with replacement: each step's fields,
         ``next_<obs>`` (the next observation, or the real final one where the episode
         ended), ``terminated`` and ``truncated``. With ``n_step=k``: ``reward`` is the
         discounted sum over up to ``k`` steps, stopping at the episode's end,
         ``next_<obs>`` the observation after the last step taken, ``steps`` how many were
         taken, and the flags say how the episode ended within them. With :attr:`her`
-        set, a fraction of the transitions come relabelled (one-step only)."""
+        set, a fraction of the transitions come relabelled (one-step only). In a buffer
+        created with ``priority=``, transitions are drawn by the priority of their step
+        and come with ``weight`` (exponent ``beta``, default 0.4) and ``index`` for
+        :meth:`update_priorities`, n-step ones included."""
         if type(n) is not int or n < 0:
             n = _count(n, "n")
         if n_step != 1:
@@ -150,8 +156,17 @@ class EpisodeBuffer:
             gamma = float(gamma)
         if timeout is not None:
             timeout = self.core._t(timeout)  # checked now; None: the handle's, looked up if needed
+        if self.core._prio is not None or beta is not None:
+            if self.core._prio is None:
+                raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+            if self._her is not None:
+                raise ValueError("hindsight relabelling of a prioritized buffer is not supported: set "
+                                 "buf.her = None, or use a buffer without priority=")
+            beta = DEFAULT_BETA if beta is None else check_alpha(beta)
         if self.core._limiter is not None:
             self.core._limiter.before_sample(n, self.core._t(timeout))
+        if self.core._prio is not None:
+            return transitions.sample_by_priority(self, n, n_step, gamma, beta, self.core._t(timeout))
         if self._her is not None:
             if n_step != 1:
                 raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
@@ -159,6 +174,11 @@ class EpisodeBuffer:
                                  "every step's reward recomputed)")
             return self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
         return transitions.sample(self, n, n_step, gamma, timeout)
+
+    def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
+        """Set the priorities of sampled transitions (of their steps), from any process;
+        see :meth:`shmbuf.Buffer.update_priorities`."""
+        return self.core.update_priorities(index, priorities, timeout=timeout)
 
     def sample_trajectories(self, batch: int, length: int, *,
                             timeout: float | None = None) -> dict[str, np.ndarray]:

@@ -110,17 +110,22 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
     return {key: a[:n] for key, a in out.items()}
 
 
-def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma: float) -> np.ndarray | None:
-    """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows and copy them
-    into ``out``; returns the mask of those that are intact transitions (None: all)."""
+def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma: float,
+          drawn: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
+    """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows (or take the
+    ``drawn`` (lanes, rows)) and copy them into ``out``; returns the mask of those that
+    are intact transitions (None: all)."""
     ring, rng = ebuf.core._ring, ebuf.core._rng
     m, n, k = len(out["terminated"]), plan.n, plan.k
-    try:
-        lane, t, _ = sampling.draw_windows(ring, rng, m, 2, None)
-    except ValueError:
-        if ring.size() == 0:
-            raise  # "empty buffer"
-        raise ValueError(_NONE_YET) from None  # no lane holds two rows
+    if drawn is not None:
+        lane, t = drawn
+    else:
+        try:
+            lane, t, _ = sampling.draw_windows(ring, rng, m, 2, None)
+        except ValueError:
+            if ring.size() == 0:
+                raise  # "empty buffer"
+            raise ValueError(_NONE_YET) from None  # no lane holds two rows
     # 1. Rows t .. t+n, one window per candidate, each position into arrays of its own:
     #    row t's fields straight into the output, then what the rows after it are read
     #    for (the large observations apart: 2.). The gather's filters keep rows of t's
@@ -172,6 +177,47 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
             valid &= gather.rows(ring, lane, t, {o: out[o] for o in plan.apart})
             valid &= gather.rows(ring, lane, t + steps, {o: out["next_" + o] for o in plan.apart})
     return valid
+
+
+def sample_by_priority(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, beta: float,
+                       timeout: float) -> dict[str, np.ndarray]:
+    """``n`` transitions drawn by the priority of their step (see :mod:`shmbuf.priority`:
+    final rows have none; a drawn step that is not a transition yet, the newest of an
+    episode in progress, is drawn again), with ``weight`` and ``index``."""
+    trees = ebuf.core._prio
+    plan = ebuf._plans.get((n_step, False))
+    if plan is None:
+        plan = ebuf._plans[n_step, False] = _Plan(ebuf, n_step, False)
+    out = plan.empty(n)
+    leaf, index = np.empty(n), np.empty((n, 2), np.int64)
+    todo, low, rounds = np.arange(n), np.inf, 0
+    deadline = time.monotonic() + timeout
+    while len(todo):
+        rounds += 1
+        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+            raise ValueError(_NONE_YET)
+        if time.monotonic() >= deadline:
+            raise sampling.SampleTimeout(f"could not draw {len(todo)} transitions by priority within {timeout:g} s")
+        m = len(todo)
+        with trees.change(max(0.0, deadline - time.monotonic())):
+            trees.sync()
+        slots, p, seq, least = trees.draw(ebuf.core._rng, m, deadline, timeout)
+        low = min(low, least)
+        ok = (p > 0) & (seq >= 0)
+        np.maximum(seq, 0, out=seq)
+        got = plan.empty(m) if m < n else out
+        valid = _fill(ebuf, plan, got, gamma, (slots // trees.lc, seq))
+        if valid is not None:
+            ok &= valid
+        if m < n:
+            for key, a in out.items():
+                a[todo[ok]] = got[key][ok]
+        leaf[todo[ok]] = p[ok]
+        index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
+        todo = todo[~ok]
+    out["weight"] = np.power(low / leaf, beta)
+    out["index"] = index
+    return out
 
 
 def _n_step_python(plan: _Plan, ring: Any, lane: Any, t: np.ndarray, first: list, fl: np.ndarray,

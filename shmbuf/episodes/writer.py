@@ -46,6 +46,9 @@ class EpisodeWriter:
         self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
         self._started = np.zeros(n, bool)  # an episode in progress
         self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
+        self._prio = core._prio is not None  # a prioritized buffer: steps at the largest
+        if self._prio:                         # priority (0), final rows at none (-1)
+            self._sys["_priority"] = np.zeros(n)
         if not self._axis:  # the same memory, as one row without a row axis
             self._sys = {k: v.reshape(()) for k, v in self._sys.items()}
         self._user = len(buffer._rows.user)
@@ -117,11 +120,17 @@ class EpisodeWriter:
         final.update({o: v[e] for o, v in nexts.items()})
         self._started[e] = False
         self._going = False
-        self._put(self._lane_array[e], final, {"_episode": self._episode[e], "_start": self._start[e],
-                                               "_flags": flags[e] | FINAL}, timeout)
+        self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
         self._begin(ended)
         self._going = True
         return True
+
+    def _final_sys(self, e: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
+        """The system fields of the final rows of the envs ``e`` (indices)."""
+        sys = {"_episode": self._episode[e], "_start": self._start[e], "_flags": flags[e] | FINAL}
+        if self._prio:
+            sys["_priority"] = np.full(len(e), -1.0)
+        return sys
 
     def _add(self, step: Mapping[str, Any], terminated: Any, truncated: Any, timeout: float | None) -> None:
         """``add`` in full: checks with clear errors, episodes that start and end."""
@@ -140,6 +149,8 @@ class EpisodeWriter:
         term, trunc = np.atleast_1d(term), np.atleast_1d(trunc)
         flags = term.view(np.uint8) * TERMINATED | trunc.view(np.uint8) * TRUNCATED
         sys = {"_episode": self._episode, "_start": self._start, "_flags": flags}
+        if self._prio:
+            sys["_priority"] = np.zeros(self.envs)
         self._put(self._lane_array, steps, sys, timeout)
         if ended.any():  # the real final observations, in rows of their own
             e = np.flatnonzero(ended)
@@ -147,8 +158,7 @@ class EpisodeWriter:
             final.update({o: v[e] for o, v in nexts.items()})
             self._started[e] = False
             self._going = False
-            self._put(self._lane_array[e], final, {"_episode": self._episode[e], "_start": self._start[e],
-                                                   "_flags": flags[e] | FINAL}, timeout)
+            self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
             self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
         self._going = bool(self._native is not None and self._limiter is None and self._started.all())
 
@@ -178,10 +188,9 @@ class EpisodeWriter:
         if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
             return
         core = self.buffer.core
-        names = list(core.fields)
+        names = list(core._stored())
         for i, lane in enumerate(lanes.tolist()):
-            core.extend({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names},
-                        lane=lane, timeout=timeout)
+            core._extend_stored({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names}, lane, timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     env: int = 0, timeout: float | None = None) -> None:
@@ -234,8 +243,11 @@ class EpisodeWriter:
         data["_start"] = np.full(length + 1, self._start[env])
         data["_flags"] = np.zeros(length + 1, np.uint8)
         data["_flags"][-2:] = flags, FINAL | flags
+        if self._prio:
+            data["_priority"] = np.zeros(length + 1)
+            data["_priority"][-1] = -1.0  # the final row: never drawn
         try:
-            self.buffer.core.extend(data, lane=self.lanes[env], timeout=timeout)
+            self.buffer.core._extend_stored(data, self.lanes[env], timeout)
         except BaseException:
             self._started[env] = False
             self._going = False
