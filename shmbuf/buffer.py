@@ -441,7 +441,7 @@ class Buffer:
             >>> buf.close()
         """
         if self._prio is not None or priority is not None:
-            transition = self._with_priority(transition, priority, None)
+            transition = _priority.with_priority(self, transition, priority, None)
         fast = self._native
         if fast is not None and self._limiter is None and fast.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
@@ -466,7 +466,7 @@ class Buffer:
             >>> buf.close()
         """
         if self._prio is not None or priority is not None:
-            batch = self._with_priority(batch, priority, 0)
+            batch = _priority.with_priority(self, batch, priority, 0)
         fast = self._native
         if fast is not None and truncate_ok is False and self._limiter is None \
                 and fast.extend(batch, lane, timeout) is None:
@@ -486,29 +486,6 @@ class Buffer:
         if n == 1:
             arrays = [a[0] for a in arrays]  # one row is written without its row axis
         self._write(arrays, n, lane, timeout)
-
-    def _with_priority(self, data: Mapping[str, Any], priority: Any, axis: int | None) -> dict[str, Any]:
-        """``data`` with the hidden priority field (0: the largest priority ever set)."""
-        if self._prio is None:
-            raise ValueError("priority= is for a prioritized buffer: create it with priority=<exponent>")
-        if not isinstance(data, Mapping):
-            raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
-        if _priority.FIELD in data:
-            raise ValueError(f"{_priority.FIELD!r} is kept by shmbuf: pass priority= instead")
-        if axis is None:
-            p: Any = 0.0 if priority is None else float(_priority.check_values(priority, 1, "priority")[0])
-        else:
-            try:
-                rows = len(next(iter(data.values())))
-            except (TypeError, StopIteration):
-                rows = 0  # (the schema check explains a bad batch)
-            if priority is None:
-                p = np.zeros(rows)
-            else:
-                p = _priority.check_values(priority, None, "priority")
-                if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
-                    p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
-        return {**data, _priority.FIELD: p}
 
     def _extend_stored(self, batch: Mapping[str, Any], lane: int, timeout: float | None) -> None:
         """``extend`` of every stored field, hidden ones included (for the layers built
@@ -631,23 +608,13 @@ class Buffer:
         """
         n = _count(n, "n")
         if self._prio is not None or beta is not None:
-            return self._sample_by_priority(n, beta, out, timeout)
+            return _priority.buffer_sample(self, n, beta, out, timeout)
         out, arrays = self._prepare_out(out, (n,))
         if self._limiter is not None:
             self._limiter.before_sample(n, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
                                 self._t(timeout))
         return out
-
-    def _sample_by_priority(self, n: int, beta: Any, out: Any, timeout: float | None) -> Batch:
-        if self._prio is None:
-            raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
-        if out is not None:
-            raise ValueError("out= is not supported by prioritized sampling")
-        beta = _priority.DEFAULT_BETA if beta is None else _priority.check_alpha(beta)
-        if self._limiter is not None:
-            self._limiter.before_sample(n, self._t(timeout))
-        return _priority.sample(self, n, beta, self._t(timeout))
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled rows, from any process: ``index`` as

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -275,6 +275,43 @@ def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 # -- the Buffer operations ---------------------------------------------------------
+
+def with_priority(buf: "Buffer", data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
+    """``data`` (of ``add``: ``axis`` None, or ``extend``: 0) with the hidden priority
+    field (0: the largest priority ever set)."""
+    if buf._prio is None:
+        raise ValueError("priority= is for a prioritized buffer: create it with priority=<exponent>")
+    if not isinstance(data, Mapping):
+        raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
+    if FIELD in data:
+        raise ValueError(f"{FIELD!r} is kept by shmbuf: pass priority= instead")
+    if axis is None:
+        p: Any = 0.0 if priority is None else float(check_values(priority, 1, "priority")[0])
+    else:
+        try:
+            rows = len(next(iter(data.values())))
+        except (TypeError, StopIteration):
+            rows = 0  # (the schema check explains a bad batch)
+        if priority is None:
+            p = np.zeros(rows)
+        else:
+            p = check_values(priority, None, "priority")
+            if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
+                p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
+    return {**data, FIELD: p}
+
+
+def buffer_sample(buf: "Buffer", n: int, beta: Any, out: Any, timeout: float | None) -> dict[str, np.ndarray]:
+    """``Buffer.sample`` of a prioritized buffer (or with ``beta=``: an error if not)."""
+    if buf._prio is None:
+        raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+    if out is not None:
+        raise ValueError("out= is not supported by prioritized sampling")
+    beta = DEFAULT_BETA if beta is None else check_alpha(beta)
+    if buf._limiter is not None:
+        buf._limiter.before_sample(n, buf._t(timeout))
+    return sample(buf, n, beta, buf._t(timeout))
+
 
 def sample(buf: "Buffer", n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
     """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module)."""
