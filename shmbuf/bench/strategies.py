@@ -121,19 +121,14 @@ def _her(cfg: Any, tag: str, loop: Any, add: Any, progress: Any) -> None:
             for _ in range(cap // lanes // (EPISODE + 1) + 1):
                 for env in range(lanes):
                     w.add_episode(steps, terminated=False, env=env)
-        her = shmbuf.HER("future", 0.8, reward_fn=reward_fn)
-
-        def plain() -> None:
-            buf.her = None
-            buf.sample(BATCH)
-
-        def relabelled() -> None:
-            buf.her = her
-            buf.sample(BATCH)
-        for rep in range(cfg.repeats):
-            progress(f"strategies: hindsight, repeat {rep + 1}/{cfg.repeats}")
-            add("episode sample 256 (goals)", "plain", loop(plain, cfg.window))
-            add("episode sample 256 (goals)", "HER future 0.8", loop(relabelled, cfg.window))
+        her = shmbuf.EpisodeBuffer.attach(buf.name, seed=1, her=shmbuf.HER("future", 0.8, reward_fn=reward_fn))
+        try:
+            for rep in range(cfg.repeats):
+                progress(f"strategies: hindsight, repeat {rep + 1}/{cfg.repeats}")
+                add("episode sample 256 (goals)", "plain", loop(lambda: buf.sample(BATCH), cfg.window))
+                add("episode sample 256 (goals)", "HER future 0.8", loop(lambda: her.sample(BATCH), cfg.window))
+        finally:
+            her.close()
     finally:
         buf.close()
 
