@@ -60,6 +60,11 @@ from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
 from .lock import HeaderLock
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
+# The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
+# write's cleanup (a SIGINT storm, a notebook) and leave its entry in the table; an
+# entry of this process whose token no thread is writing under any more is such a
+# leftover, never a writer to wait for (see _leftover).
+_WRITING: dict[int, int] = {}
 
 HOOK: Callable[[str], None] | None = None
 """Test hook, called at "locked" (holding the lock, head advanced), "reserved" (lock
@@ -233,7 +238,8 @@ class Ring:
         one of its shared writers (reserving under the lock). False, with nothing done,
         if the lane turned out to be claimed by this process meanwhile."""
         pid, ctime = procs.identity()
-        token = next(_TOKENS)
+        token = -next(_TOKENS)  # negative: a Python-path write (the native path's are positive)
+        _WRITING[threading.get_ident()] = token  # (before any reservation of ours)
         entry = -1  # -1: the owner's entry, in the lane table
         runs: list[tuple[int, int, int]] = []
         stamped = done = False
@@ -428,6 +434,7 @@ class Ring:
             older &= ((first - start) % lc < count) | ((start - first) % lc < n)
             if entry >= 0:
                 older[entry] = False
+            older &= ~self._leftover(res)
             blockers = sorted({pid for pid, ct in _owners(res, np.flatnonzero(older)) if alive(pid, ct)})
             if not blockers or self._older_done(first, runs):
                 return
@@ -440,10 +447,27 @@ class Ring:
             time.sleep(delay)
             delay = min(max(delay * 2, 20e-6), 1e-3)
 
+    def _leftover(self, res: np.ndarray) -> np.ndarray:
+        """Entries of a reservation-table copy left by this process's interrupted
+        Python-path writes (negative tokens that are nobody's write in flight here; a
+        native write cannot be interrupted halfway): freed, and a mask of them."""
+        mine = np.flatnonzero((res[:, RES_PID] == procs.identity()[0]) & (res[:, RES_TOKEN] < 0))
+        gone = np.zeros(len(res), bool)
+        if len(mine):
+            writing = set(_WRITING.values())
+            for i in mine.tolist():
+                if int(res[i, RES_TOKEN]) not in writing:
+                    gone[i] = True
+                    # (only this process frees its live entries: the match is stable)
+                    if self.res_pid[i] == res[i, RES_PID] and self.res[i, RES_TOKEN] == res[i, RES_TOKEN]:
+                        self.res_pid[i] = 0
+        return gone
+
     def live_writers_in_flight(self) -> bool:
         """True if some live process has rows reserved and not yet published."""
         res = self.res.copy()
-        if any(procs.is_alive(pid, ct) for pid, ct in _owners(res, np.flatnonzero(res[:, RES_PID] != 0))):
+        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
+        if any(procs.is_alive(pid, ct) for pid, ct in _owners(res, live)):
             return True
         return any(self.lane_table[i, LANE_OWN_COUNT] != 0 for i in self.live_claims())
 

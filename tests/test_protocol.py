@@ -104,6 +104,35 @@ def test_ctrl_c_at_any_point_of_a_write_leaves_nothing_held(name, point, monkeyp
         assert 666 not in buf.sample(200)["x"]
 
 
+def test_a_second_ctrl_c_inside_the_cleanup_of_a_write_blocks_nobody(name, monkeypatch, set_hook):
+    """Deterministic (the Python path's cleanup): a KeyboardInterrupt mid-copy, then a
+    second one inside the cleanup, before the reservation entry is freed (a SIGINT storm
+    found this). The entry is left behind with this live process's pid; its next writes
+    lap the ring over those rows within a 1 s timeout instead of waiting for themselves."""
+    monkeypatch.setenv("SHMBUF_PURE_PYTHON", "1")
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, seed=0) as buf:
+        assert not buf.native
+
+        def interrupt(where):
+            if where == "writing":
+                raise KeyboardInterrupt
+
+        def cleanup_interrupted(self, pid, token, runs):
+            self._abandon_runs(runs)
+            raise KeyboardInterrupt  # before the entry is freed
+        set_hook(interrupt)
+        monkeypatch.setattr(ring.Ring, "_abandon", cleanup_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            buf.add({"x": 666})
+        set_hook(None)
+        monkeypatch.undo()
+        assert (buf._ring.res_pid != 0).sum() == 1  # the leftover
+        for i in range(10):  # laps the 4-slot ring over its rows, twice
+            buf.add({"x": i}, timeout=1)
+        assert 666 not in buf.sample(200)["x"]
+        assert (buf._ring.res_pid == 0).all()  # freed by the writer that met it
+
+
 def test_real_sigint_storm_never_leaves_the_buffer_locked_or_reserved(name, tmp_path):
     """Hundreds of real SIGINTs at random instants into a process that adds in a loop
     and catches KeyboardInterrupt. Afterwards (it is alive, idle) others write freely."""
