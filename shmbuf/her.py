@@ -148,7 +148,7 @@ def _goals(ebuf: "EpisodeBuffer", her: HER, lane: np.ndarray, seq: np.ndarray, s
         ln, s, t = lane[todo], start[todo], seq[todo]
         # the episode's last row (final, or newest published): row t + 1 is of it (the
         # transition's next row, read with the check)
-        last = gather.last_rows(ring, ln, t + 1, s)
+        last = ebuf._episode_ends().last_rows(ln, t + 1, s)
         first = {"future": t + 1, "final": last}.get(her.strategy)
         if first is None:  # "episode": from its first step's next row on, the ones still there
             first = np.maximum(s + 1, ring.window()[0][ln])  # (above last: no row, nothing got)

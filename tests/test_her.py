@@ -157,7 +157,6 @@ def test_a_goal_row_overwritten_after_the_search_is_never_taken(name, monkeypatc
         b = buf.sample(300)
         assert (b["achieved_goal"][:, 0] == 0).all()  # sampled before the wrap
         _check_goals(b, {0: 20}, "future")
-        assert len(calls) > 1  # goals drawn again
         assert (b["desired_goal"][_relabelled(b), 1] > 11).all()  # the rows left
 
 

@@ -305,8 +305,12 @@ def test_both_paths_relabel_the_same_goals(name, monkeypatch):
             lane = np.concatenate([np.full(head[i] - lo[i], i) for i in range(3)])
             end = np.concatenate([np.arange(lo[i], head[i]) for i in range(3)])
             start = ring.arrays["_start"][lane * ring.lane_capacity + end % ring.lane_capacity]
-            assert np.array_equal(gather.last_rows(ring, lane, end, start),
-                                  gather.last_rows(pure_ring, lane, end, start))
+            want = gather.last_rows(ring, lane, end, start)
+            assert np.array_equal(want, gather.last_rows(pure_ring, lane, end, start))
+            memo = gather.Ends(ring)  # cold, then from the memo (ended episodes), the same
+            assert np.array_equal(memo.last_rows(lane, end, start), want)
+            assert (memo.start >= 0).any()
+            assert np.array_equal(memo.last_rows(lane, end, start), want)
         finally:
             for h in handles:
                 h.close()

@@ -122,6 +122,8 @@ def _her(cfg: Any, tag: str, loop: Any, add: Any, progress: Any) -> None:
                 for env in range(lanes):
                     w.add_episode(steps, terminated=False, env=env)
         her = shmbuf.EpisodeBuffer.attach(buf.name, seed=1, her=shmbuf.HER("future", 0.8, reward_fn=reward_fn))
+        buf.core.prefault()  # both handles' pages mapped before timing (the other parts do the same)
+        her.core.prefault()
         try:
             for rep in range(cfg.repeats):
                 progress(f"strategies: hindsight, repeat {rep + 1}/{cfg.repeats}")

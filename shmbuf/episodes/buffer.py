@@ -9,7 +9,7 @@ import numpy as np
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..layout import normalize_fields
 from ..priority import DEFAULT_BETA, check_alpha
-from . import trajectories, transitions, whole
+from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
 
@@ -52,6 +52,7 @@ class EpisodeBuffer:
         self._apart = [o for o in self.observations if self.frame_stack > 1 or not packed[o]]
         self._her = None
         self.her = her
+        self._ends: gather.Ends | None = None  # where ended episodes end (made on first use)
 
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, lanes: int = 1,
@@ -107,6 +108,11 @@ class EpisodeBuffer:
             if self.core._prio is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported")
         self._her = her
+
+    def _episode_ends(self) -> "gather.Ends":
+        if self._ends is None:
+            self._ends = gather.Ends(self.core._ring)
+        return self._ends
 
     # -- writing ---------------------------------------------------------------------
 

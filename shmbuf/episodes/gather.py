@@ -97,3 +97,40 @@ def continues(ring: Ring, lane: np.ndarray, seq: np.ndarray, start: np.ndarray) 
     at ``start``, now (raw reads: a row written since a search ran shows here)."""
     slot = lane * ring.lane_capacity + seq % ring.lane_capacity
     return (ring.stamps[slot] == 2 * seq + 2) & (ring.arrays["_start"][slot] == start)
+
+
+class Ends:
+    """A handle's memo of where its ended episodes end, so that the samplers that need
+    an episode's last row (hindsight goals) search for it once per episode, not once
+    per draw: ``capacity`` entries (16 bytes each, made on first use), keyed by the
+    slot of the episode's first row and checked against its sequence number (unique in
+    a lane, so a hit is that very episode, ended for good). Only an end read intact
+    (stamp before and after, of the episode, a final row) is remembered; episodes in
+    progress are searched every time."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.start = np.full(ring.layout.capacity, -1, np.int64)
+        self.last = np.zeros(ring.layout.capacity, np.int64)
+
+    def last_rows(self, lane: np.ndarray, end: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """:func:`last_rows`, from the memo where it can."""
+        ring, lc = self.ring, self.ring.lane_capacity
+        key = lane * lc + start % lc
+        hit = self.start[key] == start
+        last = self.last[key]
+        if hit.all():
+            return last
+        miss = np.flatnonzero(~hit)
+        lane_m, start_m = lane[miss], start[miss]
+        found = last_rows(ring, lane_m, end[miss], start_m)
+        last[miss] = found
+        slot = lane_m * lc + found % lc
+        before = ring.stamps[slot]
+        final = (ring.arrays["_flags"][slot] & FINAL) != 0
+        final &= ring.arrays["_start"][slot] == start_m
+        final &= (before == 2 * found + 2) & (ring.stamps[slot] == before)
+        keep = key[miss][final]
+        self.start[keep] = start_m[final]
+        self.last[keep] = found[final]
+        return last
