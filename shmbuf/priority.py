@@ -154,36 +154,40 @@ class Trees:
             lo //= 2
 
     def sync(self) -> None:
-        """Give the rows published since the last sync their leaves (lock held)."""
+        """Give the rows published since the last sync their leaves (lock held): the new
+        rows of every lane in one pass, their leaves in one tree update."""
         ring, lc = self.ring, self.lc
-        table = ring.lane_table
-        top = self.headf[H_MAX] or 1.0
-        for lane in range(self.lanes):
-            head, base = int(table[lane, LANE_HEAD]), int(table[lane, LANE_BASE])
-            synced, seen = int(self.synced[lane, 0]), int(self.synced[lane, 1])
-            if base != seen:  # cleared or restored: its rows are gone (the new ones: again)
-                slots = np.arange(lane * lc, (lane + 1) * lc)
-                self.seq[slots] = 0
-                self.set(slots, np.zeros(lc))
-                self.synced[lane] = synced, seen = base, base
-            first = max(synced, head - lc, base)
-            if first >= head:
-                continue
-            rows = np.arange(first, head, dtype=np.int64)
-            slots = lane * lc + rows % lc
-            before = ring.stamps[slots]
-            p = self.prio[slots]
-            ok = (before == 2 * rows + 2) & (ring.stamps[slots] == before)  # published, read whole
-            stuck = np.flatnonzero(~ok)
-            self.synced[lane, 0] = rows[stuck[0]] if len(stuck) else head
-            new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
-            if new.any():
-                given = p[new]  # > 0: the writer's; 0: the largest; < 0: none (an episode's final row)
-                p = np.where(given > 0, given, np.where(given < 0, 0.0, top))
-                self.seq[slots[new]] = rows[new] + 1
-                self.set(slots[new], p ** self.alpha)
-                top = max(top, float(given.max()))
-                self.headf[H_MAX] = top
+        heads, bases = ring.lane_table[:, LANE_HEAD].copy(), ring.lane_table[:, LANE_BASE].copy()
+        synced = self.synced[:, 0]  # (a view: written below)
+        for lane in np.flatnonzero(bases != self.synced[:, 1]).tolist():
+            # cleared or restored: its rows are gone (the ones written since: synced again)
+            slots = np.arange(lane * lc, (lane + 1) * lc)
+            self.seq[slots] = 0
+            self.set(slots, np.zeros(lc))
+            self.synced[lane] = bases[lane], bases[lane]
+        first = np.maximum(np.maximum(synced, heads - lc), bases)
+        count = np.maximum(heads - first, 0)
+        total = int(count.sum())
+        if not total:
+            return
+        lanes = np.flatnonzero(count)
+        count = count[lanes]
+        lane = np.repeat(lanes, count)
+        rows = np.repeat(first[lanes] - np.cumsum(count) + count, count) + np.arange(total)
+        slots = lane * lc + rows % lc
+        before = ring.stamps[slots]
+        p = self.prio[slots]
+        ok = (before == 2 * rows + 2) & (ring.stamps[slots] == before)  # published, read whole
+        low = heads.copy()  # each lane: synced up to its first row not published yet
+        np.minimum.at(low, lane[~ok], rows[~ok])
+        synced[lanes] = low[lanes]
+        new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
+        if new.any():
+            top = self.headf[H_MAX] or 1.0
+            given = p[new]  # > 0: the writer's; 0: the largest; < 0: none (an episode's final row)
+            self.seq[slots[new]] = rows[new] + 1
+            self.set(slots[new], np.where(given > 0, given, np.where(given < 0, 0.0, top)) ** self.alpha)
+            self.headf[H_MAX] = max(top, float(given.max()))
 
     def update(self, slots: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> int:
         """Set the leaves of the rows ``(slots, seqs)`` still there (lock held)."""
