@@ -241,3 +241,15 @@ def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
         finals = (buf.core._ring.arrays["_flags"] & 4) != 0
         assert (leaves[finals & (t.seq > 0)] == 0).all() and (leaves[~finals & (t.seq > 0)] > 0).all()
         check_trees(t)
+
+
+def test_a_rate_limit_holds_prioritized_samples_too(name):
+    limit = shmbuf.RateLimit(min_size=4, samples_per_insert=1.0, error_buffer=8.0)
+    with shmbuf.Buffer.create(X, 16, priority=0.6, rate=limit, seed=0, name=name) as buf:
+        buf.extend({"x": [0, 1, 2]})
+        with pytest.raises(shmbuf.RateLimitTimeout):
+            buf.sample(1, timeout=0.05)  # fewer than min_size rows inserted
+        buf.extend({"x": [3, 4, 5, 6]}, priority=2.0)
+        assert len(buf.sample(8, timeout=1)["weight"]) == 8
+        with pytest.raises(shmbuf.RateLimitTimeout):
+            buf.sample(8, timeout=0.05)  # ahead of the writers by more than the error buffer
