@@ -71,9 +71,9 @@ def write_range(name: str, lo: int, hi: int) -> None:
         buf.extend({"x": np.arange(lo, hi)})
 
 
-def write_and_hang(name: str, point: str, flag_path: str, lane=None, rows: int = 4) -> None:
-    """Write one batch, stopping forever at ``point`` of the write protocol
-    ("locked", "reserved" or "writing"); touches ``flag_path`` when it gets there."""
+def hang_at(point: str, flag_path: str) -> None:
+    """From now on, stop this process forever at ``point`` of the write protocol
+    ("locked", "reserved" or "writing"), touching ``flag_path`` when it gets there."""
     def hook(where: str) -> None:
         if where == point:
             open(flag_path, "w").close()
@@ -81,6 +81,12 @@ def write_and_hang(name: str, point: str, flag_path: str, lane=None, rows: int =
                 time.sleep(1)
 
     ring.set_hook(hook)
+
+
+def write_and_hang(name: str, point: str, flag_path: str, lane=None, rows: int = 4) -> None:
+    """Write one batch, stopping forever at ``point`` of the write protocol (see
+    :func:`hang_at`)."""
+    hang_at(point, flag_path)
     buf = shmbuf.Buffer.attach(name)
     lo = len(buf)
     buf.extend({"x": np.arange(lo, lo + rows) + 10_000}, lane=lane)
@@ -199,6 +205,16 @@ def episode_writer_then_hang(name: str, flag: str, steps: int) -> None:
     time.sleep(600)
 
 
+# Simple episodes: observation (start + t) twice, action t, the rewards given.
+EPISODE_FIELDS = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+
+
+def simple_episode(start: int, rewards) -> dict:
+    t = np.arange(len(rewards))
+    return {"obs": (start + t)[:, None] * np.ones(2), "action": t, "reward": rewards,
+            "next_obs": [start + len(rewards)] * 2}
+
+
 # Episode storm: every value is derived from (writer, env, episode, step).
 EPISODE_STORM = {"obs": ((3,), "int64"), "action": ((), "int64"), "reward": ((), "float64")}
 
@@ -308,13 +324,7 @@ def episode_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
         return {"obs": np.array([[t, t], [100 + t, 100 + t]], np.float32), "reward": np.ones(2, np.float32)}
     for t in range(steps):
         w.add(step(t), terminated=no, truncated=no)
-
-    def hook(where: str) -> None:
-        if where == "writing":
-            open(flag, "w").close()
-            while True:
-                time.sleep(1)
-    ring.set_hook(hook)
+    hang_at("writing", flag)
     w.add(step(steps), terminated=no, truncated=no)
 
 
@@ -387,13 +397,7 @@ def goal_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
     w = buf.writer()
     for t in range(steps):
         w.add(goal_step(7, t), terminated=False, truncated=False)
-
-    def hook(where: str) -> None:
-        if where == "writing":
-            open(flag, "w").close()
-            while True:
-                time.sleep(1)
-    ring.set_hook(hook)
+    hang_at("writing", flag)
     w.add(goal_step(7, steps), terminated=False, truncated=False)
 
 

@@ -9,21 +9,17 @@ import pytest
 
 import shmbuf
 import helpers
-from helpers import episode_writer_then_hang, kill_when_there
+from helpers import episode_writer_then_hang, kill_when_there, simple_episode
 
-F = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
+F = helpers.EPISODE_FIELDS
 
 
-def _episode(start, rewards):
-    t = np.arange(len(rewards))
-    return {"obs": (start + t)[:, None] * np.ones(2), "action": t, "reward": rewards,
-            "next_obs": [start + len(rewards)] * 2}
 
 
 def test_transitions_carry_the_next_observation_and_how_the_episode_ended(name):
     with shmbuf.EpisodeBuffer.create(F, 40, name=name, seed=0) as buf:
-        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=False)
-        buf.add_episode(_episode(10, [1, 2, 4, 8, 16]), terminated=True)
+        buf.add_episode(simple_episode(0, [1, 2, 4, 8]), terminated=False)
+        buf.add_episode(simple_episode(10, [1, 2, 4, 8, 16]), terminated=True)
         assert (len(buf), buf.transition_count, buf.num_episodes) == (11, 9, 2)
         b = buf.sample(2000)
         got = set(zip(b["obs"][:, 0].tolist(), b["next_obs"][:, 0].tolist(),
@@ -37,8 +33,8 @@ def test_n_step_returns_match_seed_scenario_43(name):
     """d3rlpy's MultiStepTransitionPicker with r = [1, 2, 4, 8, 16], gamma 0.5, n 3. Its
     timeout episode of 5 observations is a truncated episode of 4 steps here."""
     with shmbuf.EpisodeBuffer.create(F, 40, name=name, seed=0) as buf:
-        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=False)
-        buf.add_episode(_episode(10, [1, 2, 4, 8, 16]), terminated=True)
+        buf.add_episode(simple_episode(0, [1, 2, 4, 8]), terminated=False)
+        buf.add_episode(simple_episode(10, [1, 2, 4, 8, 16]), terminated=True)
         b = buf.sample(3000, n_step=3, gamma=0.5)
         got = set(zip(b["obs"][:, 0].tolist(), b["reward"].tolist(), b["steps"].tolist(),
                       b["next_obs"][:, 0].tolist(), b["terminated"].tolist(), b["truncated"].tolist()))
@@ -79,7 +75,7 @@ def test_bad_steps_are_refused_and_change_nothing(name, bad, error, match):
         with pytest.raises(TypeError, match="terminated"):
             buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=0, truncated=False)
         with pytest.raises(ValueError, match="more than a lane holds"):
-            buf.add_episode(_episode(0, np.ones(16)))
+            buf.add_episode(simple_episode(0, np.ones(16)))
         assert len(buf) == 0 and buf.num_episodes == 0
         with pytest.raises(ValueError, match="empty buffer"):
             buf.sample(1)
@@ -187,7 +183,7 @@ def test_fifo_keeps_whole_episodes_of_the_d3rlpy_limit_example(name):
     so 8 rows keep B and C whole, and C's last step is a transition (truncated)."""
     with shmbuf.EpisodeBuffer.create(F, 8, name=name, seed=0) as buf:
         for first, term in ((0, True), (10, True), (20, False)):
-            buf.add_episode(_episode(first, [1, 1, 1]), terminated=term)
+            buf.add_episode(simple_episode(first, [1, 1, 1]), terminated=term)
         assert (buf.num_episodes, buf.transition_count) == (2, 6)
         assert set(buf.sample(500)["obs"][:, 0].tolist()) == {10, 11, 12, 20, 21, 22}
         assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {10, 20}
@@ -215,7 +211,7 @@ def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name,
 def test_an_episode_buffer_pickles_as_its_name(name):
     import pickle
     with shmbuf.EpisodeBuffer.create(F, 16, name=name) as buf:
-        buf.add_episode(_episode(0, [1, 2]), terminated=True)
+        buf.add_episode(simple_episode(0, [1, 2]), terminated=True)
         other = pickle.loads(pickle.dumps(buf))
         try:
             assert isinstance(other, shmbuf.EpisodeBuffer) and other.name == name

@@ -11,7 +11,7 @@ import pytest
 
 import shmbuf
 import helpers
-from helpers import STORM, check_trees, kill_when_there
+from helpers import EPISODE_FIELDS, STORM, check_trees, kill_when_there, simple_episode
 
 X = {"x": ((), "int64")}
 
@@ -202,13 +202,6 @@ def test_prioritized_buffer_state_round_trip_and_fields(name):
             assert "_priority" not in other.sample_sequences(2, 2)
 
 
-EPISODE_FIELDS = {"obs": ((2,), "float32"), "action": ((), "int64"), "reward": ((), "float32")}
-
-
-def _episode(start, rewards):
-    t = np.arange(len(rewards))
-    return {"obs": (start + t)[:, None] * np.ones(2), "action": t, "reward": rewards,
-            "next_obs": [start + len(rewards)] * 2}
 
 
 def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
@@ -216,7 +209,7 @@ def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
     steps still waiting for their next observation are never drawn; the rest in
     proportion to their priority, with the weights of the formula."""
     with shmbuf.EpisodeBuffer.create(EPISODE_FIELDS, 40, lanes=2, priority=1.0, seed=0, name=name) as buf:
-        buf.add_episode(_episode(0, [1, 2, 4, 8]), terminated=True)  # steps 0..3, final row 4
+        buf.add_episode(simple_episode(0, [1, 2, 4, 8]), terminated=True)  # steps 0..3, final row 4
         with buf.writer(envs=1) as w:  # (the other lane) an episode in progress: obs 10, 11
             for t in (10, 11):
                 w.add({"obs": np.full((1, 2), t, np.float32), "action": np.zeros(1, np.int64),
