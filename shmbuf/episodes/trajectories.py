@@ -107,7 +107,7 @@ def _rest(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray,
     row, or no published row of the episode follows it)."""
     ring = ebuf.core._ring
     m = len(end)
-    last = gather.last_rows(ring, lane, end, start)  # the episode's last row (final, or newest)
+    last = ebuf._episode_ends().last_rows(lane, end, start)  # the episode's last row (final, or newest)
     count = last - end  # rows after the end, up to and with the last
     rows = np.repeat(np.arange(m), count)
     seq = np.repeat(end + 1 - np.cumsum(count) + count, count) + np.arange(count.sum())
