@@ -729,6 +729,58 @@ class Buffer:
         _state.restore(self._ring, checked, self._t(timeout))
         self._rng = checked["rng"]
 
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False,
+             progress: bool | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Save the buffer into the directory ``path`` while others keep writing and
+        sampling (writers wait at most for one header read). No pickle: JSON metadata
+        and one ``.npy`` file an array (format in :mod:`shmbuf.persist`).
+
+        The save holds the rows published when it started that were not overwritten
+        during it, each whole; rows in flight are left out (counted in the summary it
+        returns). It is written to a temporary directory renamed into place at the end,
+        so an interrupted save never leaves a directory that loads. ``overwrite=True``
+        replaces an earlier save. ``progress``: a progress bar on stderr (default: on
+        a terminal).
+
+        Example:
+            >>> import tempfile, os
+            >>> d = os.path.join(tempfile.mkdtemp(), "replay")
+            >>> buf = Buffer.from_data({"x": np.arange(5)}, seed=0)
+            >>> buf.save(d)["rows"]
+            5
+            >>> copy = Buffer.load(d, name=f"{buf.name}-copy")
+            >>> copy.sample(3)["x"].shape
+            (3,)
+            >>> buf.close(); copy.close()
+        """
+        from . import persist
+
+        return persist.save(self, path, overwrite=validate.flag(overwrite, "overwrite"),
+                            progress=progress, timeout=self._t(timeout))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, name: str | None = None, persist: bool = False,
+             restore_rng: bool = False, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,
+             progress: bool | None = None) -> "Buffer":
+        """Create a buffer in shared memory from a :meth:`save` directory: the same
+        schema, capacity, lanes, rows in the same slots and order, episodes, priorities
+        and rate-limit counters; ``name`` defaults to the saved buffer's name.
+        ``restore_rng=True`` gives the handle the saving handle's RNG state (then it
+        samples what the saved handle would have); else ``seed`` seeds it.
+
+        Everything is checked before anything is created: a missing, truncated or
+        edited file, another format version or a schema that does not match raise
+        ``ValueError`` (``FileNotFoundError`` for no directory) and leave nothing in
+        ``/dev/shm``; a taken name raises ``FileExistsError`` and leaves that buffer
+        alone. An episode buffer's save loads here as its core Buffer; use
+        :meth:`shmbuf.EpisodeBuffer.load` to get an EpisodeBuffer.
+        """
+        from . import persist as _persist
+
+        return _persist.load(cls, path, name=name, persist=validate.flag(persist, "persist"),
+                             restore_rng=validate.flag(restore_rng, "restore_rng"), seed=seed,
+                             timeout=validate.timeout(timeout), progress=progress)
+
     # -- lifetime --------------------------------------------------------------------
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .layout import LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
+from .layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from .ring import Ring
 
 FORMAT = "shmbuf.Buffer"
@@ -37,27 +37,58 @@ def _windows(heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
     return np.maximum(np.minimum(bases, heads), heads - lc)
 
 
-def _in_window(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
-    """Which stamps name a published row inside its lane's window ``lo .. head``."""
-    lane = np.arange(len(stamps)) // lc
+def _in_window(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray, lc: int,
+               first_slot: int = 0) -> np.ndarray:
+    """Which stamps (of the slots ``first_slot ..``) name a published row inside its
+    lane's window ``lo .. head``."""
+    lane = (first_slot + np.arange(len(stamps))) // lc
     seq = stamps // 2 - 1
     lo = _windows(heads, bases, lc)
     return (stamps > 0) & (stamps % 2 == 0) & (seq >= lo[lane]) & (seq < heads[lane])
 
 
+def positions(ring: Ring, timeout: float) -> np.ndarray:
+    """Every lane's ``[head, base, episodes]``, read together under the lock (a header
+    read: writers wait for it no longer than for another writer's reservation)."""
+    with ring.lock.hold(timeout):
+        return ring.lane_table[:, [LANE_HEAD, LANE_BASE, LANE_EPISODES]].copy()
+
+
+def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[str, Any],
+              stamps: Any, chunk_bytes: int = 32 << 20, progress: Any = None) -> int:
+    """Copy every slot's row into ``data`` (``{field: array of capacity rows}``, private
+    arrays or memory-mapped files) about ``chunk_bytes`` at a time, and into ``stamps`` each
+    slot's stamp if the row is published inside the lane windows ``heads``/``bases``
+    and its stamp was the same before and after its copy, else 0. No lock is held:
+    rows written or overwritten meanwhile are left out. Returns the rows kept;
+    ``progress(bytes)`` is called after each chunk."""
+    kept, lc = 0, ring.lane_capacity
+    per_row = ring.layout.row_bytes + 8
+    chunk = max(1, chunk_bytes // per_row)
+    for lo in range(0, ring.layout.capacity, chunk):
+        hi = min(lo + chunk, ring.layout.capacity)
+        before = ring.stamps[lo:hi].copy()
+        for name, a in ring.arrays.items():
+            data[name][lo:hi] = a[lo:hi]
+        keep = (ring.stamps[lo:hi] == before) & _in_window(before, heads, bases, lc, lo)
+        stamps[lo:hi] = np.where(keep, before, 0)
+        kept += int(keep.sum())
+        if progress is not None:
+            progress((hi - lo) * per_row)
+    return kept
+
+
 def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
              timeout: float) -> dict[str, Any]:
     """A consistent copy of ``ring``'s rows (see the module docstring)."""
-    with ring.lock.hold(timeout):
-        lanes = ring.lane_table[:, [LANE_HEAD, LANE_BASE]].copy()
-    heads, bases = lanes[:, 0], lanes[:, 1]
-    before = ring.stamps.copy()
-    data = {name: a.copy() for name, a in ring.arrays.items()}
-    after = ring.stamps.copy()
-    keep = (before == after) & _in_window(before, heads, bases, ring.lane_capacity)
+    pos = positions(ring, timeout)
+    heads, bases = pos[:, 0], pos[:, 1]
+    data = {name: np.empty_like(a) for name, a in ring.arrays.items()}
+    stamps = np.empty(ring.layout.capacity, np.int64)
+    copy_rows(ring, heads, bases, data, stamps)
     return {"format": FORMAT, "version": VERSION, "fields": fields,
             "capacity": ring.layout.capacity, "lanes": ring.lanes,
-            "heads": heads, "bases": bases, "stamps": np.where(keep, before, 0), "data": data,
+            "heads": heads, "bases": bases, "stamps": stamps, "data": data,
             "rng": rng_state}
 
 
@@ -126,8 +157,10 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
     return {"heads": heads, "bases": bases, "stamps": stamps, "data": arrays, "rng": rng}
 
 
-def restore(ring: Ring, checked: dict[str, Any], timeout: float) -> None:
-    """Write a :func:`check`-ed state into ``ring`` (see the module docstring).
+def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: int = 32 << 20,
+            progress: Any = None) -> None:
+    """Write a :func:`check`-ed state into ``ring`` (see the module docstring), about
+    ``chunk_bytes`` at a time, calling ``progress(bytes)`` after each.
 
     Raises ``LockTimeout`` or ``TimeoutError`` (nothing changed) if the lock, or the
     writers in flight, take longer than ``timeout``.
@@ -160,7 +193,13 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float) -> None:
         new_stamps = np.where(stamps != 0, stamps + 2 * shift[lane], 0)
         ring.stamps[:] = 0
         for name, a in ring.arrays.items():
-            a[...] = checked["data"][name]
+            chunk = max(1, chunk_bytes // max(a.nbytes // max(len(a), 1), 1))
+            for lo in range(0, len(a), chunk):  # (streams a memory-mapped file)
+                a[lo:lo + chunk] = checked["data"][name][lo:lo + chunk]
+                if progress is not None:
+                    progress(a[lo:lo + chunk].nbytes)
+        if checked.get("episodes") is not None:  # (an episode buffer's episode numbers)
+            ring.lane_table[:, LANE_EPISODES] = checked["episodes"]
         # head before base: a sampler reads base before head (Ring.window), so it never
         # sees a new base with an old head, an empty window in the middle of a restore
         ring.lane_table[:, LANE_HEAD] = checked["heads"] + shift

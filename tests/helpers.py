@@ -106,6 +106,8 @@ def storm_sampler(name: str, seconds: float, ready, results) -> None:
     ready.wait(30)
     checked = torn = 0
     deadline = time.monotonic() + seconds
+    while len(buf) == 0 and time.monotonic() < deadline:  # the writers have just started
+        time.sleep(0.001)
     while time.monotonic() < deadline:
         torn += storm_torn(buf.sample(32))
         checked += 32
@@ -445,3 +447,16 @@ def prio_update_then_hang(name: str, flag: str) -> None:
     buf = shmbuf.Buffer.attach(name)
     b = buf.sample(4)
     buf.update_priorities(b["index"], [50.0, 50.0, 50.0, 50.0])
+
+
+def save_and_hang(name: str, path: str, flag: str) -> None:
+    """Save buffer ``name`` to ``path``, stopping for good after the first chunk of rows
+    went to disk (``flag`` then exists): a save killed in the middle."""
+    from shmbuf import persist
+
+    def stop(self, nbytes):
+        open(flag, "w").close()
+        time.sleep(600)
+    persist.Progress.__call__ = stop
+    with shmbuf.Buffer.attach(name) as buf:
+        buf.save(path)

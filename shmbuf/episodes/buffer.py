@@ -93,6 +93,44 @@ class EpisodeBuffer:
             core.close()
             raise
 
+    def save(self, path: Any, **kwargs: Any) -> dict[str, Any]:
+        """Save into the directory ``path`` while writers keep writing (episodes in
+        progress too); see :meth:`shmbuf.Buffer.save`."""
+        return self.core.save(path, **kwargs)
+
+    @classmethod
+    def load(cls, path: Any, *, her: Any = None, **kwargs: Any) -> "EpisodeBuffer":
+        """An episode buffer in shared memory from a :meth:`save` directory: the same
+        episodes, lanes, order and episode numbers, so n-step results, trajectories and
+        whole episodes are those of the saved buffer (with ``restore_rng=True``, the
+        same samples). ``her``: this handle's relabelling. Other arguments: as
+        :meth:`shmbuf.Buffer.load`.
+
+        Example:
+            >>> import tempfile, os
+            >>> d = os.path.join(tempfile.mkdtemp(), "episodes")
+            >>> buf = EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 16)
+            >>> buf.add_episode({"obs": np.zeros((3, 2)), "reward": [1, 2, 4], "next_obs": [9, 9]})
+            >>> _ = buf.save(d)
+            >>> copy = EpisodeBuffer.load(d, name=f"{buf.name}-copy")
+            >>> copy.num_episodes, len(copy.sample_episodes(1)[0]["reward"])
+            (1, 3)
+            >>> buf.close(); copy.close()
+        """
+        from .. import persist
+
+        kind = persist.read(path)["kind"]
+        if kind != KIND:
+            raise ValueError(f"{str(path)!r} holds a save of a {kind!r}, not of an episode buffer; "
+                             "load it with shmbuf.Buffer.load")
+        core = Buffer.load(path, **kwargs)
+        try:
+            return cls(core, her)
+        except BaseException:
+            core.unlink()
+            core.close()
+            raise
+
     @property
     def her(self) -> Any:
         """This handle's :class:`shmbuf.HER` relabelling of :meth:`sample`, or None.

@@ -1,0 +1,399 @@
+"""Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
+
+**Format** (``FORMAT_VERSION`` 1). A save is a directory::
+
+    shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
+                     kind ("buffer" or "episodes"), name, capacity, lanes, the fields
+                     in schema order ({name, dtype, shape, file}), meta (the
+                     capabilities' settings), per lane head / base / episodes, rows
+                     sampled (rate limit), the largest priority, the saving handle's
+                     RNG state, rows kept, times, and each array file's dtype and shape
+    stamps.npy       int64 (capacity,): each slot's stamp, 0 for a slot not saved
+    field-NNN.npy    one per field, (capacity, *shape), in schema order (hidden
+                     fields such as ``_priority`` too); names are indices, so a field
+                     name never becomes a path
+    priority.npy     float64 (capacity,), prioritized buffers only: each saved row's
+                     leaf ``p**a``, NaN where the row was not in the trees yet
+
+The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
+with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
+buffer streams from the page cache into shared memory without a second private copy.
+Files the format does not name are ignored.
+
+**Save** runs beside writers and samplers. The lane positions are read under the
+header lock (as long as a writer's reservation holds it); then, chunk by chunk and
+without the lock, stamps, rows, stamps again (as :func:`shmbuf.state.copy_rows`). A
+row is saved only if it was published inside its lane's window when the positions
+were read and its stamp did not change during its copy, so the save holds exactly rows
+that were published at one moment, each whole. The priority leaves are read under the
+trees' seqlock, chunk by chunk. Everything goes to a temporary sibling directory that
+is renamed into place at the end (after ``fsync``): a crash mid-save leaves no
+directory that loads.
+
+**Load** checks everything before it creates anything (metadata types, a schema numpy
+accepts and that matches the files, each file's dtype and shape, stamps that name rows
+of their slots), then creates the buffer and writes the rows back under the header
+lock; if anything fails after the create, the new segment is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from . import __version__, state
+from . import priority as _priority
+from .layout import CTRL_SAMPLED, Layout, normalize_fields
+from .ratelimit import RateLimit
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+
+FORMAT = "shmbuf-save"
+FORMAT_VERSION = 1
+META_FILE = "shmbuf.json"
+STAMPS_FILE = "stamps.npy"
+PRIORITY_FILE = "priority.npy"
+_MAX_META = 64 << 20  # bytes of shmbuf.json we read at most
+
+
+# -- progress on a terminal ---------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only on a terminal (``show=None``) or
+    when asked; at most ten redraws a second."""
+
+    def __init__(self, what: str, total: int, show: bool | None) -> None:
+        self.what, self.total, self.done, self.last = what, max(total, 1), 0, 0.0
+        self.show = sys.stderr.isatty() if show is None else bool(show)
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if self.show and now - self.last >= 0.1:
+            self.last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        frac = min(self.done / self.total, 1.0)
+        bar = "#" * int(30 * frac)
+        print(f"\r{self.what} [{bar:<30}] {100 * frac:5.1f}% of {self.total / 2**20:,.1f} MiB",
+              end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.show:
+            self.done = self.total
+            self._draw()
+            print(file=sys.stderr, flush=True)
+
+
+# -- save ---------------------------------------------------------------------------
+
+
+def _field_file(i: int) -> str:
+    return f"field-{i:03d}.npy"
+
+
+def _leaves(buf: "Buffer", timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """A prioritized buffer's leaves ``p**a`` and leaf sequence numbers, each leaf read
+    together with its sequence number (seqlock, chunk by chunk; a chunk that keeps
+    changing is read under the lock), and the largest priority set."""
+    trees = buf._prio
+    cap, P = trees.capacity, trees.P
+    leaf, seq = np.empty(cap), np.empty(cap, np.int64)
+    chunk = 1 << 15
+    for lo in range(0, cap, chunk):
+        hi = min(lo + chunk, cap)
+        for _ in range(100):
+            v = int(trees.head[_priority.H_VERSION])
+            if v & 1:
+                time.sleep(20e-6)
+                continue
+            leaf[lo:hi] = trees.sum[P + lo:P + hi]
+            seq[lo:hi] = trees.seq[lo:hi]
+            if int(trees.head[_priority.H_VERSION]) == v:
+                break
+        else:
+            with trees.change(timeout):
+                leaf[lo:hi] = trees.sum[P + lo:P + hi]
+                seq[lo:hi] = trees.seq[lo:hi]
+    return leaf, seq, float(trees.headf[_priority.H_MAX])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
+         progress: bool | None = None, timeout: float) -> dict[str, Any]:
+    """Save ``buf`` (a live :class:`~shmbuf.Buffer`) into the directory ``path``; see
+    the module docstring. Returns a summary: path, rows kept, rows left out (being
+    written or overwritten during the save), bytes and seconds."""
+    t0 = time.monotonic()
+    dest = Path(os.fspath(path))
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{str(dest)!r} exists; pass overwrite=True to replace it, or "
+                              "choose another path")
+    if dest.exists() and not (dest / META_FILE).is_file():
+        raise FileExistsError(f"{str(dest)!r} exists and is not a shmbuf save; refusing to "
+                              "replace it")
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{dest.name}.shmbuf-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    ring, layout = buf._ring, buf._layout
+    try:
+        leaves = _leaves(buf, timeout) if buf._prio is not None else None
+        pos = state.positions(ring, timeout)  # (after the leaves: rows newer than them are synced anew)
+        sampled = int(ring.control[CTRL_SAMPLED])
+        heads, bases = pos[:, 0], pos[:, 1]
+        fields = buf._stored()
+        files, data = {}, {}
+        for i, (name, (shape, dtype)) in enumerate(fields.items()):
+            files[name] = _field_file(i)
+            data[name] = npformat.open_memmap(tmp / files[name], "w+", dtype, (layout.capacity,) + shape)
+        stamps = npformat.open_memmap(tmp / STAMPS_FILE, "w+", np.int64, (layout.capacity,))
+        bar = Progress(f"shmbuf save {buf.name}", layout.capacity * (layout.row_bytes + 8), progress)
+        kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+        bar.close()
+        max_priority = None
+        if leaves is not None:
+            leaf, seq, max_priority = leaves
+            rows = stamps // 2 - 1  # (a saved row's sequence number)
+            prio = npformat.open_memmap(tmp / PRIORITY_FILE, "w+", np.float64, (layout.capacity,))
+            prio[:] = np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan)
+            prio.flush()
+            del prio
+        lo = state._windows(heads, bases, layout.lane_capacity)
+        for a in (*data.values(), stamps):
+            a.flush()
+        del data, stamps
+        meta = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
+            "kind": buf._layout.meta.get("kind", "buffer"), "name": buf.name,
+            "capacity": layout.capacity, "lanes": layout.lanes, "persist": buf.persist,
+            "fields": [{"name": k, "dtype": npformat.dtype_to_descr(np.dtype(d)), "shape": list(s),
+                        "file": files[k]} for k, (s, d) in fields.items()],
+            "meta": layout.meta,
+            "lanes_state": {"head": heads.tolist(), "base": bases.tolist(),
+                            "episodes": pos[:, 2].tolist()},
+            "sampled": sampled, "max_priority": max_priority,
+            "rng": buf._rng.bit_generator.state,
+            "rows": kept, "rows_left_out": int((heads - lo).sum()) - kept,
+            "saved_at": time.time(),
+        }
+        for f in tmp.iterdir():
+            _fsync(f)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=int))  # last: the seal
+        _fsync(tmp / META_FILE)
+        _fsync(tmp)
+        if dest.exists():  # overwrite: the old save stays whole until the new one is in place
+            old = parent / f".{dest.name}.shmbuf-old-{os.getpid()}-{secrets.token_hex(4)}"
+            dest.rename(old)
+            tmp.rename(dest)
+            _remove(old)
+        else:
+            tmp.rename(dest)
+        _fsync(parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+    nbytes = sum(f.stat().st_size for f in dest.iterdir())
+    return {"path": str(dest), "rows": meta["rows"], "rows_left_out": meta["rows_left_out"],
+            "bytes": nbytes, "seconds": time.monotonic() - t0}
+
+
+def _remove(directory: Path) -> None:
+    """Remove a directory this module made (its files, then itself)."""
+    if not directory.exists():
+        return
+    for f in directory.iterdir():
+        f.unlink()
+    directory.rmdir()
+
+
+# -- load ---------------------------------------------------------------------------
+
+
+def _bad(path: Path, why: str) -> ValueError:
+    return ValueError(f"{str(path)!r} is not a loadable shmbuf save: {why}")
+
+
+def _get(meta: dict[str, Any], key: str, kind: Any, path: Path) -> Any:
+    if key not in meta:
+        raise _bad(path, f"{META_FILE} lacks {key!r}")
+    v = meta[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise _bad(path, f"{META_FILE}: {key!r} is {v!r}, expected {getattr(kind, '__name__', kind)}")
+    return v
+
+
+def _ints(v: Any, n: int, what: str, path: Path) -> np.ndarray:
+    if not isinstance(v, list) or len(v) != n or not all(type(x) is int and 0 <= x < 2**62 for x in v):
+        raise _bad(path, f"{META_FILE}: {what} must be {n} integers in [0, 2**62), got {v!r}"[:300])
+    return np.array(v, np.int64)
+
+
+def _array(path: Path, file: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``path/file`` memory-mapped read-only; must be a ``.npy`` of exactly ``dtype``
+    and ``shape`` (no pickle is ever loaded: object dtypes are refused)."""
+    f = path / file
+    if not f.is_file():
+        raise _bad(path, f"{file} is missing")
+    try:
+        a = np.load(f, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:  # truncated, not .npy, a pickle, object dtype
+        raise _bad(path, f"{file} is not a readable .npy array ({' '.join(str(exc).split())})") from None
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
+        raise _bad(path, f"{file} holds {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}, "
+                         f"{META_FILE} says {dtype} {shape}")
+    return a
+
+
+def read(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a save's metadata and arrays (memory-mapped); create nothing.
+
+    Raises ``FileNotFoundError`` (no such directory), or ``ValueError`` that says what is
+    wrong (missing, truncated or edited files, another format version, a schema that
+    does not match the files)."""
+    path = Path(os.fspath(path))
+    if not path.is_dir():
+        raise FileNotFoundError(f"no shmbuf save at {str(path)!r} (not a directory)")
+    mf = path / META_FILE
+    if not mf.is_file():
+        raise _bad(path, f"{META_FILE} is missing (a save interrupted before its end, or not a save)")
+    if mf.stat().st_size > _MAX_META:
+        raise _bad(path, f"{META_FILE} is larger than {_MAX_META} bytes")
+    try:
+        meta = json.loads(mf.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
+                         f"({__version__}) reads version {FORMAT_VERSION}")
+    capacity = _get(meta, "capacity", int, path)
+    lanes = _get(meta, "lanes", int, path)
+    name = _get(meta, "name", str, path)
+    user_meta = _get(meta, "meta", dict, path)
+    specs = _get(meta, "fields", list, path)
+    try:
+        fields = {}
+        for s in specs:
+            fields[s["name"]] = (tuple(s["shape"]), npformat.descr_to_dtype(_tuple(s["dtype"])))
+        if len(fields) != len(specs) or not all(isinstance(s["file"], str) for s in specs):
+            raise ValueError("repeated field names or a file that is not a string")
+        normalize_fields(fields)
+        layout = Layout.plan(fields, capacity, lanes, meta=user_meta)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
+    lane_state = _get(meta, "lanes_state", dict, path)
+    heads = _ints(lane_state.get("head"), lanes, "lanes_state.head", path)
+    bases = _ints(lane_state.get("base"), lanes, "lanes_state.base", path)
+    episodes = _ints(lane_state.get("episodes"), lanes, "lanes_state.episodes", path)
+    data = {}
+    for s, f in zip(specs, layout.fields):
+        if os.path.basename(s["file"]) != s["file"] or not s["file"].endswith(".npy"):
+            raise _bad(path, f"field {f.name!r}: file {s['file']!r} is not a plain .npy name")
+        data[f.name] = _array(path, s["file"], f.dtype, (capacity,) + f.shape)
+    stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
+    prio = None
+    if "priority" in user_meta:
+        prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
+    sampled = _get(meta, "sampled", int, path)
+    return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
+            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": user_meta,
+            "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
+            "episodes": episodes, "stamps": stamps, "data": data, "priority": prio,
+            "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
+
+
+def _tuple(descr: Any) -> Any:
+    """A dtype descr from JSON (lists) as numpy writes it (tuples)."""
+    if isinstance(descr, list):
+        return [tuple(_tuple(x) for x in d) if isinstance(d, list) else d for d in descr]
+    return descr
+
+
+def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
+         restore_rng: bool, seed: Any, timeout: float, progress: bool | None) -> "Buffer":
+    """A new buffer (``cls``: Buffer) holding what ``save`` wrote at ``path``; see the
+    module docstring."""
+    got = read(path)
+    fields, meta = dict(got["fields"]), dict(got["meta"])
+    kwargs: dict[str, Any] = {}
+    if "rate" in meta:
+        kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
+    if "priority" in meta:
+        kwargs["priority"] = meta.pop("priority").get("alpha")
+        fields.pop(_priority.FIELD, None)
+    rng_state = got["rng"]
+    check = {"format": state.FORMAT, "version": state.VERSION, "fields": got["fields"],
+             "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
+             "heads": got["heads"], "bases": got["bases"], "stamps": got["stamps"],
+             "data": got["data"], "rng": rng_state if restore_rng else np.random.default_rng().bit_generator.state}
+    try:
+        checked = state.check(check, got["layout"], got["fields"])
+    except (TypeError, ValueError) as exc:
+        raise _bad(got["path"], str(exc)) from None
+    checked["episodes"] = got["episodes"]
+    prio = got["priority"]
+    if prio is not None:
+        leaf = np.asarray(prio)
+        given = ~np.isnan(leaf)
+        if (leaf[given] < 0).any() or (leaf[given] == np.inf).any():
+            raise _bad(got["path"], f"{PRIORITY_FILE} holds negative or infinite leaves")
+        top = got["max_priority"]
+        if not isinstance(top, (int, float)) or isinstance(top, bool) or not (top >= 0 and math.isfinite(top)):
+            raise _bad(got["path"], f"{META_FILE}: max_priority is {top!r}, expected a number >= 0")
+    buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
+                     name=got["name"] if name is None else name, persist=persist, seed=seed,
+                     timeout=timeout, meta=meta, **kwargs)
+    try:
+        if buf._stored() != got["fields"]:  # (cannot happen: create makes the same layout)
+            raise _bad(got["path"], "the buffer made from it has another schema")
+        lay = buf._layout
+        bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
+        state.restore(buf._ring, checked, timeout, progress=bar)
+        bar.close()
+        with buf._lock.hold(timeout):
+            buf._ring.control[CTRL_SAMPLED] = got["sampled"]
+        if prio is not None:
+            _restore_leaves(buf, np.asarray(prio), checked["stamps"], float(got["max_priority"]), timeout)
+        if restore_rng:
+            buf._rng = checked["rng"]
+    except BaseException:
+        buf.unlink()
+        buf.close()
+        raise
+    return buf
+
+
+def _restore_leaves(buf: "Buffer", leaf: np.ndarray, stamps: np.ndarray, top: float,
+                    timeout: float) -> None:
+    """The saved rows' leaves into the trees; rows saved before they were synced get
+    theirs from their ``_priority`` at the next sync, as they would have."""
+    trees = buf._prio
+    rows = stamps // 2 - 1
+    set_ = np.flatnonzero((stamps > 0) & ~np.isnan(leaf))
+    with trees.change(timeout):
+        trees.headf[_priority.H_MAX] = top
+        trees.seq[set_] = rows[set_] + 1
+        trees.set(set_, leaf[set_])
+        trees.synced[:, 1] = buf._ring.lane_table[:, 1]  # base seen: the loaded bases
+        trees.synced[:, 0] = buf._ring.lane_table[:, 1]  # the rest synced from the base up

@@ -1,0 +1,295 @@
+"""save / load: round trips, saves beside writers and samplers, damaged saves."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf import persist, segment
+
+import helpers
+
+CTX = mp.get_context("spawn")
+
+
+def _ours(name: str) -> list[str]:
+    return [n for n in segment.list_names() if n.startswith(name)]
+
+
+def test_buffer_round_trip_same_rows_order_and_samples(name, tmp_path):
+    fields = {"x": ((2,), "float32"), "t": ((), "int64"), "ok": ((), bool)}
+    with shmbuf.Buffer.create(fields, 16, lanes=2, name=name, seed=5) as a:
+        for i in range(27):
+            a.add({"x": [i, -i], "t": i, "ok": i % 3 == 0}, lane=i % 2)
+        a.sample(3)
+        summary = a.save(tmp_path / "s")
+        assert summary["rows"] == 16 and summary["rows_left_out"] == 0 and summary["bytes"] > 0
+        expected = [a.sample(10)["t"].tolist() for _ in range(3)] + [a.sample_sequences(4, 3)["t"].tolist()]
+        with shmbuf.Buffer.load(tmp_path / "s", name=name + "b", restore_rng=True) as b:
+            got = [b.sample(10)["t"].tolist() for _ in range(3)] + [b.sample_sequences(4, 3)["t"].tolist()]
+            assert got == expected
+            assert b.fields == a.fields and b.lane_sizes() == a.lane_sizes() and b.total_added == a.total_added
+            assert (b._ring.stamps == a._ring.stamps).all()  # same slots, same sequence numbers
+            assert b.sample(5)["ok"].dtype == np.bool_
+            b.add({"x": [0, 0], "t": 100, "ok": True}, lane=0)  # writes go on after the saved rows
+            assert b.sample_sequences(1, 8)["t"].shape == (1, 8)
+
+
+def test_load_defaults_to_the_saved_name_and_refuses_a_taken_one(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as a:
+        a.extend({"x": np.arange(3)})
+        a.save(tmp_path / "s")
+        with pytest.raises(FileExistsError):
+            shmbuf.Buffer.load(tmp_path / "s")  # the saved name is a's, still live
+        assert len(a) == 3 and sorted(set(a.sample(100)["x"].tolist())) == [0, 1, 2]
+    with shmbuf.Buffer.load(tmp_path / "s") as b:  # a is gone: its name is free
+        assert b.name == name and len(b) == 3 and not b.persist
+
+
+def test_save_refuses_an_existing_path_unless_overwrite(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as a:
+        a.extend({"x": np.arange(2)})
+        a.save(tmp_path / "s")
+        a.extend({"x": np.arange(2)})
+        with pytest.raises(FileExistsError, match="overwrite=True"):
+            a.save(tmp_path / "s")
+        a.save(tmp_path / "s", overwrite=True)
+        (tmp_path / "other").mkdir()
+        with pytest.raises(FileExistsError, match="not a shmbuf save"):
+            a.save(tmp_path / "other", overwrite=True)
+    assert persist.read(tmp_path / "s")["heads"].tolist() == [4]
+    assert sorted(os.listdir(tmp_path)) == ["other", "s"]  # no temporary directory left
+
+
+def test_episode_buffer_round_trip(name, tmp_path):
+    fields = helpers.EPISODE_FIELDS
+    with shmbuf.EpisodeBuffer.create(fields, 64, lanes=2, name=name) as a:
+        with a.writer(envs=2) as w:
+            for t in range(30):
+                w.add({"obs": np.full((2, 2), t), "action": [t, t], "reward": [1.0, 2.0],
+                       "next_obs": np.full((2, 2), t + 1)},
+                      terminated=[t % 7 == 6, False], truncated=[False, t % 11 == 10])
+            a.save(tmp_path / "e")  # an episode in progress in each lane, too
+        with shmbuf.EpisodeBuffer.attach(name, seed=3) as a2, \
+                shmbuf.EpisodeBuffer.load(tmp_path / "e", name=name + "b", seed=3) as b:
+            assert b.num_episodes == a2.num_episodes and len(b) == len(a2)
+            for x, y in [(a2.sample(50, n_step=3, gamma=0.5), b.sample(50, n_step=3, gamma=0.5)),
+                         (a2.sample_trajectories(6, 4), b.sample_trajectories(6, 4))]:
+                assert x.keys() == y.keys()
+                for k in x:
+                    np.testing.assert_array_equal(x[k], y[k])
+            ea, eb = a2.sample_episodes(5), b.sample_episodes(5)
+            assert [e["action"].tolist() for e in ea] == [e["action"].tolist() for e in eb]
+            with b.writer(envs=2) as w:  # new episodes get new numbers: none joins a saved one
+                w.add({"obs": np.zeros((2, 2)), "action": [99, 99], "reward": [0.0, 0.0],
+                       "next_obs": np.zeros((2, 2))}, terminated=[True, True], truncated=[False, False])
+            assert b.num_episodes == a2.num_episodes + 2
+        with pytest.raises(ValueError, match="not of an episode buffer"):
+            shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name + "c").save(tmp_path / "plain")
+            shmbuf.EpisodeBuffer.load(tmp_path / "plain", name=name + "d")
+    assert not _ours(name)
+
+
+def test_prioritized_round_trip_keeps_priorities_and_weights(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 64, priority=0.6, name=name, seed=1) as a:
+        a.extend({"x": np.arange(40)}, priority=np.arange(1, 41))
+        b0 = a.sample(16)
+        a.update_priorities(b0["index"], np.linspace(0.1, 50, 16))
+        a.extend({"x": np.arange(40, 48)})  # not synced into the trees yet: their own priority
+        a.save(tmp_path / "p")
+        expected = a.sample(200, beta=0.5)
+        with shmbuf.Buffer.load(tmp_path / "p", name=name + "b", restore_rng=True) as b:
+            got = b.sample(200, beta=0.5)
+            for k in ("x", "weight", "index"):
+                np.testing.assert_array_equal(got[k], expected[k])
+            assert b.update_priorities(got["index"][:3], [1.0, 1.0, 1.0]) == 3
+
+
+def test_rate_limit_counters_are_saved(name, tmp_path):
+    rate = shmbuf.RateLimit(min_size=2, samples_per_insert=1.0, error_buffer=4.0)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, rate=rate, name=name) as a:
+        a.extend({"x": np.arange(4)})
+        a.sample(3)
+        a.save(tmp_path / "r")
+    with shmbuf.Buffer.load(tmp_path / "r", name=name) as b:
+        assert b.meta["rate"] == rate.to_meta()
+        b.sample(1)  # 4 inserted, 3 + 1 sampled: within the limit
+        with pytest.raises(shmbuf.RateLimitTimeout):
+            b.sample(4, timeout=0.05)  # 4 inserted, 8 sampled: past the error buffer
+
+
+def test_an_interrupted_save_leaves_nothing_behind(name, tmp_path, monkeypatch):
+    def interrupt(self, nbytes):
+        raise KeyboardInterrupt
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as a:
+        a.extend({"x": np.arange(8)})
+        monkeypatch.setattr(persist.Progress, "__call__", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            a.save(tmp_path / "s")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_save_killed_midway_never_loads(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((1000,), "float64")}, 20_000, name=name) as a:
+        a.extend({"x": np.ones((20_000, 1000))})
+        dest, flag = tmp_path / "s", str(tmp_path / "flag")
+        helpers.kill_when_there(helpers.save_and_hang, (name, str(dest), flag), flag, "the save never started")
+        os.unlink(flag)
+        assert not dest.exists()
+        with pytest.raises(FileNotFoundError):
+            shmbuf.Buffer.load(dest, name=name + "b")
+        (left,) = [p for p in tmp_path.iterdir()]  # its temporary directory: no metadata, never loads
+        with pytest.raises(ValueError, match="shmbuf.json is missing"):
+            shmbuf.Buffer.load(left, name=name + "b")
+    assert not _ours(name)
+
+
+# -- damaged saves ------------------------------------------------------------------------
+
+
+def _saved(name, tmp_path):
+    with shmbuf.Buffer.create({"obs": ((3,), "float32"), "a": ((), "int64")}, 8, name=name) as a:
+        a.extend({"obs": np.ones((5, 3)), "a": np.arange(5)})
+        a.save(tmp_path / "s")
+    return tmp_path / "s"
+
+
+def _edit_meta(d, edit):
+    meta = json.loads((d / "shmbuf.json").read_text())
+    edit(meta)
+    (d / "shmbuf.json").write_text(json.dumps(meta))
+
+
+def _truncate(d):
+    f = d / "field-001.npy"
+    f.write_bytes(f.read_bytes()[:-9])
+
+
+def _pickle_as_npy(d):
+    (d / "field-001.npy").write_bytes(pickle.dumps(np.arange(8)))
+
+
+def _object_npy(d):
+    np.save(d / "field-001.npy", np.array([object()] * 8), allow_pickle=True)
+
+
+def _edited_npy_shape(d):
+    np.save(d / "field-001.npy", np.arange(9))
+
+
+def _bad_stamps(d):
+    s = np.load(d / "stamps.npy")
+    s[0] = 2 * 5 + 2  # names row 5 in slot 0
+    np.save(d / "stamps.npy", s)
+
+
+DAMAGE = {
+    "missing metadata": (lambda d: (d / "shmbuf.json").unlink(), "shmbuf.json is missing"),
+    "metadata not json": (lambda d: (d / "shmbuf.json").write_text("{"), "not JSON"),
+    "other version": (lambda d: _edit_meta(d, lambda m: m.update(format_version=99)), "format version 99"),
+    "not a save": (lambda d: _edit_meta(d, lambda m: m.update(format="x")), "format"),
+    "wrong dtype in metadata": (lambda d: _edit_meta(d, lambda m: m["fields"][1].update(dtype="<f4")), "holds int64"),
+    "object dtype in metadata": (lambda d: _edit_meta(d, lambda m: m["fields"][1].update(dtype="|O")), "bad schema"),
+    "edited shape in metadata": (lambda d: _edit_meta(d, lambda m: m["fields"][0].update(shape=[4])), "field-000.npy holds"),
+    "edited capacity": (lambda d: _edit_meta(d, lambda m: m.update(capacity=9)), "holds"),
+    "bad heads": (lambda d: _edit_meta(d, lambda m: m["lanes_state"].update(head=[-1])), "lanes_state.head"),
+    "file outside": (lambda d: _edit_meta(d, lambda m: m["fields"][1].update(file="../x.npy")), "plain .npy"),
+    "missing array": (lambda d: (d / "field-001.npy").unlink(), "field-001.npy is missing"),
+    "truncated array": (_truncate, "not a readable .npy"),
+    "pickle disguised as npy": (_pickle_as_npy, "not a readable .npy"),
+    "object array": (_object_npy, "not a readable .npy"),
+    "edited array shape": (_edited_npy_shape, "holds int64 \\(9,\\)"),
+    "stamps naming other slots": (_bad_stamps, "name no row of their slot"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_saves_give_clear_errors_and_create_nothing(name, tmp_path, damage):
+    d = _saved(name, tmp_path)
+    edit, why = DAMAGE[damage]
+    edit(d)
+    with pytest.raises(ValueError, match=why):
+        shmbuf.Buffer.load(d, name=name)
+    assert not _ours(name)
+
+
+def test_files_the_format_does_not_name_are_ignored(name, tmp_path):
+    d = _saved(name, tmp_path)
+    (d / "notes.txt").write_text("hello")
+    np.save(d / "field-007.npy", np.arange(3))
+    with shmbuf.Buffer.load(d, name=name) as b:
+        assert len(b) == 5
+
+
+# -- beside writers and samplers ---------------------------------------------------------------
+
+
+def test_a_save_does_not_block_writers_and_keeps_only_rows_published_before_it(name, tmp_path, monkeypatch):
+    """Deterministic: the save stops after its first chunk; meanwhile another process
+    writes (with a short timeout) and samples. Those rows are not in the save."""
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 64, name=name) as a:
+        a.extend({"x": np.arange(20)})
+        calls = []
+
+        def during(self, nbytes):
+            if not calls:
+                p = CTX.Process(target=helpers.write_range, args=(name, 100, 110))
+                p.start()
+                p.join(60)
+                calls.append(p.exitcode)
+        monkeypatch.setattr(persist.Progress, "__call__", during)
+        a.save(tmp_path / "s")
+        assert calls == [0]
+        assert len(a) == 30
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert len(b) == 20 and set(b.sample(500)["x"].tolist()) == set(range(20))
+
+
+@pytest.mark.timeout(120)
+def test_save_during_a_storm_holds_only_whole_published_rows_in_lane_order(name, tmp_path):
+    n_writers = 2
+    with shmbuf.Buffer.create(helpers.STORM, 4096, lanes=n_writers, name=name) as buf:
+        ready, stop, results = CTX.Event(), CTX.Event(), CTX.Queue()
+        procs = [CTX.Process(target=helpers.storm_writer, args=(name, w, 16, 30, ready, stop, results))
+                 for w in range(n_writers)]
+        procs.append(CTX.Process(target=helpers.storm_sampler, args=(name, 3, ready, results)))
+        for p in procs:
+            p.start()
+        try:
+            while len(buf) < buf.capacity:
+                assert all(p.is_alive() for p in procs)
+                ready.set()
+                time.sleep(0.05)
+            saves = []
+            for i in range(6):
+                saves.append(buf.save(tmp_path / f"s{i}"))
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(60)
+        assert [p.exitcode for p in procs] == [0] * len(procs)
+        assert sum(s["rows"] for s in saves) > 0
+        for i, s in enumerate(saves):
+            got = persist.read(tmp_path / f"s{i}")
+            stamps = np.asarray(got["stamps"])
+            kept = np.flatnonzero(stamps)
+            rows = {k: np.asarray(v)[kept] for k, v in got["data"].items()}
+            assert helpers.storm_torn(rows) == 0
+            key = rows["a"][:, 0]
+            seq = stamps[kept] // 2 - 1
+            assert (key % 1_000_000_000 == seq).all()  # each row is the one its stamp names
+            lane = kept // buf.lane_capacity
+            for la in range(n_writers):  # one writer per lane, rows in its write order
+                assert len(set((key[lane == la] // 1_000_000_000).tolist())) <= 1
+            heads = got["heads"]
+            assert (seq < heads[lane]).all() and (seq >= heads[lane] - buf.lane_capacity).all()
+            with shmbuf.Buffer.load(tmp_path / f"s{i}", name=f"{name}-l{i}") as b:
+                assert helpers.storm_torn(b.sample(500)) == 0
