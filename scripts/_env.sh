@@ -26,3 +26,20 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   fi
   touch "$stamp"
 fi
+
+# The optional dependencies, for the tests marked "extras" (scripts/test installs them
+# once into the virtualenv). torch is pinned first, so nothing pulls another torch.
+install_extras() {
+  local stamp="$VIRTUAL_ENV/.shmbuf-extras-installed"
+  if [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] \
+      && python -c "import torch, gymnasium, h5py" 2>/dev/null; then
+    return 0
+  fi
+  echo "scripts: installing the optional dependencies (torch==2.13.0, gymnasium, h5py) into $VIRTUAL_ENV" >&2
+  python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  python -m pip install --quiet --disable-pip-version-check -e ".[test,torch,gym,hdf5]" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  python -c "import torch, gymnasium, h5py; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+  touch "$stamp"
+}

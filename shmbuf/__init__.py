@@ -17,7 +17,9 @@ from .ratelimit import RateLimit, RateLimitTimeout
 from .ring import WriteTimeout
 from .sampling import SampleTimeout
 from .segment import ShmSpaceError
+from .spaces import fields_from_spaces
+from .weights import Weights
 
 __all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
-           "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
+           "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
 __version__ = "0.1.0"

@@ -161,7 +161,7 @@ def normalize_fields(fields: Mapping[str, Any]) -> list[Field]:
             raise ValueError(f"field {name!r}: shape {shape} has {len(shape)} dimensions; at most "
                              f"{_max_dims()} are supported")
         try:
-            dtype = np.dtype(dtype_in)
+            dtype = np.dtype(_torch_dtype(dtype_in))
         except TypeError as exc:
             raise TypeError(f"field {name!r}: {dtype_in!r} is not a numpy dtype ({exc})") from None
         if dtype.hasobject:
@@ -183,6 +183,18 @@ def normalize_fields(fields: Mapping[str, Any]) -> list[Field]:
             )
         out.append(field)
     return out
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    """A ``torch.dtype`` as the numpy dtype of the same name (torch is never imported
+    here); anything else as it is."""
+    if type(dtype).__module__ != "torch" or not str(dtype).startswith("torch."):
+        return dtype
+    try:
+        return np.dtype(str(dtype)[len("torch."):])
+    except TypeError:
+        raise TypeError(f"{dtype} has no numpy equivalent: store such a field as another dtype "
+                        "(bfloat16 as float32, say) and convert after sampling") from None
 
 
 @dataclass(frozen=True)

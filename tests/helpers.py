@@ -460,3 +460,69 @@ def save_and_hang(name: str, path: str, flag: str) -> None:
     persist.Progress.__call__ = stop
     with shmbuf.Buffer.attach(name) as buf:
         buf.save(path)
+
+
+# Weights: every element of every array of version v is v.
+WEIGHT_SHAPES = {"w1": (256, 256), "b1": (256,), "w2": (64, 256)}
+
+
+def weights_of(version: int) -> dict:
+    return {k: np.full(s, float(version), np.float32) for k, s in WEIGHT_SHAPES.items()}
+
+
+def weights_mixed(params: dict, version: int) -> bool:
+    """True if ``params`` are not all version ``version``."""
+    return any(not (a == version).all() for a in params.values())
+
+
+def weights_publisher(name: str, seconds: float, ready, results) -> None:
+    w = shmbuf.Weights.attach(name)
+    ready.wait(30)
+    deadline, n = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        n = w.publish(weights_of(w.version + 1))
+    w.close()
+    results.put(("publisher", n))
+
+
+def weights_reader(name: str, seconds: float, ready, results) -> None:
+    w = shmbuf.Weights.attach(name)
+    ready.wait(30)
+    deadline, reads, mixed, last = time.monotonic() + seconds, 0, 0, 0
+    while time.monotonic() < deadline:
+        got = w.read(newer_than=last)
+        if got is not None:
+            last, params = got
+            reads += 1
+            mixed += weights_mixed(params, last)
+    w.close()
+    results.put(("reader", reads, mixed))
+
+
+def weights_publish_then_hang(name: str, flag: str, persist: bool) -> None:
+    """Create weights, publish version 1, then stop for good half-way through publishing
+    version 2 (after its first array)."""
+    w = shmbuf.Weights.create(name, weights_of(0), persist=persist)
+    w.publish(weights_of(1))
+    real, calls = np.copyto, [0]
+
+    def copyto(dst, src, **kw):
+        calls[0] += 1
+        if calls[0] == 2:
+            open(flag, "w").close()
+            time.sleep(600)
+        real(dst, src, **kw)
+    np.copyto = copyto
+    w.publish(weights_of(2))
+
+
+def torch_actor(name: str, results) -> None:
+    import torch
+
+    torch.manual_seed(123)  # other initial weights than the learner's
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    w = shmbuf.Weights.attach(name)
+    version = w.load_into(model)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    results.put((version, model(x).detach().numpy().tolist(), w.load_into(model, newer_than=version)))
+    w.close()

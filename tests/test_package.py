@@ -57,3 +57,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1000 (256, 4) True"
+
+
+def test_import_shmbuf_imports_no_optional_dependency():
+    code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist, shmbuf.torch, shmbuf.weights, shmbuf.cli\n"
+            "bad = {'torch', 'gymnasium', 'gym', 'h5py', 'safetensors', 'ray'} & set(sys.modules)\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
