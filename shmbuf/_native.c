@@ -36,6 +36,9 @@
 enum { LANE_HEAD = 0, LANE_BASE = 1, LANE_CLAIM_PID = 2, LANE_OWN_START = 4, LANE_OWN_COUNT = 5 };
 enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, RES_TOKEN = 5 };
 enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
+/* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
+ * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes]. */
+enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
@@ -76,6 +79,8 @@ typedef struct {
     double timeout;
     Py_buffer prefaulted;    /* a byte per lane: 1 once this handle mapped its pages */
     Py_ssize_t hint;         /* the reservation entry used last */
+    int64_t *stat_slot;      /* this handle's counters in the segment; NULL: none */
+    int64_t *lane_stats;     /* per lane: last writer and time; NULL: none */
 } Ring;
 
 static int64_t next_token = 0; /* unique per write in this process (with the pid) */
@@ -148,11 +153,16 @@ static int pause_for(Ring *r, double *delay) {
  * it through the Python path (same open file description: flock would succeed). The
  * GIL is held from here to unlock(), so no other thread of ours runs in between. */
 static int lock(Ring *r, double deadline, double timeout) {
-    double delay = 20e-6;
+    double delay = 20e-6, waited_from = 0;
     for (int spins = 0;; spins++) {
         if (*(int64_t *)r->busy_buf.buf == 0) {
             if (flock(r->fd, LOCK_EX | LOCK_NB) == 0) {
                 r->ctrl[CTRL_LOCK_HOLDER] = r->pid;
+                if (r->stat_slot) {          /* counters: plain stores, our slot only */
+                    r->stat_slot[S_LOCKS]++;
+                    if (spins)
+                        r->stat_slot[S_LOCK_NS] += (int64_t)((now() - waited_from) * 1e9);
+                }
                 return 0;
             }
             if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -160,6 +170,8 @@ static int lock(Ring *r, double deadline, double timeout) {
                 return -1;
             }
         }
+        if (spins == 0 && r->stat_slot)
+            waited_from = now();
         if (spins < 64)
             continue;                      /* the holder needs microseconds */
         if (now() >= deadline) {
@@ -359,6 +371,22 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         STORE_REL(&e[RES_PID], 0);
     else
         STORE_REL(&lt[LANE_OWN_COUNT], 0);
+
+    /* 7. Counters (diagnostics, not protocol): the lane's last writer and time. */
+    if (r->stat_slot)
+        r->stat_slot[S_WRITES]++;
+    if (r->lane_stats) {
+        int64_t *ls = r->lane_stats + lane * LANE_STAT_WIDTH;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = ts.tv_sec + ts.tv_nsec * 1e-9;
+        int64_t bits;
+        STORE(&ls[LS_PID], r->pid);
+        memcpy(&bits, &r->ctime, sizeof bits);
+        STORE(&ls[LS_CTIME], bits);
+        memcpy(&bits, &t, sizeof bits);
+        STORE(&ls[LS_TIME], bits);
+    }
     return 0;
 
 abandon:  /* an error after the commit: free the entry; no stamp of ours is odd */
@@ -1198,9 +1226,22 @@ done:
 
 static PyObject *Ring_configure(Ring *r, PyObject *args) {
     long long pid;
-    if (!PyArg_ParseTuple(args, "Ldind", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout))
+    Py_ssize_t slot_off = -1, lanes_off = -1;  /* byte offsets in the segment; -1: none */
+    if (!PyArg_ParseTuple(args, "Ldind|nn", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout,
+                          &slot_off, &lanes_off))
         return NULL;
+    Py_ssize_t words = 8;                       /* a slot is 8 int64 */
+    if (slot_off >= 0 && (slot_off % 8 || slot_off + 8 * words > r->mem.len)) {
+        PyErr_SetString(PyExc_ValueError, "stats slot outside the segment");
+        return NULL;
+    }
+    if (lanes_off >= 0 && (lanes_off % 8 || lanes_off + 8 * LANE_STAT_WIDTH * r->lanes > r->mem.len)) {
+        PyErr_SetString(PyExc_ValueError, "lane stats outside the segment");
+        return NULL;
+    }
     r->pid = pid;
+    r->stat_slot = slot_off >= 0 ? (int64_t *)(r->base + slot_off) : NULL;
+    r->lane_stats = lanes_off >= 0 ? (int64_t *)(r->base + lanes_off) : NULL;
     Py_RETURN_NONE;
 }
 
@@ -1346,7 +1387,7 @@ static PyMethodDef Ring_methods[] = {
      "steps, total, last_flag)"},
     {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, length, first, lane)"},
     {"last_rows", (PyCFunction)(void (*)(void))Ring_last_rows, METH_FASTCALL, "last_rows(end, lane, start, key, out)"},
-    {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout)"},
+    {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout[, stats_slot_offset, lane_stats_offset])"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
     {NULL},
 };

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import native, procs, sampling, segment, validate
+from . import native, procs, sampling, segment, stats, validate
 from . import priority as _priority
 from . import state as _state
 from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
@@ -35,6 +35,8 @@ def _after_fork_in_child() -> None:
     for buf in list(_handles):
         buf._prefaulted[:] = bytes(len(buf._prefaulted))  # fork copies no page-table entries
         if not buf.closed:
+            buf._counters.slot = buf._counters.slot.copy()  # the parent's slot is the parent's
+            buf._counters.claim(buf._lock, 0.0)  # one of our own (or the shared one), never waiting
             buf._configure()  # a new pid and descriptor, and no lane claim (buf.lane is None)
 
 
@@ -95,9 +97,10 @@ class Buffer:
 
     @classmethod
     def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-              timeout: float) -> "Buffer":
+              timeout: float, counted: bool = True) -> "Buffer":
         """A handle on a mapped, validated segment. The caller keeps ``seg`` until this
-        returns; from then on the handle owns it (closes it, and unlinks it if ``owner``)."""
+        returns; from then on the handle owns it (closes it, and unlinks it if ``owner``).
+        ``counted``: claim a slot of the stats region (not for a mere observer)."""
         self = object.__new__(cls)
         self._seg = seg
         self._layout = layout
@@ -121,6 +124,10 @@ class Buffer:
         self._native = native.make_ring(layout, seg.mmap, self._lock.busy, self._prefaulted,
                                         procs.is_alive, WriteTimeout, self._lock._timeout)
         self._ring = Ring(layout, seg.mmap, self._lock, self._native)
+        self._counters = stats.Counters(layout, seg.mmap)
+        self._ring.counters = self._lock.stats = self._counters
+        if counted:
+            self._counters.claim(self._lock, min(timeout, 1.0))
         rate = layout.meta.get("rate")
         self._limiter = None if rate is None else Limiter(RateLimit.from_meta(rate), self._ring)
         prio = layout.meta.get("priority")
@@ -181,7 +188,7 @@ class Buffer:
             if not isinstance(rate, RateLimit):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
-        regions = {}
+        regions = {stats.REGION: stats.region_bytes(_count(lanes, "lanes", 1))}
         if priority is not None:
             meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
             if not isinstance(fields, Mapping) or _priority.FIELD in fields:
@@ -222,6 +229,12 @@ class Buffer:
             {'x': ((), dtype('int64'))}
             >>> owner.close()
         """
+        return cls._attach(name, seed, timeout, True)
+
+    @classmethod
+    def _attach(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
+        """:meth:`attach`; ``counted=False``: an observer (``shmbuf ls``/``stat``) that takes
+        no stats slot and no lock."""
         segment.check_name(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
@@ -250,7 +263,7 @@ class Buffer:
             delay = min(2 * delay, 0.05)
         try:
             seg.ensure_allocated()
-            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout)
+            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
         except BaseException:
             seg.close()
             raise
@@ -319,8 +332,9 @@ class Buffer:
     def _configure(self) -> None:
         """Tell the native path this handle's defaults (its lane, its timeout)."""
         if self._native is not None:
+            c = self._counters
             native.configure(self._native, self._seg.fd, 0 if self.lanes == 1 else self.lane,
-                             self._timeout)
+                             self._timeout, c.offset, c.lanes_offset if c.present else -1)
 
     @property
     def native(self) -> bool:
@@ -614,6 +628,7 @@ class Buffer:
             self._limiter.before_sample(n, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
                                 self._t(timeout))
+        self._counters.sampled(n)
         return out
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
@@ -659,6 +674,7 @@ class Buffer:
             self._limiter.before_sample(batch, self._t(timeout))
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
                                 self._t(timeout))
+        self._counters.sampled(batch * length)
         if self._prio is not None:
             out.pop(_priority.FIELD, None)  # (kept by shmbuf)
         return out
@@ -697,6 +713,23 @@ class Buffer:
             >>> buf.close()
         """
         self._ring.clear(self._t(timeout))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the buffer, kept by every handle of every process in the segment
+        (no lock on the hot path; see :mod:`shmbuf.stats`): rows held and inserted,
+        batches and rows sampled, torn-read retries, lock acquisitions and seconds
+        waited for the lock, write calls; per process (pid, alive, its counts) and per
+        lane (rows, last writer's pid, whether it is alive, time of the last write,
+        claimer). ``shmbuf stat NAME`` prints the same from a shell.
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(4)})
+            >>> _ = buf.sample(3); s = buf.stats()
+            >>> s["rows_inserted"], s["batches_sampled"], s["rows_sampled"]
+            (4, 1, 3)
+            >>> buf.close()
+        """
+        return stats.read(self)
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.
@@ -794,6 +827,7 @@ class Buffer:
             self.release_lane(timeout=1.0)
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
+        self._counters.release(self._lock)
         self._ring = _Closed(self.name)  # type: ignore[assignment]
         self._native = None  # calls go to _ring, which says it is closed
         self._finalizer()

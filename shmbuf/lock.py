@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -70,6 +70,7 @@ class HeaderLock:
         # (which holds the GIL from its flock to its unlock) must not take the flock of
         # the same open file description then, which would succeed at once
         self.busy = np.zeros(1, np.int64)
+        self.stats: Any = None  # a shmbuf.stats.Counters: acquisitions and time waited are counted
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:
@@ -85,10 +86,18 @@ class HeaderLock:
                 raise ValueError("the buffer handle is closed")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = 0.0
             except BlockingIOError:
-                self._wait(fd, time.monotonic() + timeout, timeout)
+                t0 = time.monotonic()
+                self._wait(fd, t0 + timeout, timeout)
+                waited = time.monotonic() - t0
             if self._note is not None:
                 self._note(self._pid)
+            if self.stats is not None:
+                slot = self.stats.slot
+                slot[5] += 1  # stats.S_LOCKS, S_LOCK_NS
+                if waited:
+                    slot[6] += int(waited * 1e9)
         except BaseException:
             if tl._is_owned():  # this thread took it (an interrupt may have fallen right after)
                 try:

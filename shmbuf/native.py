@@ -76,7 +76,9 @@ def make_ring(layout: Layout, mem: Any, busy: np.ndarray, prefaulted: bytearray,
                         write_timeout, lock_timeout)
 
 
-def configure(ring: Any, fd: int, lane: int | None, timeout: float) -> None:
-    """Tell the C ring who this process is and the handle's defaults."""
+def configure(ring: Any, fd: int, lane: int | None, timeout: float, slot_offset: int = -1,
+              lane_stats_offset: int = -1) -> None:
+    """Tell the C ring who this process is, the handle's defaults and where its counters
+    are (byte offsets in the segment, -1: none; see :mod:`shmbuf.stats`)."""
     pid, ctime = procs.identity()
-    ring.configure(pid, ctime, fd, -1 if lane is None else lane, timeout)
+    ring.configure(pid, ctime, fd, -1 if lane is None else lane, timeout, slot_offset, lane_stats_offset)

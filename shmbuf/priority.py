@@ -314,7 +314,9 @@ def buffer_sample(buf: "Buffer", n: int, beta: Any, out: Any, timeout: float | N
     beta = DEFAULT_BETA if beta is None else check_alpha(beta)
     if buf._limiter is not None:
         buf._limiter.before_sample(n, buf._t(timeout))
-    return sample(buf, n, beta, buf._t(timeout))
+    out = sample(buf, n, beta, buf._t(timeout))
+    buf._counters.sampled(n)
+    return out
 
 
 def sample(buf: "Buffer", n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:

@@ -175,6 +175,7 @@ class Ring:
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = _owner_lock(lock)
+        self.counters: Any = None  # the handle's shmbuf.stats.Counters (set by Buffer)
 
     # -- lane state ------------------------------------------------------------------
 
@@ -325,6 +326,8 @@ class Ring:
                 lt[lane, LANE_OWN_COUNT] = 0
             else:
                 self._abandon(pid, token, runs if stamped else [])
+        if self.counters is not None:
+            self.counters.wrote(lane)
         return True
 
     def _make_way(self, lane: int, timeout: float) -> None:

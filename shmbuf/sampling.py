@@ -169,6 +169,7 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
         if mask is None:
             return None
         mask = np.frombuffer(mask, np.bool_)
+        _count_retries(ring, mask)
         return mask.reshape(-1, length) if per_row else mask
     if out and isinstance(out[0], list):
         flat, scatter = by_position(ring, len(first), length, out)
@@ -202,12 +203,25 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     if per_row:
         if cleared is not None:
             ok &= ~cleared
-        return None if ok.all() else ok.reshape(-1, length)
+        if ok.all():
+            return None
+        _count_retries(ring, ok)
+        return ok.reshape(-1, length)
     if length > 1:
         ok = ok.reshape(-1, length).all(axis=1)
     if cleared is not None:
         ok &= ~cleared
-    return None if ok.all() else ok
+    if ok.all():
+        return None
+    _count_retries(ring, ok)
+    return ok
+
+
+def _count_retries(ring: Ring, ok: np.ndarray) -> None:
+    """Count the copies that failed their check (torn, overwritten, unpublished) in the
+    handle's stats slot: each is drawn again."""
+    if ring.counters is not None:
+        ring.counters.slot[4] += len(ok) - int(np.count_nonzero(ok))  # stats.S_RETRIES
 
 
 def filters(ring: Ring, rows: np.ndarray, length: int, same: str | None,

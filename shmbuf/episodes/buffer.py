@@ -210,14 +210,17 @@ class EpisodeBuffer:
         if self.core._limiter is not None:
             self.core._limiter.before_sample(n, self.core._t(timeout))
         if self.core._prio is not None:
-            return transitions.sample_by_priority(self, n, n_step, gamma, beta, self.core._t(timeout))
-        if self._her is not None:
+            batch = transitions.sample_by_priority(self, n, n_step, gamma, beta, self.core._t(timeout))
+        elif self._her is not None:
             if n_step != 1:
                 raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
                                  "set buf.her = None (an n-step return recomputed for a new goal would need "
                                  "every step's reward recomputed)")
-            return self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
-        return transitions.sample(self, n, n_step, gamma, timeout)
+            batch = self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
+        else:
+            batch = transitions.sample(self, n, n_step, gamma, timeout)
+        self.core._counters.sampled(n)
+        return batch
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled transitions (of their steps), from any process;
@@ -247,7 +250,9 @@ class EpisodeBuffer:
         length = _count(length, "length", 1)
         if self.core._limiter is not None:
             self.core._limiter.before_sample(batch, self.core._t(timeout))
-        return trajectories.sample(self, batch, length, self.core._t(timeout))
+        out = trajectories.sample(self, batch, length, self.core._t(timeout))
+        self.core._counters.sampled(batch)
+        return out
 
     def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
         """``n`` whole episodes, uniformly over the complete ones (ended, none of their
@@ -266,7 +271,9 @@ class EpisodeBuffer:
         n = _count(n, "n")
         if self.core._limiter is not None:
             self.core._limiter.before_sample(n, self.core._t(timeout))
-        return whole.sample(self, n, self.core._t(timeout))
+        episodes = whole.sample(self, n, self.core._t(timeout))
+        self.core._counters.sampled(n)
+        return episodes
 
     def sample_sequences(self, batch: int, length: int, **kwargs: Any) -> dict[str, np.ndarray]:
         """Windows of consecutive rows of a lane that may cross episodes (as the core's),

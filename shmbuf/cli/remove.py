@@ -1,0 +1,54 @@
+"""``shmbuf rm`` and ``shmbuf gc``: remove buffers by name, or the provably orphaned ones."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import segment
+from . import problem
+from .show import describe
+
+
+def rm(args: argparse.Namespace) -> int:
+    status = 0
+    for n in args.names:
+        try:
+            if segment.unlink_name(n):
+                print(f"removed {n}")
+                continue
+            why = "no such buffer"
+        except ValueError as exc:
+            why = str(exc)
+        except PermissionError:
+            why = "permission denied (another user's buffer)"
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        problem("rm", n, why)
+        status = 1
+    return status
+
+
+def gc(args: argparse.Namespace) -> int:
+    """Remove buffers whose creator is dead and that were not made with persist=True:
+    nobody can be meant to use them (their creator would have removed them on exit).
+    Anything else (a live creator, persist=True, weights, an unreadable segment) is left."""
+    removed = 0
+    for n in segment.list_names():
+        d = describe(n)
+        if "error" in d or d.get("kind") == "weights" or d["persist"] or d["creator_alive"]:
+            continue
+        what = f"{n} (creator pid {d['creator_pid']} is dead, not persistent, {d['rows']:,} rows)"
+        if args.dry_run:
+            print(f"would remove {what}")
+            continue
+        try:
+            gone = segment.unlink_name(n)
+        except OSError as exc:
+            problem("gc", n, exc.strerror or str(exc))
+            continue
+        if gone:
+            print(f"removed {what}")
+            removed += 1
+    if not args.dry_run:
+        print(f"gc: removed {removed} orphaned buffer{'s' if removed != 1 else ''}")
+    return 0

@@ -1,0 +1,172 @@
+"""shmbuf stat / watch / save / load / gc against buffers of other processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf import segment
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shmbuf", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+OWNER = """
+import sys, time, numpy as np, shmbuf
+from multiprocessing import resource_tracker as rt
+buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, lanes=2, name=sys.argv[1], persist=sys.argv[2] == "1")
+buf.extend({"x": np.arange(10)}, lane=1)
+buf.sample(4)
+print(rt._resource_tracker._pid, flush=True)
+time.sleep(600)
+"""
+
+
+class Owner:
+    """A buffer created, written and sampled by another process, which then waits."""
+
+    def __init__(self, name: str, persist: bool = False) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", OWNER, name, "1" if persist else "0"],
+                                     stdout=subprocess.PIPE, text=True)
+        self.tracker = int(self.proc.stdout.readline())
+
+    def kill(self) -> None:
+        """SIGKILL it and its resource tracker (first): nobody cleans up after it, as
+        after a crash of the whole process tree (the test removes the segment itself)."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.tracker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.kill()
+            self.proc.wait(30)
+            self.proc.stdout.close()
+
+
+def test_stat_reads_another_processs_counters_and_sees_it_die(name):
+    owner = Owner(name)
+    try:
+        res = cli("stat", name, "--json", "--interval", "0.05")
+        assert res.returncode == 0, res.stderr
+        s = json.loads(res.stdout)
+        assert s["rows_inserted"] == 10 and s["batches_sampled"] == 1 and s["rows_sampled"] == 4
+        assert s["lanes"][1]["writer_pid"] == owner.proc.pid and s["lanes"][1]["writer_alive"]
+        assert s["lanes"][0]["writer_pid"] is None and set(s["rates"]) >= {"inserts/s", "batches/s"}
+        assert [p["pid"] for p in s["processes"]] == [owner.proc.pid]  # the observer took no slot
+        text = cli("stat", name, "--interval", "0.05").stdout
+        assert f"{owner.proc.pid} (alive)" in text and "10 inserted" in text
+        listed = {d["name"]: d for d in json.loads(cli("ls", "--json").stdout)}
+        assert listed[name]["writers_alive"] == 1 and listed[name]["kind"] == "buffer"
+        owner.kill()
+        s = json.loads(cli("stat", name, "--json", "--interval", "0.05").stdout)
+        assert s["lanes"][1]["writer_alive"] is False and not s["processes"][0]["alive"]
+    finally:
+        owner.kill()
+        segment.unlink_name(name)
+    bad = cli("stat", name)
+    assert bad.returncode == 1 and bad.stderr.startswith(f"shmbuf stat: {name}: no such buffer")
+    assert cli("stat").returncode == 2
+
+
+def test_stats_count_in_every_process(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 64, name=name, seed=0) as buf:
+        with shmbuf.Buffer.attach(name) as other:
+            buf.extend({"x": np.arange(5)})
+            other.add({"x": 1})
+            other.sample(3)
+            buf.sample_sequences(2, 2)
+            s = buf.stats()
+            assert s["rows_inserted"] == 6 and s["writes"] == 2
+            assert s["batches_sampled"] == 2 and s["rows_sampled"] == 7
+            assert len(s["processes"]) == 2 and all(p["alive"] for p in s["processes"])
+        s = buf.stats()  # a closed handle's counts are kept (folded into the retired slot)
+        assert s["batches_sampled"] == 2 and len(s["processes"]) == 1
+
+
+def test_gc_removes_only_provably_orphaned_buffers(name):
+    orphan, kept, live = Owner(name + "-o"), Owner(name + "-p", persist=True), Owner(name + "-l")
+    try:
+        orphan.kill()
+        kept.kill()
+        dry = cli("gc", "--dry-run")
+        assert dry.returncode == 0 and f"would remove {name}-o" in dry.stdout
+        assert name + "-p" not in dry.stdout and name + "-l" not in dry.stdout
+        assert name + "-o" in segment.list_names()
+        res = cli("gc")
+        assert res.returncode == 0 and f"removed {name}-o (creator pid {orphan.proc.pid} is dead" in res.stdout
+        names = segment.list_names()
+        assert name + "-o" not in names and name + "-p" in names and name + "-l" in names
+    finally:
+        for o in (orphan, kept, live):
+            o.kill()
+        for n in (name + "-o", name + "-p", name + "-l"):
+            segment.unlink_name(n)
+
+
+def test_save_and_load_from_the_shell(name, tmp_path):
+    owner = Owner(name)
+    try:
+        res = cli("save", name, str(tmp_path / "s"))
+        assert res.returncode == 0 and "10 rows" in res.stdout, res.stderr
+        assert cli("save", name, str(tmp_path / "s")).returncode == 1  # exists: no overwrite
+        assert cli("save", name, str(tmp_path / "s"), "--overwrite").returncode == 0
+        taken = cli("load", str(tmp_path / "s"))  # the saved name is the owner's, live
+        assert taken.returncode == 1 and "already exists" in taken.stderr and taken.stderr.count("\n") == 1
+        res = cli("load", str(tmp_path / "s"), name + "-r")
+        assert res.returncode == 0, res.stderr
+        with shmbuf.Buffer.attach(name + "-r") as r:  # outlived the command
+            assert r.persist and len(r) == 10 and r.lane_sizes() == [0, 10]
+        bad = cli("load", str(tmp_path / "nothing"), name + "-x")
+        assert bad.returncode == 1 and "no shmbuf save" in bad.stderr
+        assert cli("save", "missing-" + name, str(tmp_path / "t")).returncode == 1
+    finally:
+        owner.kill()
+        segment.unlink_name(name + "-r")
+        segment.unlink_name(name)
+
+
+def test_ls_lists_weights(name):
+    with shmbuf.Weights.create(name, {"w": np.zeros(3)}) as w:
+        w.publish({"w": np.ones(3)})
+        row = [line for line in cli("ls").stdout.splitlines() if line.startswith(name)]
+        assert len(row) == 1 and "weights" in row[0] and "v1" in row[0]
+        assert name not in cli("gc", "--dry-run").stdout
+
+
+@pytest.mark.timeout(120)
+def test_watch_redraws_in_a_real_terminal_until_ctrl_c(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 64, name=name) as buf:
+        buf.extend({"x": np.arange(7)})
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: shmbuf watch on the terminal
+            os.execv(sys.executable, [sys.executable, "-m", "shmbuf", "watch", name, "--interval", "0.1"])
+        out = b""
+        deadline = time.monotonic() + 60
+        while out.count(b"\x1b[H\x1b[J") < 3 and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+            if out.count(b"\x1b[H\x1b[J") == 1:
+                buf.add({"x": 1})  # a change the next redraw shows
+        os.kill(pid, signal.SIGINT)
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        text = out.decode(errors="replace")
+        assert text.count("\x1b[H\x1b[J") >= 3, text
+        assert f"{name}: 7 of 64 rows" in text and f"{name}: 8 of 64 rows" in text
+        assert "inserts/s" in text and "Traceback" not in text
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
