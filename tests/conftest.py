@@ -102,3 +102,22 @@ MUJOCO = {"obs": ((17,), "float32"), "action": ((6,), "float32"),
 def shm_path(name: str) -> str:
     """Where the segment of buffer ``name`` lives (this run's namespace)."""
     return segment.SHM_DIR + segment.os_name(name)
+
+
+# Doctests of the optional-dependency modules: marked "extras" (scripts/test runs them in
+# a step of their own) and skipped where the dependency is not installed.
+OPTIONAL_DOCTESTS = {"torch.py": "torch", "spaces.py": "gymnasium", "hdf5.py": "h5py", "weights.py": None}
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    for item in items:
+        path = str(getattr(item, "path", ""))
+        base, parent = os.path.basename(path), os.path.basename(os.path.dirname(path))
+        if type(item).__name__ != "DoctestItem" or parent != "shmbuf" or base not in OPTIONAL_DOCTESTS:
+            continue
+        item.add_marker(pytest.mark.extras)
+        need = OPTIONAL_DOCTESTS[base]
+        if need and importlib.util.find_spec(need) is None:
+            item.add_marker(pytest.mark.skip(reason=f"{need} is not installed (an optional extra)"))

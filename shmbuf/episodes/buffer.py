@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -274,6 +274,21 @@ class EpisodeBuffer:
         episodes = whole.sample(self, n, self.core._t(timeout))
         self.core._counters.sampled(n)
         return episodes
+
+    def episodes(self) -> Iterator[dict[str, np.ndarray]]:
+        """Every complete episode held now (ended, first step not evicted), lane by lane,
+        oldest first, each as :meth:`sample_episodes` returns one; episodes evicted while
+        the iteration runs are skipped. Writers may keep writing meanwhile.
+
+        Example:
+            >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32")}, 16)
+            >>> for t in (2, 3):
+            ...     buf.add_episode({"obs": np.zeros((t, 1)), "next_obs": [1]})
+            >>> [len(e["obs"]) for e in buf.episodes()]
+            [2, 3]
+            >>> buf.close()
+        """
+        return whole.every(self)
 
     def sample_sequences(self, batch: int, length: int, **kwargs: Any) -> dict[str, np.ndarray]:
         """Windows of consecutive rows of a lane that may cross episodes (as the core's),

@@ -10,7 +10,7 @@ then copied in one window whose every row is stamp-checked and of that episode.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -124,3 +124,13 @@ def _copy(ebuf: "EpisodeBuffer", lane: int, first: int, last: int) -> dict[str, 
     episode["terminated"] = (flags[:-1] & TERMINATED) != 0
     episode["truncated"] = (flags[:-1] & TRUNCATED) != 0
     return episode
+
+
+def every(ebuf: "EpisodeBuffer") -> Iterator[dict[str, np.ndarray]]:
+    """Every complete episode held now, lane by lane, oldest first (as :func:`sample`
+    returns them); episodes evicted or overwritten during the walk are left out."""
+    lanes, first, last = ebuf._index.complete(ebuf.core._ring)
+    for j in np.lexsort((first, lanes)).tolist():
+        episode = _copy(ebuf, int(lanes[j]), int(first[j]), int(last[j]))
+        if episode is not None:
+            yield episode

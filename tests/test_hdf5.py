@@ -1,0 +1,63 @@
+"""Episodes to and from HDF5 with real h5py (an optional extra)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbuf
+
+import helpers
+
+h5py = pytest.importorskip("h5py", reason="h5py is an optional extra: pip install h5py")
+from shmbuf.hdf5 import export_episodes, import_episodes  # noqa: E402
+
+pytestmark = pytest.mark.extras
+
+
+def _fill(buf):
+    for i, rewards in enumerate([[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]):
+        buf.add_episode(helpers.simple_episode(10 * i, rewards), terminated=i != 1)
+    buf.add({"obs": [0, 0], "action": 0, "reward": 9.0}, terminated=False, truncated=False)  # in progress
+
+
+def test_round_trip_in_the_d3rlpy_layout(name, tmp_path):
+    f = tmp_path / "e.h5"
+    with shmbuf.EpisodeBuffer.create(helpers.EPISODE_FIELDS, 64, name=name) as a:
+        _fill(a)
+        assert export_episodes(a, f) == 3  # complete episodes only
+        with h5py.File(f) as h:
+            assert h["observations"].shape == (6, 2) and h["actions"].dtype == np.int64
+            assert h["rewards"][:].tolist() == [1, 2, 3, 4, 5, 6]
+            assert h["terminals"][:].tolist() == [0, 1, 0, 0, 0, 1]
+            assert h["timeouts"][:].tolist() == [0, 0, 0, 0, 1, 0]
+            assert h["episode_ends"][:].tolist() == [2, 5, 6]
+            assert h["next_observations"][1].tolist() == [2, 2]  # the real final observation
+            assert h.attrs["format"] == "shmbuf-episodes"
+        with pytest.raises(FileExistsError):
+            export_episodes(a, f)
+        with shmbuf.EpisodeBuffer.create(helpers.EPISODE_FIELDS, 64, name=name + "b") as b:
+            assert import_episodes(b, f) == 3
+            for x, y in zip(a.episodes(), b.episodes()):
+                assert x.keys() == y.keys()
+                for k in x:
+                    np.testing.assert_array_equal(x[k], y[k])
+            assert b.num_episodes == 3
+
+
+def test_import_splits_at_terminals_without_episode_ends(name, tmp_path):
+    f = tmp_path / "d4rl.h5"
+    with h5py.File(f, "w") as h:  # as D4RL-style files come: no episode_ends
+        h["observations"] = np.arange(10, dtype=np.float32).reshape(5, 2)
+        h["next_observations"] = np.arange(2, 12, dtype=np.float32).reshape(5, 2)
+        h["actions"] = np.array([0, 1, 2, 3, 4])
+        h["rewards"] = np.ones(5, np.float32)
+        h["terminals"] = np.array([0, 1, 0, 0, 1], np.float32)
+        h["timeouts"] = np.zeros(5, np.float32)
+    with shmbuf.EpisodeBuffer.create(helpers.EPISODE_FIELDS, 64, name=name) as b:
+        assert import_episodes(b, f) == 2
+        assert [e["action"].tolist() for e in b.episodes()] == [[0, 1], [2, 3, 4]]
+    with shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "other": ((), "int64")}, 8, name=name) as c:
+        with pytest.raises(ValueError, match="lacks the datasets"):
+            import_episodes(c, f)
+        assert len(c) == 0
