@@ -35,7 +35,7 @@ def _after_fork_in_child() -> None:
     for buf in list(_handles):
         buf._prefaulted[:] = bytes(len(buf._prefaulted))  # fork copies no page-table entries
         if not buf.closed:
-            buf._counters.slot = buf._counters.slot.copy()  # the parent's slot is the parent's
+            buf._counters.slot = memoryview(bytearray(buf._counters.slot)).cast("q")  # the parent's is the parent's
             buf._counters.claim(buf._lock, 0.0)  # one of our own (or the shared one), never waiting
             buf._configure()  # a new pid and descriptor, and no lane claim (buf.lane is None)
 
