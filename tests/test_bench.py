@@ -11,6 +11,8 @@ import pytest
 
 from shmbuf.bench import peers, report, run
 
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
+
 TINY = peers.Workload("tiny", 2048, {
     "obs": ((3,), np.float32), "next_obs": ((3,), np.float32), "action": ((2,), np.float32),
     "reward": ((), np.float32), "done": ((), np.bool_)})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -12,6 +14,8 @@ import numpy as np
 import shmbuf
 from shmbuf import demo
 from shmbuf.envs import CartPole
+
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

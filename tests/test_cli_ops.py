@@ -26,6 +26,8 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 OWNER = """
 import sys, time, numpy as np, shmbuf
 from multiprocessing import resource_tracker as rt
+
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, lanes=2, name=sys.argv[1], persist=sys.argv[2] == "1")
 buf.extend({"x": np.arange(10)}, lane=1)
 buf.sample(4)

@@ -15,6 +15,8 @@ import numpy
 import psutil
 import pytest
 
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

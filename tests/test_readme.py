@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import pathlib
 import re
 import subprocess
 import sys
+
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 

@@ -15,6 +15,8 @@ from shmbuf import segment
 import helpers
 from helpers import weights_mixed, weights_of
 
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
+
 CTX = mp.get_context("spawn")
 
 
