@@ -130,6 +130,26 @@ def _leaves(buf: "Buffer", timeout: float) -> tuple[np.ndarray, np.ndarray, floa
     return leaf, seq, float(trees.headf[_priority.H_MAX])
 
 
+class _NpyOut:
+    """A ``.npy`` file written front to back: its header, then rows in order, by slice
+    assignment (``out[lo:hi] = rows``, as :func:`shmbuf.state.copy_rows` does). Plain
+    ``write`` calls: no memory-mapped pages of a new file to fault in one by one."""
+
+    def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.f = open(path, "wb")
+        self.dtype, self.next = np.dtype(dtype), 0
+        npformat.write_array_header_2_0(
+            self.f, {"descr": npformat.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
+
+    def __setitem__(self, rows: slice, value: np.ndarray) -> None:
+        if rows.start != self.next:
+            raise AssertionError("rows must be written in order")
+        a = np.ascontiguousarray(value, self.dtype).reshape(-1)
+        self.f.write(a.view(np.uint8).data)
+        self.next = rows.stop
+
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -163,25 +183,24 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
         heads, bases = pos[:, 0], pos[:, 1]
         fields = buf._stored()
         files, data = {}, {}
-        for i, (name, (shape, dtype)) in enumerate(fields.items()):
-            files[name] = _field_file(i)
-            data[name] = npformat.open_memmap(tmp / files[name], "w+", dtype, (layout.capacity,) + shape)
-        stamps = npformat.open_memmap(tmp / STAMPS_FILE, "w+", np.int64, (layout.capacity,))
-        bar = Progress(f"shmbuf save {buf.name}", layout.capacity * (layout.row_bytes + 8), progress)
-        kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
-        bar.close()
+        try:
+            for i, (name, (shape, dtype)) in enumerate(fields.items()):
+                files[name] = _field_file(i)
+                data[name] = _NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
+            stamps = np.empty(layout.capacity, np.int64)
+            bar = Progress(f"shmbuf save {buf.name}", layout.capacity * (layout.row_bytes + 8), progress)
+            kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+            bar.close()
+        finally:
+            for out in data.values():
+                out.f.close()
+        np.save(tmp / STAMPS_FILE, stamps)
         max_priority = None
         if leaves is not None:
             leaf, seq, max_priority = leaves
             rows = stamps // 2 - 1  # (a saved row's sequence number)
-            prio = npformat.open_memmap(tmp / PRIORITY_FILE, "w+", np.float64, (layout.capacity,))
-            prio[:] = np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan)
-            prio.flush()
-            del prio
+            np.save(tmp / PRIORITY_FILE, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
         lo = state._windows(heads, bases, layout.lane_capacity)
-        for a in (*data.values(), stamps):
-            a.flush()
-        del data, stamps
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
             "kind": buf._layout.meta.get("kind", "buffer"), "name": buf.name,

@@ -17,6 +17,8 @@ import pytest
 import shmbuf
 from shmbuf import segment
 
+pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
+
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shmbuf", *args], capture_output=True,
@@ -26,8 +28,6 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 OWNER = """
 import sys, time, numpy as np, shmbuf
 from multiprocessing import resource_tracker as rt
-
-pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, lanes=2, name=sys.argv[1], persist=sys.argv[2] == "1")
 buf.extend({"x": np.arange(10)}, lane=1)
 buf.sample(4)
