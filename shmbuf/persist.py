@@ -150,6 +150,34 @@ class _NpyOut:
 
 
 
+class _NpyIn:
+    """Rows of a checked ``.npy`` file (``mapped``: its read-only memory map) read with
+    plain ``readinto`` calls into the destination (no page faults on a file mapping)."""
+
+    def __init__(self, path: Path, mapped: np.memmap) -> None:
+        self.f = open(path, "rb", buffering=0)
+        self.start = mapped.offset
+        self.row_bytes = mapped.itemsize * int(np.prod(mapped.shape[1:], dtype=np.int64))
+        self.dtype = mapped.dtype
+
+    def copy_to(self, lo: int, dest: np.ndarray) -> None:
+        direct = dest.flags.c_contiguous
+        buf = dest if direct else np.empty(dest.shape, self.dtype)
+        view = memoryview(buf.reshape(-1).view(np.uint8))
+        self.f.seek(self.start + lo * self.row_bytes)
+        done = 0
+        while done < len(view):
+            n = self.f.readinto(view[done:])
+            if not n:
+                raise ValueError(f"{self.f.name!r} was truncated while it was being loaded")
+            done += n
+        if not direct:
+            dest[...] = buf
+
+    def close(self) -> None:
+        self.f.close()
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -325,11 +353,12 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     heads = _ints(lane_state.get("head"), lanes, "lanes_state.head", path)
     bases = _ints(lane_state.get("base"), lanes, "lanes_state.base", path)
     episodes = _ints(lane_state.get("episodes"), lanes, "lanes_state.episodes", path)
-    data = {}
+    data, files = {}, {}
     for s, f in zip(specs, layout.fields):
         if os.path.basename(s["file"]) != s["file"] or not s["file"].endswith(".npy"):
             raise _bad(path, f"field {f.name!r}: file {s['file']!r} is not a plain .npy name")
         data[f.name] = _array(path, s["file"], f.dtype, (capacity,) + f.shape)
+        files[f.name] = path / s["file"]
     stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
     prio = None
     if "priority" in user_meta:
@@ -338,7 +367,7 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
             "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": user_meta,
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
-            "episodes": episodes, "stamps": stamps, "data": data, "priority": prio,
+            "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
             "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
 
 
@@ -388,7 +417,13 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
             raise _bad(got["path"], "the buffer made from it has another schema")
         lay = buf._layout
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
-        state.restore(buf._ring, checked, timeout, progress=bar)
+        buf.prefault()  # its pages mapped at once, not one fault at a time
+        readers = {k: _NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
+        try:
+            state.restore(buf._ring, {**checked, "data": readers}, timeout, progress=bar)
+        finally:
+            for r in readers.values():
+                r.close()
         bar.close()
         with buf._lock.hold(timeout):
             buf._ring.control[CTRL_SAMPLED] = got["sampled"]

@@ -194,8 +194,13 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
         ring.stamps[:] = 0
         for name, a in ring.arrays.items():
             chunk = max(1, chunk_bytes // max(a.nbytes // max(len(a), 1), 1))
-            for lo in range(0, len(a), chunk):  # (streams a memory-mapped file)
-                a[lo:lo + chunk] = checked["data"][name][lo:lo + chunk]
+            src = checked["data"][name]
+            fill = getattr(src, "copy_to", None)  # a file reader (shmbuf.persist) fills it itself
+            for lo in range(0, len(a), chunk):
+                if fill is not None:
+                    fill(lo, a[lo:lo + chunk])
+                else:
+                    a[lo:lo + chunk] = src[lo:lo + chunk]
                 if progress is not None:
                     progress(a[lo:lo + chunk].nbytes)
         if checked.get("episodes") is not None:  # (an episode buffer's episode numbers)
