@@ -3,6 +3,8 @@
 Two actor processes step CartPole-v1 envs with an epsilon-greedy copy of the Q-network
 and write every step into a shared ``shmbuf.EpisodeBuffer`` (one lane per env, no
 queue, no pickling); they pull the learner's newest weights from ``shmbuf.Weights``.
+A ``shmbuf.RateLimit`` keeps the rows sampled per step written at the single-process
+loop's ratio, so actors that run ahead wait and leave the CPU to the learner.
 The learner samples batches through ``shmbuf.torch.TorchSampler`` (a background
 thread) and trains. For comparison, ``--mode single`` runs the same DQN in one process
 that alternates env steps and updates.
@@ -104,7 +106,12 @@ def actor(name: str, weights_name: str, index: int, returns: "mp.Queue", stop: "
                 version = weights.load_into(model, newer_than=version) or version
             actions = act(model, envs.obs, epsilon(buf.core.total_added), rng)
             step, term, trunc, finished = envs.step(actions)
-            w.add(step, terminated=term, truncated=trunc)
+            while not stop.is_set():  # the rate limit holds actors to the learner's pace
+                try:
+                    w.add(step, terminated=term, truncated=trunc, timeout=0.5)
+                    break
+                except shmbuf.RateLimitTimeout:
+                    pass
             for r in finished:
                 returns.put((time.time(), r))
             t += 1
@@ -161,7 +168,11 @@ def run_async(seconds: float, actors: int = 2) -> list[tuple[float, float]]:
     returns, stop = ctx.Queue(), ctx.Event()
     curve: list[tuple[float, float]] = []
     agent = DQN()
-    with shmbuf.EpisodeBuffer.create(FIELDS, 100_000, lanes=lanes, name=tag) as buf, \
+    # Reverb's SampleToInsertRatio: as many sampled rows per step written as the single
+    # process trains on (BATCH per update, an update per step of its 8 envs), with some
+    # slack; actors wait when they are ahead, so the CPU goes to the learner
+    rate = shmbuf.RateLimit(min_size=LEARNING_STARTS, samples_per_insert=BATCH / 8, error_buffer=100 * BATCH)
+    with shmbuf.EpisodeBuffer.create(FIELDS, 100_000, lanes=lanes, name=tag, rate=rate) as buf, \
             shmbuf.Weights.create(tag + "-w", agent.q.state_dict()) as weights:
         weights.publish(agent.q.state_dict())
         procs = [ctx.Process(target=actor, args=(buf.name, weights.name, i, returns, stop)) for i in range(actors)]

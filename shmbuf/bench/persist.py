@@ -136,25 +136,34 @@ class _NoCounters:
 
 
 def counter_cost(rounds: int) -> dict[str, list[float]]:
-    """Microseconds of add (1 row) and sample (256 rows), mujoco, with the counters and
-    with them switched off (no slot in C, a no-op in Python), interleaved."""
+    """Microseconds of add (1 row) and sample (256 rows), mujoco, on three buffers: two
+    with counters (their difference is the noise floor) and one with them switched off
+    (no slot in C, a no-op in Python); the order changes every round."""
     from .. import native
 
     fields = WORKLOADS["mujoco"].fields
-    out: dict[str, list[float]] = {k: [] for k in ("add", "add (no counters)", "sample", "sample (no counters)")}
-    with shmbuf.Buffer.create(fields, 100_000, seed=0) as on, shmbuf.Buffer.create(fields, 100_000, seed=0) as off:
-        for b in (on, off):
+    kinds = ("counters", "counters again", "no counters")
+    out: dict[str, list[float]] = {f"{op} ({k})": [] for op in ("add", "sample") for k in kinds}
+    bufs = [shmbuf.Buffer.create(fields, 100_000, seed=0) for _ in kinds]
+    try:
+        for b in bufs:
             _fill(b, fields)
+        off = bufs[2]
         off._counters, off._ring.counters, off._lock.stats = _NoCounters(), None, None  # type: ignore[assignment]
         if off._native is not None:
             native.configure(off._native, off._seg.fd, 0, off.timeout, -1, -1)
         row = {k: np.zeros(tuple(s), d) for k, (s, d) in fields.items()}
+        order = np.random.default_rng(0)
         for _ in range(rounds):
-            for b, tag in ((on, ""), (off, " (no counters)")):
+            for i in order.permutation(len(kinds)).tolist():
+                b, k = bufs[i], kinds[i]
                 n = 20_000
-                out["add" + tag].append(_timed(lambda: [b.add(row) for _ in range(n)]) / n * 1e6)
+                out[f"add ({k})"].append(_timed(lambda: [b.add(row) for _ in range(n)]) / n * 1e6)
                 m = 2_000
-                out["sample" + tag].append(_timed(lambda: [b.sample(256) for _ in range(m)]) / m * 1e6)
+                out[f"sample ({k})"].append(_timed(lambda: [b.sample(256) for _ in range(m)]) / m * 1e6)
+    finally:
+        for b in bufs:
+            b.close()
     return out
 
 
@@ -180,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nA writer (mujoco, 64 rows a call) while saves of its 250k-row buffer run back to back: "
           f"{rate['saving'] / rate['idle']:.2f} of its rate without ({rate['saving']:,.0f} vs "
           f"{rate['idle']:,.0f} rows/s; 2 cores, so the save also takes CPU from it)")
-    c = counter_cost(rounds)
+    c = counter_cost(3 * rounds)
     med = {k: statistics.median(v) for k, v in c.items()}
-    print(f"\nStats counters (mujoco, medians of {rounds} interleaved rounds): add {med['add']:.2f} us vs "
-          f"{med['add (no counters)']:.2f} us without ({med['add'] / med['add (no counters)']:.3f}x), "
-          f"sample(256) {med['sample']:.1f} us vs {med['sample (no counters)']:.1f} us "
-          f"({med['sample'] / med['sample (no counters)']:.3f}x)")
+    print(f"\nStats counters (mujoco, medians of {3 * rounds} rounds in shuffled order; the second "
+          "buffer with counters shows the noise):\n")
+    print("| call | counters | counters again | no counters | counters / none | again / none |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for op, label in (("add", "add (1 row)"), ("sample", "sample (256)")):
+        on, again, off = (med[f"{op} ({k})"] for k in ("counters", "counters again", "no counters"))
+        print(f"| {label} | {on:.2f} us | {again:.2f} us | {off:.2f} us | {on / off:.3f} | {again / off:.3f} |")
     return 0
 
 
