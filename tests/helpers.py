@@ -526,3 +526,15 @@ def torch_actor(name: str, results) -> None:
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     results.put((version, model(x).detach().numpy().tolist(), w.load_into(model, newer_than=version)))
     w.close()
+
+
+def run_together(procs, ready, results, timeout: float = 120) -> list:
+    """Start ``procs``, let them go at once (``ready``), and return one result of each
+    from ``results`` once all are joined."""
+    for p in procs:
+        p.start()
+    ready.set()
+    got = [results.get(timeout=timeout) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return got

@@ -155,12 +155,7 @@ def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
         procs = [ctx.Process(target=helpers.storm_writer, args=(name, w, 64, 3.0, ready, stop, results))
                  for w in range(2)]
         procs += [ctx.Process(target=helpers.prio_learner, args=(name, 3.0, ready, results)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        ready.set()
-        got = [results.get(timeout=120) for _ in procs]
-        for p in procs:
-            p.join(60)
+        got = helpers.run_together(procs, ready, results)
         learners = [g for g in got if g[0] == "learner"]
         assert all(torn == 0 for _, _, _, torn in learners)
         assert sum(applied for _, _, applied, _ in learners) > 0

@@ -102,12 +102,7 @@ def test_storm_of_publishes_and_reads_never_mixes_versions(name):
         ready, results = CTX.Event(), CTX.Queue()
         procs = [CTX.Process(target=helpers.weights_publisher, args=(name, 3, ready, results))]
         procs += [CTX.Process(target=helpers.weights_reader, args=(name, 3, ready, results)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        ready.set()
-        got = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(60)
+        got = helpers.run_together(procs, ready, results)
     readers = [r for r in got if r[0] == "reader"]
     assert all(mixed == 0 for _, _, mixed in readers), got
     assert sum(reads for _, reads, _ in readers) > 10
