@@ -67,20 +67,24 @@ class Counters:
         self.slots_offset = off
 
     def claim(self, lock: Any, timeout: float) -> None:
-        """Take a free slot (or one whose process died, folding it into slot 0) under the
-        lock; slot 0, shared, if none is free or the lock is not had within ``timeout``."""
+        """Take a free slot, or one whose process died (folding its counts into slot 0).
+        The slot is chosen without the lock (liveness checks take time) and taken under
+        it only if it is still as seen, so the lock is held for a few stores. Slot 0,
+        shared, if none is free or the lock is not had within ``timeout``."""
         if not self.present:
             return
         pid, ctime = procs.identity()
-        try:
-            lock.acquire(timeout)
-        except (TimeoutError, OSError, ValueError):
-            self._use(0)
-            return
-        try:
-            for i in range(1, NSLOTS):
-                owner = int(self.slots[i, S_PID])
-                if owner and procs.is_alive(owner, float(self.slots_f[i, S_CTIME])):
+        for _ in range(3):  # another process may take the chosen slot first
+            seen = self._candidate()
+            if seen is None:
+                break
+            i, owner, owner_ctime = seen
+            try:
+                lock.acquire(timeout)
+            except (TimeoutError, OSError, ValueError):
+                break
+            try:
+                if int(self.slots[i, S_PID]) != owner or float(self.slots_f[i, S_CTIME]) != owner_ctime:
                     continue
                 if owner:
                     self._fold(i)
@@ -89,9 +93,22 @@ class Counters:
                 self.slots[i, S_PID] = pid
                 self._use(i)
                 return
-            self._use(0)
-        finally:
-            lock.release()
+            finally:
+                lock.release()
+        self._use(0)
+
+    def _candidate(self) -> tuple[int, int, float] | None:
+        """(slot, its pid, its start time) of a free slot, else of one whose process is
+        dead; None if every slot is held by a live process. Read without the lock."""
+        pids = self.slots[1:, S_PID].copy()
+        free = np.flatnonzero(pids == 0)
+        if len(free):
+            return int(free[0]) + 1, 0, float(self.slots_f[int(free[0]) + 1, S_CTIME])
+        for i in range(1, NSLOTS):
+            owner, owner_ctime = int(self.slots[i, S_PID]), float(self.slots_f[i, S_CTIME])
+            if owner and not procs.is_alive(owner, owner_ctime):
+                return i, owner, owner_ctime
+        return None
 
     def _use(self, i: int) -> None:
         self.index = i

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import segment
+from shmbuf import procs, segment
 
 pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 
@@ -174,3 +174,26 @@ def test_watch_redraws_in_a_real_terminal_until_ctrl_c(name):
         assert f"{name}: 7 of 64 rows" in text and f"{name}: 8 of 64 rows" in text
         assert "inserts/s" in text and "Traceback" not in text
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_slots_of_dead_processes_are_reclaimed_and_their_counts_kept(name):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
+        c = buf._counters
+        me = c.index
+        for i in range(1, 64):  # every other slot: a dead process that sampled 5 batches
+            if i != me:
+                c.slots[i, 0], c.slots[i, 2] = dead_pid, 5
+        with shmbuf.Buffer.attach(name) as other:
+            assert other._counters.index not in (0, me)  # a dead one's slot, taken
+            assert int(c.slots[0, 2]) == 5  # its counts folded into the retired slot
+            assert buf.stats()["batches_sampled"] == 62 * 5
+        for i in range(1, 64):  # now every slot is held by a live process (this one)
+            c.slots[i, 0] = os.getpid()
+            c.slots_f[i, 1] = procs.identity()[1]
+        with shmbuf.Buffer.attach(name) as third:
+            assert third._counters.index == 0  # the shared slot
+            third.add({"x": 1})
+            assert buf.stats()["writes"] >= 1
