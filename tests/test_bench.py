@@ -124,3 +124,15 @@ def test_the_strategies_part_measures_priorities_and_hindsight(monkeypatch):
     assert not res.figures and "episodes" not in res.extra  # only that part
     text = report.markdown(res)
     assert "| HER future 0.8 / plain one-step sample |" in text
+
+
+def test_the_persistence_bench_measures_every_figure(tmp_path):
+    from shmbuf.bench import persist as bench
+
+    t = bench.throughput("mujoco", 8192, 1, str(tmp_path))
+    assert set(t) == {"save", "np.save", "load", "np.load"} and all(v[0] > 0 for v in t.values())
+    rate = bench.writer_rate("mujoco", 8192, str(tmp_path), 1.0)
+    assert rate["idle"] > 0 and rate["saving"] > 0
+    c = bench.counter_cost(1)
+    assert len(c) == 4 and all(v[0] > 0 for v in c.values())
+    assert list(tmp_path.iterdir()) == []  # its saves are removed
