@@ -538,3 +538,20 @@ def run_together(procs, ready, results, timeout: float = 120) -> list:
     for p in procs:
         p.join(60)
     return got
+
+
+def imitation_storer(name: str, rounds: int, ready, results) -> None:
+    """Attach an imitation ReplayBuffer by name and store transitions through its own
+    ``store`` while the parent samples: obs row i is (k, k) with acts k, next_obs k+1."""
+    from shmbuf.compat.imitation import ReplayBuffer, Transitions
+
+    buf = ReplayBuffer.attach(name)
+    ready.wait(30)
+    for r in range(rounds):
+        k = np.arange(r * 8, r * 8 + 8)
+        infos = np.array([{}] * 8, dtype=object)
+        buf.store(Transitions(obs=np.stack([k, k], 1).astype(np.float32), acts=k, infos=infos,
+                              next_obs=np.stack([k + 1, k + 1], 1).astype(np.float32),
+                              dones=k % 5 == 0))
+    results.put(buf.size())
+    buf.close()

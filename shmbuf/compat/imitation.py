@@ -1,0 +1,292 @@
+"""imitation's ``buffer.Buffer`` and ``buffer.ReplayBuffer``, in shared memory.
+
+Switch with one import::
+
+    from shmbuf.compat.imitation import Buffer, ReplayBuffer, Transitions
+
+Same constructors, ``store`` / ``sample`` / ``size()`` / ``from_data``, the same checks in
+the same order with the same exceptions (``KeyError`` for mismatched ``sample_shapes`` and
+``dtypes`` keys; ``ValueError`` for missing or extra keys, different lengths, empty
+data, over capacity, wrong shapes, an empty buffer). Values are cast into the field's
+dtype as imitation does (1.9 into an int field is 1), except NaN, infinities and
+integers out of range, which raise ``ValueError``. What is new: each buffer is a named
+shared-memory segment (``name``); another process attaches with
+``Buffer.attach(name)`` / ``ReplayBuffer.attach(name)`` (or unpickles one) and stores
+while this one samples. Divergences (README): capacity must be >= 1; sampling uses the
+buffer's own seeded generator (``seed=``), not numpy's global one; ``infos`` (Python
+objects) are not stored: ``sample`` returns an empty dict for each.
+
+Example:
+    >>> import numpy as np
+    >>> buf = Buffer(4, {"a": (2,)}, {"a": np.int32})
+    >>> buf.store({"a": np.array([[0, 0], [1, 1], [2, 2]])})
+    >>> buf.store({"a": np.array([[3.9, 3], [4, 4], [5, 5]])})   # cast as imitation does
+    >>> buf.size(), sorted(buf.sample(100)["a"][:, 0].tolist())[0]
+    (4, 2)
+    >>> buf.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Tuple
+
+import numpy as np
+
+from .. import buffer as core
+from . import _cast
+
+KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
+
+
+class Buffer:
+    """A FIFO ring buffer for NumPy arrays of a fixed shape and dtype, sampled
+    uniformly with replacement (imitation's ``buffer.Buffer``), in shared memory."""
+
+    def __init__(self, capacity: int, sample_shapes: Mapping[str, Tuple[int, ...]],
+                 dtypes: Mapping[str, Any], *, name: Optional[str] = None, seed: Any = None,
+                 persist: bool = False, _kind: str = KIND_BUFFER) -> None:
+        if sample_shapes.keys() != dtypes.keys():
+            raise KeyError("sample_shape and dtypes keys don't match")
+        fields = {k: (tuple(sample_shapes[k]), np.dtype(dtypes[k])) for k in sample_shapes}
+        self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist,
+                                      meta={"kind": _kind}))
+
+    def _open(self, handle: core.Buffer) -> None:
+        self._core = handle
+        self.capacity: int = handle.capacity
+        self.sample_shapes = {k: s for k, (s, _) in handle.fields.items()}
+        self._dtypes = {k: d for k, (_, d) in handle.fields.items()}
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None) -> "Buffer":
+        """This buffer from another process, by name."""
+        return _attach(cls, name, seed, KIND_BUFFER)
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, np.ndarray], capacity: Optional[int] = None,
+                  truncate_ok: bool = False, **kwargs: Any) -> "Buffer":
+        """A buffer holding ``data``; shapes and dtypes from its arrays, capacity its
+        length by default. More rows than ``capacity`` raise ``ValueError`` unless
+        ``truncate_ok`` (then the last ``capacity`` are kept: imitation's code, not its
+        docstring)."""
+        data_capacities = [len(v) for v in data.values()]
+        if len(data_capacities) == 0:
+            raise ValueError("No keys in data.")
+        if len(set(data_capacities)) > 1:
+            raise ValueError("Keys map to different length values.")
+        if capacity is None:
+            capacity = data_capacities[0]
+        arrays = {k: np.asarray(v) for k, v in data.items()}
+        buf = cls(capacity, {k: a.shape[1:] for k, a in arrays.items()},
+                  {k: a.dtype for k, a in arrays.items()}, **kwargs)
+        try:
+            buf.store(arrays, truncate_ok=truncate_ok)
+        except BaseException:
+            buf.unlink()
+            buf.close()
+            raise
+        return buf
+
+    def store(self, data: Mapping[str, np.ndarray], truncate_ok: bool = False) -> None:
+        """Store ``n`` rows (``(n,) + sample_shapes[k]`` per key), replacing the oldest.
+        Checked first, in imitation's order; on any error nothing is stored."""
+        expected, got = set(self.sample_shapes), set(data)
+        if expected - got:
+            raise ValueError(f"Missing keys {expected - got}")
+        if got - expected:
+            raise ValueError(f"Unexpected keys {got - expected}")
+        arrays = {k: np.asarray(v) for k, v in data.items()}
+        lengths = {len(a) if a.ndim else -1 for a in arrays.values()}
+        if len(lengths) > 1:
+            raise ValueError("Keys map to different length values.")
+        n = lengths.pop()
+        if n <= 0:
+            raise ValueError("Trying to store empty data.")
+        if n > self.capacity:
+            if not truncate_ok:
+                raise ValueError("Not enough capacity to store data.")
+            arrays = {k: a[-self.capacity:] for k, a in arrays.items()}
+        for k, a in arrays.items():
+            if a.shape[1:] != self.sample_shapes[k]:
+                raise ValueError(f"Wrong data shape for {k}: expected {self.sample_shapes[k]} per row, "
+                                 f"got {a.shape[1:]}")
+        self._core.extend({k: _cast.into(a, self._dtypes[k], k) for k, a in arrays.items()})
+
+    def sample(self, n_samples: int) -> Mapping[str, np.ndarray]:
+        """``n_samples`` rows drawn uniformly with replacement: ``{k: (n_samples,) +
+        sample_shapes[k]}`` (copies). ``ValueError`` if the buffer is empty."""
+        if self.size() == 0:
+            raise ValueError("Buffer is empty")
+        return self._core.sample(n_samples)
+
+    def size(self) -> Optional[int]:
+        """The number of samples stored in the buffer."""
+        return len(self._core)
+
+    # -- shared memory -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The segment's name: ``attach(name)`` from any process."""
+        return self._core.name
+
+    def close(self) -> None:
+        """Detach (the creating process also removes the buffer, unless ``persist``)."""
+        self._core.close()
+
+    def unlink(self) -> None:
+        self._core.unlink()
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self).attach, (self.name,))
+
+
+def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
+    handle = core.Buffer.attach(name, seed=seed)
+    if handle.meta.get("kind") != kind:
+        handle.close()
+        raise ValueError(f"buffer {name!r} is not an imitation {kind.split('.')[1]} "
+                         f"(it is a {handle.meta.get('kind', 'shmbuf.Buffer')!r})")
+    self = object.__new__(cls)
+    if cls is ReplayBuffer:
+        inner = object.__new__(Buffer)
+        inner._open(handle)
+        self._buffer = inner
+        self.capacity = inner.capacity
+    else:
+        self._open(handle)
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class Transitions:
+    """obs-act-obs triples (imitation's ``types.Transitions``): ``obs``, ``acts``,
+    ``infos``, ``next_obs``, ``dones``, checked as imitation checks them."""
+
+    obs: np.ndarray
+    acts: np.ndarray
+    infos: np.ndarray
+    next_obs: np.ndarray
+    dones: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.obs) != len(self.acts):
+            raise ValueError(f"obs and acts must have same number of timesteps: {len(self.obs)} != {len(self.acts)}")
+        if len(self.infos) != len(self.obs):
+            raise ValueError(f"obs and infos must have same number of timesteps: {len(self.obs)} != {len(self.infos)}")
+        if np.shape(self.obs) != np.shape(self.next_obs):
+            raise ValueError(f"obs and next_obs must have same shape: {np.shape(self.obs)} != {np.shape(self.next_obs)}")
+        if np.asarray(self.obs).dtype != np.asarray(self.next_obs).dtype:
+            raise ValueError(f"obs and next_obs must have the same dtype: {np.asarray(self.obs).dtype} != "
+                             f"{np.asarray(self.next_obs).dtype}")
+        if np.shape(self.dones) != (len(self.acts),):
+            raise ValueError(f"dones must be 1D array, one entry for each timestep: {np.shape(self.dones)} != "
+                             f"({len(self.acts)},)")
+        if np.asarray(self.dones).dtype != bool:
+            raise ValueError(f"dones must be boolean, not {np.asarray(self.dones).dtype}")
+
+    def __len__(self) -> int:
+        return len(self.obs)
+
+
+def _transitions_type() -> type:
+    """imitation's own Transitions where imitation is installed, else this module's."""
+    try:
+        from imitation.data.types import Transitions as Real
+    except ImportError:
+        return Transitions
+    return Real
+
+
+class ReplayBuffer:
+    """Buffer for Transitions (imitation's ``buffer.ReplayBuffer``), in shared memory.
+    Rewards are not stored (imitation's do not either); ``infos`` neither: ``sample``
+    returns an empty dict for each."""
+
+    def __init__(self, capacity: int, venv: Any = None, *, obs_shape: Optional[Tuple[int, ...]] = None,
+                 act_shape: Optional[Tuple[int, ...]] = None, obs_dtype: Any = None,
+                 act_dtype: Any = None, name: Optional[str] = None, seed: Any = None,
+                 persist: bool = False) -> None:
+        params = (obs_shape, act_shape, obs_dtype, act_dtype)
+        if venv is not None:
+            if any(p is not None for p in params):
+                raise ValueError("Cannot specify both shape/dtype and also environment.")
+            obs_shape, act_shape = venv.observation_space.shape, venv.action_space.shape
+            obs_dtype, act_dtype = venv.observation_space.dtype, venv.action_space.dtype
+        elif any(p is None for p in params):
+            raise ValueError("Shape or dtype missing and no environment specified.")
+        self.capacity = capacity
+        shapes = {"obs": tuple(obs_shape), "acts": tuple(act_shape), "next_obs": tuple(obs_shape), "dones": ()}
+        dtypes = {"obs": obs_dtype, "acts": act_dtype, "next_obs": obs_dtype, "dones": bool}
+        self._buffer = Buffer(capacity, shapes, dtypes, name=name, seed=seed, persist=persist,
+                              _kind=KIND_REPLAY)
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None) -> "ReplayBuffer":
+        """This buffer from another process, by name."""
+        return _attach(cls, name, seed, KIND_REPLAY)
+
+    @classmethod
+    def from_data(cls, transitions: Any, capacity: Optional[int] = None, truncate_ok: bool = False,
+                  **kwargs: Any) -> "ReplayBuffer":
+        """A buffer holding ``transitions``; shapes and dtypes from them, capacity their
+        length by default."""
+        obs, acts = np.asarray(transitions.obs), np.asarray(transitions.acts)
+        if isinstance(transitions.obs, Mapping) or obs.dtype == object:
+            raise ValueError("Dictionary observations are not supported")
+        buf = cls(len(obs) if capacity is None else capacity, obs_shape=obs.shape[1:], act_shape=acts.shape[1:],
+                  obs_dtype=obs.dtype, act_dtype=acts.dtype, **kwargs)
+        try:
+            buf.store(transitions, truncate_ok=truncate_ok)
+        except BaseException:
+            buf.unlink()
+            buf.close()
+            raise
+        return buf
+
+    def store(self, transitions: Any, truncate_ok: bool = True) -> None:
+        """Store obs-act-obs triples (any object with ``obs``, ``acts``, ``next_obs`` and
+        ``dones``: other fields such as ``rews`` are dropped)."""
+        if isinstance(transitions.obs, Mapping):
+            raise ValueError("Dictionary observations are not supported")
+        self._buffer.store({k: getattr(transitions, k) for k in ("obs", "acts", "next_obs", "dones")},
+                           truncate_ok=truncate_ok)
+
+    def sample(self, n_samples: int) -> Any:
+        """A Transitions of ``n_samples`` triples (imitation's class when imitation is
+        installed); ``infos`` holds an empty dict each."""
+        s = self._buffer.sample(n_samples)
+        infos = np.empty(n_samples, dtype=object)
+        infos[:] = [{} for _ in range(n_samples)]
+        return _transitions_type()(obs=s["obs"], acts=s["acts"], infos=infos, next_obs=s["next_obs"],
+                                   dones=s["dones"])
+
+    def size(self) -> Optional[int]:
+        """The number of samples stored in the buffer."""
+        return self._buffer.size()
+
+    @property
+    def name(self) -> str:
+        return self._buffer.name
+
+    def close(self) -> None:
+        self._buffer.close()
+
+    def unlink(self) -> None:
+        self._buffer.unlink()
+
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self).attach, (self.name,))

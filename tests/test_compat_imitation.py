@@ -1,0 +1,178 @@
+"""shmbuf.compat.imitation, called as imitation's users call buffer.Buffer / ReplayBuffer
+(seed-semantics 1.1)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from shmbuf.compat.imitation import Buffer, ReplayBuffer, Transitions
+
+import helpers
+
+
+@pytest.fixture
+def buf(name):
+    b = Buffer(4, {"a": (2,), "k": ()}, {"a": np.float32, "k": np.int64}, name=name, seed=0)
+    yield b
+    b.close()
+
+
+def rows(values):
+    v = np.asarray(values)
+    return {"a": np.stack([v, v], 1).astype(np.float32), "k": v}
+
+
+def test_declared_keys_must_match(name):
+    with pytest.raises(KeyError, match="keys don't match"):
+        Buffer(4, {"a": ()}, {"b": np.int64}, name=name)
+
+
+def test_store_checks_in_imitations_order_and_changes_nothing(buf):
+    buf.store(rows([7]))
+    cases = [({}, "Missing keys"), ({"a": np.zeros((1, 2))}, "Missing keys"),
+             ({**rows([1]), "x": np.zeros(1)}, "Unexpected keys"),
+             ({"a": np.zeros((2, 2)), "k": np.zeros(3)}, "different length"),
+             ({"a": np.zeros((0, 2)), "k": np.zeros(0)}, "empty data"),
+             (rows(range(5)), "Not enough capacity"),
+             ({"a": np.zeros((2, 3)), "k": np.zeros(2)}, "Wrong data shape for a"),
+             ({"a": np.zeros((9, 3)), "k": np.zeros(9)}, "Not enough capacity")]
+    for data, why in cases:
+        with pytest.raises(ValueError, match=why):
+            buf.store(data)
+    with pytest.raises(ValueError, match="Wrong data shape"):  # checked after truncation
+        buf.store({"a": np.zeros((9, 3)), "k": np.zeros(9)}, truncate_ok=True)
+    assert buf.size() == 1 and set(buf.sample(50)["k"].tolist()) == {7}
+
+
+def test_fifo_wrap_and_truncation_as_verified(buf):
+    buf.store(rows([0, 1, 2]))
+    buf.store(rows([3, 4, 5]))
+    assert buf.size() == 4 and set(buf.sample(400)["k"].tolist()) == {2, 3, 4, 5}
+    buf.store(rows(range(100, 110)), truncate_ok=True)  # the last capacity rows
+    assert set(buf.sample(400)["k"].tolist()) == {106, 107, 108, 109}
+
+
+def test_values_are_copied_and_cast_into_the_field(buf):
+    data = rows([1, 2])
+    buf.store(data)
+    data["k"][:] = 99
+    assert set(buf.sample(100)["k"].tolist()) == {1, 2}
+    buf.store({"a": np.zeros((1, 2), np.float64), "k": np.array([1.9])})  # imitation casts: 1
+    assert 1 in buf.sample(200)["k"].tolist() and buf.sample(1)["k"].dtype == np.int64
+    for bad in (np.array([np.nan]), np.array([1e30])):
+        with pytest.raises(ValueError, match="'k'"):
+            buf.store({"a": np.zeros((1, 2)), "k": bad})
+    assert buf.size() == 3
+
+
+def test_sample(buf):
+    with pytest.raises(ValueError, match="Buffer is empty"):
+        buf.sample(1)
+    buf.store(rows([3, 4]))
+    empty = buf.sample(0)
+    assert empty["a"].shape == (0, 2) and empty["k"].shape == (0,)
+    many = buf.sample(50)  # more than stored: with replacement
+    assert many["a"].shape == (50, 2) and many["a"].dtype == np.float32
+    assert (many["a"][:, 0] == many["k"]).all()  # rows aligned across keys
+
+
+def test_from_data(name):
+    with pytest.raises(ValueError, match="No keys"):
+        Buffer.from_data({})
+    with pytest.raises(ValueError, match="different length"):
+        Buffer.from_data({"a": np.zeros(3), "b": np.zeros(4)})
+    data = {"x": np.arange(5, dtype=np.int16), "y": np.ones((5, 3))}
+    with Buffer.from_data(data, name=name) as b:
+        assert b.capacity == 5 and b.size() == 5 and b.sample(2)["x"].dtype == np.int16
+        assert b.sample_shapes == {"x": (), "y": (3,)}
+    with pytest.raises(ValueError, match="Not enough capacity"):
+        Buffer.from_data(data, 3, name=name)
+    with Buffer.from_data(data, 3, truncate_ok=True, name=name) as b:
+        assert set(b.sample(100)["x"].tolist()) == {2, 3, 4}
+    with pytest.raises(ValueError, match="capacity"):
+        Buffer(0, {"a": ()}, {"a": np.int64})  # (imitation accepts 0; shmbuf says why not)
+
+
+def transitions(k, obs_dtype=np.float32):
+    k = np.asarray(k)
+    infos = np.empty(len(k), object)
+    infos[:] = [{"i": int(i)} for i in k]
+    return Transitions(obs=np.stack([k, k], 1).astype(obs_dtype), acts=k, infos=infos,
+                       next_obs=np.stack([k + 1, k + 1], 1).astype(obs_dtype), dones=k % 2 == 0)
+
+
+def test_replay_buffer_schema_from_explicit_fields_or_an_env(name):
+    with pytest.raises(ValueError, match="Shape or dtype missing"):
+        ReplayBuffer(4, obs_shape=(2,), act_shape=())
+    space = SimpleNamespace(shape=(2,), dtype=np.dtype(np.float32))
+    venv = SimpleNamespace(observation_space=space, action_space=SimpleNamespace(shape=(), dtype=np.dtype(np.int64)))
+    with pytest.raises(ValueError, match="Cannot specify both"):
+        ReplayBuffer(4, venv, obs_shape=(2,))
+    with ReplayBuffer(8, venv, name=name) as rb:
+        rb.store(transitions(range(3)))
+        t = rb.sample(5)
+        assert isinstance(t, Transitions) and len(t) == 5
+        assert t.obs.dtype == np.float32 and t.acts.dtype == np.int64 and t.dones.dtype == bool
+        assert (t.next_obs == t.obs + 1).all() and (t.dones == (t.acts % 2 == 0)).all()
+        assert t.infos.dtype == object and all(i == {} for i in t.infos)  # infos are not stored
+
+
+def test_replay_buffer_store_defaults_to_truncating_and_drops_extra_fields(name):
+    with ReplayBuffer(4, obs_shape=(2,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name) as rb:
+        t = transitions(range(10))
+        rb.store(SimpleNamespace(**{f: getattr(t, f) for f in ("obs", "acts", "infos", "next_obs", "dones")},
+                                 rews=np.ones(10)))
+        assert rb.size() == 4 and set(rb.sample(200).acts.tolist()) == {6, 7, 8, 9}
+        with pytest.raises(ValueError, match="Not enough capacity"):
+            rb.store(t, truncate_ok=False)
+
+
+def test_transitions_are_checked():
+    t = transitions(range(3))
+    with pytest.raises(ValueError, match="same number"):
+        Transitions(obs=t.obs, acts=t.acts[:2], infos=t.infos, next_obs=t.next_obs, dones=t.dones)
+    with pytest.raises(ValueError, match="same shape"):
+        Transitions(obs=t.obs, acts=t.acts, infos=t.infos, next_obs=t.next_obs[:, :1], dones=t.dones)
+    with pytest.raises(ValueError, match="boolean"):
+        Transitions(obs=t.obs, acts=t.acts, infos=t.infos, next_obs=t.next_obs, dones=t.dones.astype(int))
+
+
+def test_replay_buffer_from_data(name):
+    with ReplayBuffer.from_data(transitions(range(6), np.int32), name=name) as rb:
+        assert rb.capacity == 6 and rb.size() == 6 and rb.sample(3).obs.dtype == np.int32
+    with pytest.raises(ValueError, match="Not enough capacity"):
+        ReplayBuffer.from_data(transitions(range(6)), 4, name=name)
+    with ReplayBuffer.from_data(transitions(range(6)), 4, truncate_ok=True, name=name) as rb:
+        assert set(rb.sample(100).acts.tolist()) == {2, 3, 4, 5}
+
+
+@pytest.mark.timeout(120)
+def test_another_process_stores_by_name_while_this_one_samples(name):
+    ctx = mp.get_context("spawn")
+    with ReplayBuffer(64, obs_shape=(2,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name) as rb:
+        again = pickle.loads(pickle.dumps(rb))  # pickles as its name
+        assert again.name == name and again.capacity == 64
+        again.close()
+        with pytest.raises(ValueError, match="not an imitation Buffer"):
+            Buffer.attach(name)
+        ready, results = ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=helpers.imitation_storer, args=(name, 200, ready, results))
+        p.start()
+        ready.set()
+        checked = 0
+        deadline = time.monotonic() + 60
+        while p.is_alive() and time.monotonic() < deadline:
+            if rb.size():
+                t = rb.sample(32)  # every sampled triple is whole
+                assert (t.obs[:, 0] == t.acts).all() and (t.next_obs[:, 0] == t.acts + 1).all()
+                assert (t.dones == (t.acts % 5 == 0)).all()
+                checked += 32
+        assert results.get(timeout=60) == 64
+        p.join(60)
+        assert p.exitcode == 0 and rb.size() == 64 and checked > 0
