@@ -555,3 +555,16 @@ def imitation_storer(name: str, rounds: int, ready, results) -> None:
                               dones=k % 5 == 0))
     results.put(buf.size())
     buf.close()
+
+
+def fishyrl_adder(name: str, steps: int, ready, results) -> None:
+    """Attach a fishyrl SequentialBuffer by name and add steps t = 1000.. through its own
+    ``add`` while the parent samples: obs is (t, t), reward t."""
+    from shmbuf.compat.fishyrl import SequentialBuffer
+
+    buf = SequentialBuffer.attach(name)
+    ready.wait(30)
+    for t in range(1000, 1000 + steps):
+        buf.add({"obs": np.array([t, t]), "reward": np.float32(t)})
+    results.put(buf.size)
+    buf.close()

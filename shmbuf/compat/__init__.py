@@ -8,4 +8,5 @@ pickles as its name. Where a library has a bug, the facade does what the README'
 divergence table says instead.
 
 * :mod:`shmbuf.compat.imitation`: ``Buffer``, ``ReplayBuffer``, ``Transitions``
+* :mod:`shmbuf.compat.fishyrl`: ``SequentialBuffer``, ``convert_samples_to_tensors``
 """

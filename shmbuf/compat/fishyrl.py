@@ -1,0 +1,185 @@
+"""fishyrl's ``SequentialBuffer`` and ``convert_samples_to_tensors``, in shared memory.
+
+Switch with one import::
+
+    from shmbuf.compat.fishyrl import SequentialBuffer, convert_samples_to_tensors
+
+``SequentialBuffer(capacity, validate_keys=True, seed=None)``: ``add`` one step (a dict
+of per-step arrays), ``sample(batch_size, sequence_length)`` windows of consecutive steps
+in the order written (they may wrap around the ring, never join the newest step to the
+oldest, and cross episode boundaries as fishyrl's do), ``size``, ``is_full``,
+``reset()``, ``state_dict()`` / ``load_state_dict()`` with the RNG state. As in fishyrl the
+schema comes from the first ``add``: the segment is created then (``name`` is None
+before) and ``reset()`` ends it. Values are cast into the field's dtype (2.7 into an
+int64 field is 2) except NaN, infinities and out-of-range integers. Divergences
+(README): ``is_full`` is ``size == capacity`` (fishyrl's is never true after the first
+wrap); ``state_dict`` holds copies (fishyrl's holds its arrays by reference); a key
+that first appears after the first ``add`` (``validate_keys=False``) raises
+``ValueError``: a shared segment's schema is fixed once made.
+
+Example:
+    >>> import numpy as np
+    >>> buf = SequentialBuffer(5, seed=0)
+    >>> buf.name is None
+    True
+    >>> for t in range(7):
+    ...     buf.add({"obs": np.full(2, t), "reward": np.float32(t)})
+    >>> buf.size, buf.is_full
+    (5, True)
+    >>> sorted({tuple(w) for w in buf.sample(50, 3)["reward"].tolist()})
+    [(2.0, 3.0, 4.0), (3.0, 4.0, 5.0), (4.0, 5.0, 6.0)]
+    >>> buf.reset(); buf.name is None
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from .. import buffer as core
+from . import _cast
+
+KIND = "fishyrl.SequentialBuffer"
+
+
+class SequentialBuffer:
+    """Steps in a ring, sampled as windows of consecutive steps (fishyrl's
+    ``SequentialBuffer``), in shared memory once the first step fixes the schema."""
+
+    def __init__(self, capacity: int, validate_keys: bool = True, seed: Optional[int] = None, *,
+                 name: Optional[str] = None, persist: bool = False) -> None:
+        self._capacity, self._validate_keys = capacity, validate_keys
+        self._rng = np.random.default_rng(seed)
+        self._name, self._persist = name, persist
+        self._core: Optional[core.Buffer] = None
+
+    @classmethod
+    def attach(cls, name: str) -> "SequentialBuffer":
+        """This buffer from another process, by name (after its first ``add``)."""
+        handle = core.Buffer.attach(name)
+        if handle.meta.get("kind") != KIND:
+            handle.close()
+            raise ValueError(f"buffer {name!r} is not a fishyrl SequentialBuffer")
+        self = cls(handle.capacity, bool(handle.meta.get("validate_keys", True)))
+        self._core = handle
+        handle._rng = self._rng
+        return self
+
+    def _create(self, fields: dict[str, tuple[tuple[int, ...], np.dtype]]) -> core.Buffer:
+        self._core = core.Buffer.create(fields, self._capacity, name=self._name, persist=self._persist,
+                                        meta={"kind": KIND, "validate_keys": bool(self._validate_keys)})
+        self._core._rng = self._rng  # one generator for the buffer's life (reset keeps it)
+        return self._core
+
+    # -- writing -------------------------------------------------------------------------
+
+    def add(self, experience: Mapping[str, Any]) -> None:
+        """Add one step: ``{key: value}`` without a batch axis."""
+        values = {k: np.asarray(v) for k, v in experience.items()}
+        buf = self._core
+        if buf is None:
+            buf = self._create({k: (v.shape, v.dtype) for k, v in values.items()})
+        fields = buf.fields
+        if self._validate_keys:
+            for k in list(values) + list(fields):
+                if k not in values or k not in fields:
+                    raise ValueError(f"Key '{k}' not common between experience and buffer.")
+        else:
+            new = [k for k in values if k not in fields]
+            missing = [k for k in fields if k not in values]
+            if new or missing:
+                raise ValueError(f"keys {new or missing} {'are new' if new else 'are missing'}: a buffer in "
+                                 f"shared memory keeps the keys of its first step ({list(fields)}); give "
+                                 "every key in every step, or reset() first")
+        row = {}
+        for k, (shape, dtype) in fields.items():
+            try:
+                v = np.broadcast_to(values[k], shape)
+            except ValueError:
+                raise ValueError(f"Key '{k}': a value of shape {values[k].shape} does not fit the "
+                                 f"buffer's {shape}") from None
+            row[k] = _cast.into(v, dtype, k)
+        buf.add(row)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def sample(self, batch_size: int, sequence_length: int = 1) -> dict[str, np.ndarray]:
+        """``batch_size`` windows of ``sequence_length`` consecutive steps, uniformly with
+        replacement: ``{key: (batch_size, sequence_length, *shape)}``. ``ValueError``
+        when fewer than ``sequence_length`` steps are stored."""
+        if self.size < sequence_length or self._core is None:
+            raise ValueError(f"cannot sample sequences of {sequence_length} steps from a buffer "
+                             f"holding {self.size}")
+        return self._core.sample_sequences(batch_size, sequence_length)
+
+    @property
+    def size(self) -> int:
+        """Steps stored."""
+        return 0 if self._core is None else len(self._core)
+
+    @property
+    def is_full(self) -> bool:
+        return self.size == self._capacity
+
+    @property
+    def name(self) -> Optional[str]:
+        """The segment's name (None until the first ``add``)."""
+        return None if self._core is None else self._core.name
+
+    # -- state ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every key and step (the segment ends; the RNG goes on)."""
+        if self._core is not None:
+            self._core.unlink()
+            self._core.close()
+            self._core = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the steps, positions and RNG state (fishyrl's keys)."""
+        return {"_capacity": self._capacity, "_validate_keys": self._validate_keys,
+                "_rng": self._rng.bit_generator.state,
+                "_buffer": None if self._core is None else self._core.state_dict()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the following samples are the same)."""
+        inner = state_dict["_buffer"]
+        if int(state_dict["_capacity"]) != self._capacity:
+            raise ValueError(f"state_dict is of capacity {state_dict['_capacity']}, this buffer's is {self._capacity}")
+        self.reset()
+        if inner is not None:
+            fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}
+            self._create(fields).load_state_dict(inner)
+        self._rng.bit_generator.state = state_dict["_rng"]
+        if self._core is not None:
+            self._core._rng = self._rng
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+
+    def __enter__(self) -> "SequentialBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._core is None:
+            raise TypeError("a SequentialBuffer has no shared memory before its first add(): nothing to attach to")
+        return (type(self).attach, (self.name,))
+
+
+def convert_samples_to_tensors(samples: Mapping[str, np.ndarray], **tensor_kwargs: Any) -> dict[str, Any]:
+    """``{key: torch.from_numpy(v).to(**tensor_kwargs)}`` (torch is imported here): keys
+    and dtypes kept unless ``dtype=`` is given; with no device or dtype change a tensor
+    shares memory with the sample."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("convert_samples_to_tensors needs PyTorch: pip install torch") from None
+    return {k: torch.from_numpy(np.asarray(v)).to(**tensor_kwargs) for k, v in samples.items()}

@@ -1,0 +1,112 @@
+"""shmbuf.compat.fishyrl, called as fishyrl's users call SequentialBuffer (seed-semantics 1.2)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+from shmbuf.compat.fishyrl import SequentialBuffer, convert_samples_to_tensors
+
+import helpers
+
+
+def step(t):
+    return {"obs": np.array([t, t]), "reward": np.float32(t)}
+
+
+def test_the_schema_and_the_segment_come_with_the_first_add(name):
+    buf = SequentialBuffer(5, name=name, seed=0)
+    assert buf.name is None and buf.size == 0 and not buf.is_full
+    with pytest.raises(TypeError, match="before its first add"):
+        pickle.dumps(buf)
+    with pytest.raises(ValueError):
+        buf.sample(1, 1)
+    buf.add({"obs": np.array([1, 2], np.int64), "reward": 0.5})
+    assert buf.name == name and buf.size == 1
+    buf.add({"obs": np.array([2.7, 3.2]), "reward": 1})  # cast into the first step's dtypes
+    s = buf.sample(20, 1)
+    assert s["obs"].dtype == np.int64 and s["obs"].shape == (20, 1, 2)
+    assert {tuple(r) for r in s["obs"][:, 0].tolist()} <= {(1, 2), (2, 3)}
+    with pytest.raises(ValueError, match="Key 'x' not common between experience and buffer."):
+        buf.add({"obs": np.zeros(2), "reward": 1.0, "x": 1})
+    with pytest.raises(ValueError, match="Key 'reward' not common"):
+        buf.add({"obs": np.zeros(2)})
+    with pytest.raises(ValueError, match="'obs'"):
+        buf.add({"obs": np.array([np.nan, 0]), "reward": 1.0})
+    assert buf.size == 2
+    buf.reset()  # forgets keys: the next add may bring others
+    assert buf.name is None and buf.size == 0
+    buf.add({"other": np.zeros(3)})
+    assert list(buf.sample(1, 1)) == ["other"]
+    buf.reset()
+
+
+def test_windows_are_consecutive_never_join_newest_to_oldest(name):
+    with SequentialBuffer(5, seed=1, name=name) as buf:
+        for t in range(7):
+            buf.add(step(t))
+        assert buf.size == 5 and buf.is_full  # (fishyrl's is_full is False here: fixed)
+        w = buf.sample(300, 3)["reward"]
+        assert {tuple(x) for x in w.tolist()} == {(2, 3, 4), (3, 4, 5), (4, 5, 6)}
+        assert len({tuple(x) for x in buf.sample(50, 5)["reward"].tolist()}) == 1  # size == L: one window
+        with pytest.raises(ValueError):
+            buf.sample(1, 6)
+        buf.reset()
+
+
+def test_state_dict_round_trip_gives_identical_samples(name):
+    a = SequentialBuffer(8, seed=3, name=name)
+    for t in range(11):
+        a.add(step(t))
+    a.sample(4, 2)
+    sd = a.state_dict()
+    assert sd["_buffer"]["data"]["reward"] is not a._core._ring.arrays["reward"]  # copies
+    expected = [a.sample(6, 3)["reward"].tolist() for _ in range(3)]
+    b = SequentialBuffer(8, seed=99, name=name + "b")
+    b.load_state_dict(sd)
+    assert [b.sample(6, 3)["reward"].tolist() for _ in range(3)] == expected
+    assert b.size == 8 and b.is_full
+    a.reset()
+    b.reset()
+
+
+@pytest.mark.timeout(120)
+def test_another_process_adds_by_name_while_this_one_samples(name):
+    ctx = mp.get_context("spawn")
+    buf = SequentialBuffer(64, seed=0, name=name)
+    try:
+        buf.add(step(999))
+        again = pickle.loads(pickle.dumps(buf))
+        assert again.name == name
+        again.close()
+        ready, results = ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=helpers.fishyrl_adder, args=(name, 500, ready, results))
+        p.start()
+        ready.set()
+        checked, deadline = 0, time.monotonic() + 60
+        while p.is_alive() and time.monotonic() < deadline:
+            if buf.size >= 4:
+                s = buf.sample(16, 4)
+                r = s["reward"]
+                assert (np.diff(r, axis=1) == 1).all()  # consecutive steps, in order
+                assert (s["obs"][..., 0] == r).all()  # whole rows
+                checked += 16
+        assert results.get(timeout=60) == 64
+        p.join(60)
+        assert p.exitcode == 0 and buf.size == 64 and checked > 0
+    finally:
+        buf.reset()
+
+
+@pytest.mark.extras
+def test_convert_samples_to_tensors_shares_memory():
+    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    s = {"obs": np.zeros((2, 3, 4), np.float32), "done": np.zeros((2, 3), bool)}
+    t = convert_samples_to_tensors(s)
+    t["obs"][0, 0, 0] = 5
+    assert s["obs"][0, 0, 0] == 5 and t["done"].dtype == torch.bool
+    assert convert_samples_to_tensors(s, dtype=torch.float64)["done"].dtype == torch.float64
