@@ -20,7 +20,7 @@ from shmbuf import segment
 # The core step of scripts/test does not collect the optional extras' test files: their
 # dependencies may be being installed meanwhile.
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
-    collect_ignore = ["test_torch.py", "test_spaces.py", "test_hdf5.py"]
+    collect_ignore = ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_compat_velora.py"]
 
 # Child processes that import this module (spawn re-imports test modules) keep the
 # run's namespace; a new run never inherits one from the shell.
@@ -111,18 +111,19 @@ def shm_path(name: str) -> str:
 
 # Doctests of the optional-dependency modules: marked "extras" (scripts/test runs them in
 # a step of their own) and skipped where the dependency is not installed.
-OPTIONAL_DOCTESTS = {"torch.py": "torch", "spaces.py": "gymnasium", "hdf5.py": "h5py", "weights.py": None}
+OPTIONAL_DOCTESTS = {"shmbuf/torch.py": "torch", "shmbuf/spaces.py": "gymnasium", "shmbuf/hdf5.py": "h5py",
+                     "shmbuf/weights.py": None, "shmbuf/compat/velora.py": "torch"}
 
 
 def pytest_collection_modifyitems(config, items):
     import importlib.util
 
     for item in items:
-        path = str(getattr(item, "path", ""))
-        base, parent = os.path.basename(path), os.path.basename(os.path.dirname(path))
-        if type(item).__name__ != "DoctestItem" or parent != "shmbuf" or base not in OPTIONAL_DOCTESTS:
+        path = str(getattr(item, "path", "")).replace(os.sep, "/")
+        key = next((k for k in OPTIONAL_DOCTESTS if path.endswith("/" + k)), None)
+        if type(item).__name__ != "DoctestItem" or key is None:
             continue
         item.add_marker(pytest.mark.extras)
-        need = OPTIONAL_DOCTESTS[base]
+        need = OPTIONAL_DOCTESTS[key]
         if need and importlib.util.find_spec(need) is None:
             item.add_marker(pytest.mark.skip(reason=f"{need} is not installed (an optional extra)"))

@@ -568,3 +568,18 @@ def fishyrl_adder(name: str, steps: int, ready, results) -> None:
         buf.add({"obs": np.array([t, t]), "reward": np.float32(t)})
     results.put(buf.size)
     buf.close()
+
+
+def velora_adder(name: str, rounds: int, ready, results) -> None:
+    """Attach a velora ReplayBuffer by name and add_multi batches whose every value of a
+    row is the row's key k (states k, actions k, rewards k, next_states k + 1)."""
+    from shmbuf.compat.velora import ReplayBuffer
+
+    buf = ReplayBuffer.attach(name)
+    ready.wait(30)
+    for r in range(rounds):
+        k = np.arange(r * 4, r * 4 + 4, dtype=np.float32)
+        buf.add_multi(np.repeat(k[:, None], 3, 1), k, k, np.repeat(k[:, None] + 1, 3, 1), k % 2 == 0,
+                      np.repeat(k[:, None], 2, 1))
+    results.put(len(buf))
+    buf.close()

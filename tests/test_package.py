@@ -62,7 +62,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
 
 
 def test_import_shmbuf_imports_no_optional_dependency():
-    code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist, shmbuf.torch, shmbuf.weights, shmbuf.cli\n"
+    code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist, shmbuf.torch, shmbuf.weights, shmbuf.cli, "
+            "shmbuf.hdf5, shmbuf.compat.imitation, shmbuf.compat.fishyrl, shmbuf.compat.velora\n"
             "bad = {'torch', 'gymnasium', 'gym', 'h5py', 'safetensors', 'ray'} & set(sys.modules)\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -9,4 +9,5 @@ divergence table says instead.
 
 * :mod:`shmbuf.compat.imitation`: ``Buffer``, ``ReplayBuffer``, ``Transitions``
 * :mod:`shmbuf.compat.fishyrl`: ``SequentialBuffer``, ``convert_samples_to_tensors``
+* :mod:`shmbuf.compat.velora`: ``ReplayBuffer``, ``BatchExperience`` (needs torch)
 """
