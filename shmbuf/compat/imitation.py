@@ -35,11 +35,12 @@ import numpy as np
 
 from .. import buffer as core
 from . import _cast
+from ._shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
 
 
-class Buffer:
+class Buffer(Shared):
     """A FIFO ring buffer for NumPy arrays of a fixed shape and dtype, sampled
     uniformly with replacement (imitation's ``buffer.Buffer``), in shared memory."""
 
@@ -80,13 +81,7 @@ class Buffer:
         arrays = {k: np.asarray(v) for k, v in data.items()}
         buf = cls(capacity, {k: a.shape[1:] for k, a in arrays.items()},
                   {k: a.dtype for k, a in arrays.items()}, **kwargs)
-        try:
-            buf.store(arrays, truncate_ok=truncate_ok)
-        except BaseException:
-            buf.unlink()
-            buf.close()
-            raise
-        return buf
+        return buf._or_remove(lambda: buf.store(arrays, truncate_ok=truncate_ok))
 
     def store(self, data: Mapping[str, np.ndarray], truncate_ok: bool = False) -> None:
         """Store ``n`` rows (``(n,) + sample_shapes[k]`` per key), replacing the oldest.
@@ -123,29 +118,6 @@ class Buffer:
     def size(self) -> Optional[int]:
         """The number of samples stored in the buffer."""
         return len(self._core)
-
-    # -- shared memory -----------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The segment's name: ``attach(name)`` from any process."""
-        return self._core.name
-
-    def close(self) -> None:
-        """Detach (the creating process also removes the buffer, unless ``persist``)."""
-        self._core.close()
-
-    def unlink(self) -> None:
-        self._core.unlink()
-
-    def __enter__(self) -> "Buffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (type(self).attach, (self.name,))
 
 
 def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
@@ -205,7 +177,7 @@ def _transitions_type() -> type:
     return Real
 
 
-class ReplayBuffer:
+class ReplayBuffer(Shared):
     """Buffer for Transitions (imitation's ``buffer.ReplayBuffer``), in shared memory.
     Rewards are not stored (imitation's do not either); ``infos`` neither: ``sample``
     returns an empty dict for each."""
@@ -243,13 +215,7 @@ class ReplayBuffer:
             raise ValueError("Dictionary observations are not supported")
         buf = cls(len(obs) if capacity is None else capacity, obs_shape=obs.shape[1:], act_shape=acts.shape[1:],
                   obs_dtype=obs.dtype, act_dtype=acts.dtype, **kwargs)
-        try:
-            buf.store(transitions, truncate_ok=truncate_ok)
-        except BaseException:
-            buf.unlink()
-            buf.close()
-            raise
-        return buf
+        return buf._or_remove(lambda: buf.store(transitions, truncate_ok=truncate_ok))
 
     def store(self, transitions: Any, truncate_ok: bool = True) -> None:
         """Store obs-act-obs triples (any object with ``obs``, ``acts``, ``next_obs`` and
@@ -272,21 +238,5 @@ class ReplayBuffer:
         """The number of samples stored in the buffer."""
         return self._buffer.size()
 
-    @property
-    def name(self) -> str:
-        return self._buffer.name
-
-    def close(self) -> None:
-        self._buffer.close()
-
-    def unlink(self) -> None:
-        self._buffer.unlink()
-
-    def __enter__(self) -> "ReplayBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (type(self).attach, (self.name,))
+    def _shm(self) -> core.Buffer:
+        return self._buffer._core

@@ -42,6 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import buffer as core
+from ._shared import Shared
 
 KIND = "velora.ReplayBuffer"
 FIELDS = ("states", "actions", "rewards", "next_states", "dones", "hiddens")
@@ -80,7 +81,7 @@ def _rows(value: Any, n: Optional[int], width: int, what: str) -> np.ndarray:
     return a.reshape(want)
 
 
-class ReplayBuffer:
+class ReplayBuffer(Shared):
     """Off-policy experience (velora's ``ReplayBuffer``), in shared memory."""
 
     def __init__(self, capacity: int, state_dim: int, action_dim: int, hidden_dim: int, *,
@@ -249,27 +250,6 @@ class ReplayBuffer:
                 states = next_states
         finally:
             envs.close()
-
-    # -- lifetime ------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._core.name
-
-    def close(self) -> None:
-        self._core.close()
-
-    def unlink(self) -> None:
-        self._core.unlink()
-
-    def __enter__(self) -> "ReplayBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (type(self).attach, (self.name,))
 
 
 _ST_DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_,
