@@ -652,8 +652,9 @@ class Buffer:
         return _priority.update(self, index, priorities, self._t(timeout))
 
     def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
-                         timeout: float | None = None) -> Batch:
-        """Sample ``batch`` windows of ``length`` consecutive rows of one lane.
+                         timeout: float | None = None, lane: int | None = None) -> Batch:
+        """Sample ``batch`` windows of ``length`` consecutive rows of one lane (of lane
+        ``lane`` only, if given: one env's sequences).
 
         Rows of a window are in the order they were written; a window may wrap
         physically around the ring but never joins the newest row to the oldest, never
@@ -672,8 +673,10 @@ class Buffer:
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         if self._limiter is not None:
             self._limiter.before_sample(batch, self._t(timeout))
+        if lane is not None:
+            lane = self._resolve_lane(lane, 0)
         sampling.sample_windows(self._ring, self._rng, batch, length, flat,
-                                self._t(timeout))
+                                self._t(timeout), lane)
         self._counters.sampled(batch * length)
         if self._prio is not None:
             out.pop(_priority.FIELD, None)  # (kept by shmbuf)

@@ -44,7 +44,7 @@ def _check_enough(lo: list[int], head: list[int], length: int) -> None:
 
 
 def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
-          pool: tuple[np.ndarray, np.ndarray] | None) -> tuple[Any, np.ndarray, Any]:
+          pool: tuple[np.ndarray, np.ndarray] | None, only: int | None = None) -> tuple[Any, np.ndarray, Any]:
     """Draw ``n`` windows of ``length`` rows: their lane (an int for a single-lane ring,
     else an array), first sequence numbers, and for a pure-Python uniform draw the
     lowest sequence number it could draw from each lane (else None).
@@ -57,6 +57,14 @@ def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
     if pool is not None:
         pick = rng.integers(0, len(pool[0]), n)
         return pool[0][pick], pool[1][pick], None
+    if only is not None:  # one lane's windows only
+        lo, head = ring.window_lists()
+        count = head[only] - lo[only] - length + 1
+        if count <= 0:
+            raise ValueError(f"lane {only} holds {head[only] - lo[only]} rows, fewer than a window of "
+                             f"{length}; add more rows to it or ask for a shorter window")
+        x = (rng.random(n) * count).astype(np.int64) + lo[only]
+        return only, x, lo
     if ring.native is not None:  # the arithmetic below, in one call
         first, lane = np.empty(n, np.int64), np.empty(n, np.int64)
         if ring.native.draw(rng.random(n), length, first, lane):
@@ -285,20 +293,22 @@ def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any],
 
 
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
-                   out: Sequence[np.ndarray], timeout: float) -> None:
+                   out: Sequence[np.ndarray], timeout: float, only: int | None = None) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
-    with ``n`` intact windows. ``ValueError`` if the buffer holds no such window."""
-    lane, first, lo = draw_windows(ring, rng, n, length, None)
+    with ``n`` intact windows (of lane ``only``, if given). ``ValueError`` if the buffer
+    (the lane) holds no such window."""
+    lane, first, lo = draw_windows(ring, rng, n, length, None, only)
     if n == 0:
         return
     ok = copy_windows(ring, lane, first, length, lo, out)
     if ok is not None:
-        _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout)
+        _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout, only)
 
 
 def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.ndarray],
-            bad: np.ndarray, deadline: float, timeout: float) -> None:
-    """Replace the windows at positions ``bad`` until all of them are intact."""
+            bad: np.ndarray, deadline: float, timeout: float, only: int | None = None) -> None:
+    """Replace the windows at positions ``bad`` until all of them are intact (of lane
+    ``only``, if given)."""
     shaped = [a.reshape((-1, length) + a.shape[1:]) for a in out]
     rounds, delay = 0, 0.0
     while len(bad):
@@ -306,6 +316,9 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
         pool = None
         if rounds > _UNIFORM_ROUNDS:
             pool = _pool_or_raise(ring, length, deadline)
+            if pool is not None and only is not None:
+                keep = pool[0] == only
+                pool = (pool[0][keep], pool[1][keep]) if keep.any() else None
         if time.monotonic() >= deadline:
             raise SampleTimeout(
                 f"could not copy {len(bad)} intact rows within {timeout:g} s: writers overwrite "
@@ -314,7 +327,7 @@ def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.
             time.sleep(delay)  # rows exist but are all still being written
             delay = min(max(delay * 2, 20e-6), 1e-3)
             continue
-        lane, first, lo = draw_windows(ring, rng, len(bad), length, pool)
+        lane, first, lo = draw_windows(ring, rng, len(bad), length, pool, only)
         tmp = [np.empty((len(bad) * length,) + a.shape[1:], a.dtype) for a in out]
         ok = copy_windows(ring, lane, first, length, lo, tmp)
         if ok is None:

@@ -583,3 +583,16 @@ def velora_adder(name: str, rounds: int, ready, results) -> None:
                       np.repeat(k[:, None], 2, 1))
     results.put(len(buf))
     buf.close()
+
+
+def fishyrl_vector_adder(name: str, steps: int, ready, results) -> None:
+    """Attach an IndependentVectorizedBuffer by name; add steps t of 2 envs: env e's obs
+    is 1000 * e + t."""
+    from shmbuf.compat.fishyrl import IndependentVectorizedBuffer
+
+    buf = IndependentVectorizedBuffer.attach(name)
+    ready.wait(30)
+    for t in range(steps):
+        buf.add({"obs": np.array([[t], [1000 + t]])})
+    results.put(buf.size)
+    buf.close()

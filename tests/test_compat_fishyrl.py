@@ -110,3 +110,78 @@ def test_convert_samples_to_tensors_shares_memory():
     t["obs"][0, 0, 0] = 5
     assert s["obs"][0, 0, 0] == 5 and t["done"].dtype == torch.bool
     assert convert_samples_to_tensors(s, dtype=torch.float64)["done"].dtype == torch.float64
+
+
+from shmbuf.compat.fishyrl import IndependentVectorizedBuffer  # noqa: E402
+
+
+def env_steps(buf, ts, envs=3):
+    for t in ts:
+        buf.add({"obs": np.array([[1000 * e + t] for e in range(envs)]), "done": np.zeros(envs, bool)})
+
+
+def test_vectorized_sequences_never_mix_envs_and_split_at_random(name):
+    with IndependentVectorizedBuffer(3, 10, seed=0, name=name) as buf:
+        assert buf.name is None
+        env_steps(buf, range(12))  # each env wraps its own 10 steps
+        assert buf.size == 30
+        seen = set()
+        for _ in range(20):
+            s = buf.sample(9, sequence_length=3)["obs"][..., 0]
+            assert s.shape == (9, 3) and (np.diff(s, axis=1) == 1).all()  # one env, in order
+            envs = s[:, 0] // 1000
+            assert (np.diff(envs) >= 0).all()  # grouped in env order
+            seen.add(tuple(np.bincount(envs, minlength=3)))
+            assert (s % 1000 >= 2).all()  # the newest 10 steps of each env
+        assert len(seen) > 1  # the split varies from call to call
+        with pytest.warns(UserWarning, match="not divisible"):
+            assert len(buf.sample(7)["obs"]) == 7  # not actually rounded down (as fishyrl)
+        buf.reset()
+
+
+def test_vectorized_mask_sends_rows_in_order_to_the_selected_envs(name):
+    with IndependentVectorizedBuffer(3, 4, seed=0, name=name) as buf:
+        buf.add({"obs": np.array([[0], [0], [0]]), "done": np.zeros(3, bool)})
+        buf.add({"obs": np.array([[1], [2]]), "done": np.zeros(2, bool)}, mask=[False, True, True])
+        with pytest.raises(ValueError, match="fewer rows"):
+            buf.add({"obs": np.array([[1]]), "done": np.zeros(1, bool)}, mask=[True, True, False])
+        lanes = buf._core.lane_sizes()
+        assert lanes == [1, 2, 2]
+        assert sorted(buf._core.sample_sequences(50, 2, lane=1)["obs"][:, 1, 0].tolist())[0] == 1
+        assert set(buf._core.sample_sequences(50, 2, lane=2)["obs"][:, 1, 0].tolist()) == {2}
+        buf.reset()
+
+
+def test_vectorized_state_dict_round_trip(name):
+    a = IndependentVectorizedBuffer(2, 8, seed=4, name=name)
+    env_steps(a, range(11), envs=2)
+    sd = a.state_dict()
+    expected = [a.sample(6, sequence_length=2)["obs"].tolist() for _ in range(3)]
+    b = IndependentVectorizedBuffer(2, 8, seed=77, name=name + "b")
+    b.load_state_dict(sd)
+    assert [b.sample(6, sequence_length=2)["obs"].tolist() for _ in range(3)] == expected
+    a.reset()
+    b.reset()
+
+
+@pytest.mark.timeout(120)
+def test_vectorized_another_process_adds_by_name(name):
+    ctx = mp.get_context("spawn")
+    buf = IndependentVectorizedBuffer(2, 32, seed=0, name=name)
+    try:
+        buf.add({"obs": np.array([[-1], [999]])})
+        ready, results = ctx.Event(), ctx.Queue()
+        p = ctx.Process(target=helpers.fishyrl_vector_adder, args=(name, 300, ready, results))
+        p.start()
+        ready.set()
+        checked, deadline = 0, time.monotonic() + 60
+        while p.is_alive() and time.monotonic() < deadline:
+            if buf.size >= 4:  # every env holds a window of 2
+                s = buf.sample(8, sequence_length=2)["obs"][..., 0]
+                assert (np.diff(s, axis=1) == 1).all()
+                checked += 8
+        assert results.get(timeout=60) == 64
+        p.join(60)
+        assert p.exitcode == 0 and checked > 0
+    finally:
+        buf.reset()

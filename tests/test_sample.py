@@ -155,3 +155,28 @@ def test_auto_and_explicit_lane_claims(name):
         b.close()
         assert shmbuf.Buffer.attach(name).claim_lane() == 0  # closing released it
         c.close()
+
+
+def test_sequences_of_one_lane_only_even_past_a_writer_stopped_mid_write(name, tmp_path):
+    import os
+    import signal
+
+    from helpers import start_hanging_writer
+
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 40, lanes=2, name=name, seed=0) as buf:
+        buf.extend({"x": np.arange(100, 110)}, lane=0)
+        buf.extend({"x": np.arange(8)}, lane=1)
+        proc = start_hanging_writer(name, "writing", tmp_path, lane=1, rows=4)  # 4 rows reserved, unpublished
+        try:
+            buf.extend({"x": np.arange(20, 26)}, lane=1)  # after them
+            got = buf.sample_sequences(300, 2, lane=1)["x"]
+            assert set(got.ravel().tolist()) <= set(range(8)) | set(range(20, 26))  # lane 1, published
+            assert (np.diff(got, axis=1) == 1).all()  # never across the unpublished rows
+            assert set(buf.sample_sequences(50, 3, lane=0)["x"].ravel().tolist()) <= set(range(100, 110))
+            with pytest.raises(ValueError, match="lane 0 holds 10 rows"):
+                buf.sample_sequences(1, 11, lane=0)
+            with pytest.raises(ValueError, match="lane must be"):
+                buf.sample_sequences(1, 1, lane=2)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)

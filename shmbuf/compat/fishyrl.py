@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -171,6 +172,135 @@ class SequentialBuffer:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self._core is None:
             raise TypeError("a SequentialBuffer has no shared memory before its first add(): nothing to attach to")
+        return (type(self).attach, (self.name,))
+
+
+KIND_VECTOR = "fishyrl.IndependentVectorizedBuffer"
+
+
+class IndependentVectorizedBuffer:
+    """One ``SequentialBuffer`` per env (fishyrl's ``IndependentVectorizedBuffer``): here
+    one segment with a lane per env, so sequences never mix envs and every env's steps
+    stay in order. ``add`` takes a leading env axis; ``sample`` splits the batch over the
+    envs at random (equal chances, as fishyrl does: counts vary between calls) and
+    concatenates the envs' windows in env order.
+
+    Example:
+        >>> import numpy as np
+        >>> buf = IndependentVectorizedBuffer(2, 10, seed=0)
+        >>> for t in range(4):
+        ...     buf.add({"obs": np.array([[t], [100 + t]])})
+        >>> b = buf.sample(6, sequence_length=2)["obs"][..., 0]
+        >>> b.shape, bool((np.diff(b, axis=1) == 1).all())
+        ((6, 2), True)
+        >>> buf.reset()
+    """
+
+    def __init__(self, num_buffers: int, *buffer_args: Any, buffer_class: type = SequentialBuffer,
+                 seed: Optional[int] = None, name: Optional[str] = None, persist: bool = False,
+                 **buffer_kwargs: Any) -> None:
+        if buffer_class is not SequentialBuffer:
+            raise ValueError("shmbuf's IndependentVectorizedBuffer holds SequentialBuffer sub-buffers only "
+                             f"(lanes of one segment), got buffer_class={buffer_class!r}")
+        args = dict(zip(("capacity", "validate_keys"), buffer_args), **buffer_kwargs)
+        self._n, self._capacity = int(num_buffers), int(args["capacity"])  # capacity: per env
+        self._validate_keys = bool(args.get("validate_keys", True))
+        self._rng = np.random.default_rng(seed)  # the batch split; windows: the segment's own
+        self._seed, self._name, self._persist = seed, name, persist
+        self._core: Optional[core.Buffer] = None
+
+    @classmethod
+    def attach(cls, name: str) -> "IndependentVectorizedBuffer":
+        """This buffer from another process, by name (after its first ``add``)."""
+        handle = core.Buffer.attach(name)
+        if handle.meta.get("kind") != KIND_VECTOR:
+            handle.close()
+            raise ValueError(f"buffer {name!r} is not a fishyrl IndependentVectorizedBuffer")
+        self = cls(handle.lanes, handle.lane_capacity, bool(handle.meta.get("validate_keys", True)))
+        self._core = handle
+        return self
+
+    def add(self, experience: Mapping[str, Any], mask: Optional[Any] = None) -> None:
+        """Add one step of every env (``{key: (num_envs, ...)}``): row i to env i, or with
+        ``mask``, rows 0, 1, ... to the selected envs in order (fishyrl's mask)."""
+        values = {k: np.asarray(v) for k, v in experience.items()}
+        if self._core is None:
+            self._core = core.Buffer.create({k: (v.shape[1:], v.dtype) for k, v in values.items()},
+                                            self._capacity * self._n, lanes=self._n, seed=self._seed,
+                                            name=self._name, persist=self._persist,
+                                            meta={"kind": KIND_VECTOR, "validate_keys": self._validate_keys})
+        fields = self._core.fields
+        for k in list(values) + list(fields):
+            if k not in values or k not in fields:
+                raise ValueError(f"Key '{k}' not common between experience and buffer.")
+        lanes = list(range(self._n)) if mask is None else [i for i, m in enumerate(mask) if m]
+        short = [k for k, v in values.items() if v.ndim == 0 or len(v) < len(lanes)]
+        if short:
+            raise ValueError(f"keys {short} have fewer rows than the {len(lanes)} envs they go to "
+                             "(a leading env axis is expected)")
+        rows = {k: [_cast.into(np.broadcast_to(values[k][j], shape), dtype, k) for j in range(len(lanes))]
+                for k, (shape, dtype) in fields.items()}  # (all checked before anything is written)
+        for j, lane in enumerate(lanes):
+            self._core.add({k: rows[k][j] for k in fields}, lane=lane)
+
+    def sample(self, batch_size: int, **sample_kwargs: Any) -> dict[str, np.ndarray]:
+        """``batch_size`` windows (``sequence_length=`` steps each), split over the envs at
+        random; ``(batch_size, sequence_length, *shape)`` per key, grouped by env."""
+        if batch_size % self._n != 0:
+            warnings.warn(f"batch_size {batch_size} is not divisible by the number of buffers {self._n}, "
+                          "rounding down.", UserWarning, stacklevel=2)
+        if self._core is None:
+            raise ValueError("cannot sample from an empty buffer: add steps first")
+        length = int(sample_kwargs.pop("sequence_length", 1))
+        counts = np.bincount(self._rng.integers(0, self._n, batch_size), minlength=self._n)
+        parts = [self._core.sample_sequences(int(c), length, lane=i) for i, c in enumerate(counts.tolist()) if c]
+        return {k: np.concatenate([p[k] for p in parts]) for k in self._core.fields}
+
+    @property
+    def size(self) -> int:
+        """Steps stored, over all envs."""
+        return 0 if self._core is None else len(self._core)
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self._core is None else self._core.name
+
+    def reset(self) -> None:
+        """Forget every env's steps (the segment ends; the RNG goes on)."""
+        if self._core is not None:
+            self._core.unlink()
+            self._core.close()
+            self._core = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"_rng": the split's RNG state, "_buffer": a copy of every env's steps}``."""
+        return {"_rng": self._rng.bit_generator.state,
+                "_buffer": None if self._core is None else self._core.state_dict()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        inner = state_dict["_buffer"]
+        self.reset()
+        if inner is not None:
+            fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}
+            self._core = core.Buffer.create(fields, self._capacity * self._n, lanes=self._n, name=self._name,
+                                            persist=self._persist,
+                                            meta={"kind": KIND_VECTOR, "validate_keys": self._validate_keys})
+            self._core.load_state_dict(inner)
+        self._rng.bit_generator.state = state_dict["_rng"]
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+
+    def __enter__(self) -> "IndependentVectorizedBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._core is None:
+            raise TypeError("an IndependentVectorizedBuffer has no shared memory before its first add()")
         return (type(self).attach, (self.name,))
 
 
