@@ -596,3 +596,25 @@ def fishyrl_vector_adder(name: str, steps: int, ready, results) -> None:
         buf.add({"obs": np.array([[t], [1000 + t]])})
     results.put(buf.size)
     buf.close()
+
+
+def check_while_child_writes(target, args, check, timeout: float = 60):
+    """Run ``target(*args, ready, results)`` in a spawned process and call ``check()``
+    (which returns how many rows it checked) until the process ends; returns (what the
+    process put in ``results``, rows checked). Fails if the process fails."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, ready, results))
+    proc.start()
+    ready.set()
+    checked, deadline = 0, time.monotonic() + timeout
+    try:
+        while proc.is_alive() and time.monotonic() < deadline:
+            checked += check()
+        got = results.get(timeout=timeout)
+    finally:
+        proc.join(timeout)
+    assert proc.exitcode == 0, f"the writer process failed ({proc.exitcode})"
+    return got, checked

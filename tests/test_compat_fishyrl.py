@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -76,28 +74,23 @@ def test_state_dict_round_trip_gives_identical_samples(name):
 
 @pytest.mark.timeout(120)
 def test_another_process_adds_by_name_while_this_one_samples(name):
-    ctx = mp.get_context("spawn")
     buf = SequentialBuffer(64, seed=0, name=name)
     try:
         buf.add(step(999))
         again = pickle.loads(pickle.dumps(buf))
         assert again.name == name
         again.close()
-        ready, results = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=helpers.fishyrl_adder, args=(name, 500, ready, results))
-        p.start()
-        ready.set()
-        checked, deadline = 0, time.monotonic() + 60
-        while p.is_alive() and time.monotonic() < deadline:
-            if buf.size >= 4:
-                s = buf.sample(16, 4)
-                r = s["reward"]
-                assert (np.diff(r, axis=1) == 1).all()  # consecutive steps, in order
-                assert (s["obs"][..., 0] == r).all()  # whole rows
-                checked += 16
-        assert results.get(timeout=60) == 64
-        p.join(60)
-        assert p.exitcode == 0 and buf.size == 64 and checked > 0
+
+        def check():
+            if buf.size < 4:
+                return 0
+            s = buf.sample(16, 4)
+            r = s["reward"]
+            assert (np.diff(r, axis=1) == 1).all()  # consecutive steps, in order
+            assert (s["obs"][..., 0] == r).all()  # whole rows
+            return 16
+        size, checked = helpers.check_while_child_writes(helpers.fishyrl_adder, (name, 500), check)
+        assert size == 64 and buf.size == 64 and checked > 0
     finally:
         buf.reset()
 
@@ -166,22 +159,17 @@ def test_vectorized_state_dict_round_trip(name):
 
 @pytest.mark.timeout(120)
 def test_vectorized_another_process_adds_by_name(name):
-    ctx = mp.get_context("spawn")
     buf = IndependentVectorizedBuffer(2, 32, seed=0, name=name)
     try:
         buf.add({"obs": np.array([[-1], [999]])})
-        ready, results = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=helpers.fishyrl_vector_adder, args=(name, 300, ready, results))
-        p.start()
-        ready.set()
-        checked, deadline = 0, time.monotonic() + 60
-        while p.is_alive() and time.monotonic() < deadline:
-            if buf.size >= 4:  # every env holds a window of 2
-                s = buf.sample(8, sequence_length=2)["obs"][..., 0]
-                assert (np.diff(s, axis=1) == 1).all()
-                checked += 8
-        assert results.get(timeout=60) == 64
-        p.join(60)
-        assert p.exitcode == 0 and checked > 0
+
+        def check():
+            if buf.size < 4:  # every env holds a window of 2 from here on
+                return 0
+            s = buf.sample(8, sequence_length=2)["obs"][..., 0]
+            assert (np.diff(s, axis=1) == 1).all()
+            return 8
+        size, checked = helpers.check_while_child_writes(helpers.fishyrl_vector_adder, (name, 300), check)
+        assert size == 64 and checked > 0
     finally:
         buf.reset()

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -154,25 +152,19 @@ def test_replay_buffer_from_data(name):
 
 @pytest.mark.timeout(120)
 def test_another_process_stores_by_name_while_this_one_samples(name):
-    ctx = mp.get_context("spawn")
     with ReplayBuffer(64, obs_shape=(2,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name) as rb:
         again = pickle.loads(pickle.dumps(rb))  # pickles as its name
         assert again.name == name and again.capacity == 64
         again.close()
         with pytest.raises(ValueError, match="not an imitation Buffer"):
             Buffer.attach(name)
-        ready, results = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=helpers.imitation_storer, args=(name, 200, ready, results))
-        p.start()
-        ready.set()
-        checked = 0
-        deadline = time.monotonic() + 60
-        while p.is_alive() and time.monotonic() < deadline:
-            if rb.size():
-                t = rb.sample(32)  # every sampled triple is whole
-                assert (t.obs[:, 0] == t.acts).all() and (t.next_obs[:, 0] == t.acts + 1).all()
-                assert (t.dones == (t.acts % 5 == 0)).all()
-                checked += 32
-        assert results.get(timeout=60) == 64
-        p.join(60)
-        assert p.exitcode == 0 and rb.size() == 64 and checked > 0
+
+        def check():
+            if not rb.size():
+                return 0
+            t = rb.sample(32)  # every sampled triple is whole
+            assert (t.obs[:, 0] == t.acts).all() and (t.next_obs[:, 0] == t.acts + 1).all()
+            assert (t.dones == (t.acts % 5 == 0)).all()
+            return 32
+        size, checked = helpers.check_while_child_writes(helpers.imitation_storer, (name, 200), check)
+        assert size == 64 and rb.size() == 64 and checked > 0

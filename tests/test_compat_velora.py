@@ -4,8 +4,6 @@ velora needs torch, so these run in the extras step."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import time
 
 import numpy as np
 import pytest
@@ -125,32 +123,25 @@ class Agent:
 def test_warm_fills_to_n_samples_and_stops_at_capacity(name):
     pytest.importorskip("gymnasium")
     agent = Agent()
-    with rb(name, capacity=64) as buf:
-        buf2 = ReplayBuffer(64, state_dim=4, action_dim=1, hidden_dim=2, name=name + "w")
+    with ReplayBuffer(64, state_dim=4, action_dim=1, hidden_dim=2, name=name) as buf:  # CartPole: 4
         with pytest.raises(ValueError, match="at least 2"):
-            buf2.warm(agent, 10, num_envs=1)
-        buf2.warm(agent, 20, num_envs=4)
-        assert 20 <= len(buf2) < 24
-        buf2.warm(agent, 10_000, num_envs=4)  # more than it holds: stops when full
-        assert len(buf2) == 64 and buf2.sample(8).hiddens.sum() == 16
-        buf2.close()
+            buf.warm(agent, 10, num_envs=1)
+        buf.warm(agent, 20, num_envs=4)
+        assert 20 <= len(buf) < 24
+        buf.warm(agent, 10_000, num_envs=4)  # more than it holds: stops when full
+        assert len(buf) == 64 and buf.sample(8).hiddens.sum() == 16
 
 
 @pytest.mark.timeout(120)
 def test_another_process_adds_by_name_while_this_one_samples(name):
-    ctx = mp.get_context("spawn")
     with ReplayBuffer(64, state_dim=3, action_dim=1, hidden_dim=2, name=name) as buf:
-        ready, results = ctx.Event(), ctx.Queue()
-        p = ctx.Process(target=helpers.velora_adder, args=(name, 300, ready, results))
-        p.start()
-        ready.set()
-        checked, deadline = 0, time.monotonic() + 90
-        while p.is_alive() and time.monotonic() < deadline:
-            if len(buf) >= 16:
-                b = buf.sample(16)
-                assert (b.next_states == b.states + 1).all() and (b.actions[:, 0] == b.states[:, 0]).all()
-                assert (b.dones[:, 0] == (b.states[:, 0] % 2 == 0).float()).all()
-                checked += 16
-        assert results.get(timeout=60) == 64
-        p.join(60)
-        assert p.exitcode == 0 and checked > 0
+
+        def check():
+            if len(buf) < 16:
+                return 0
+            b = buf.sample(16)
+            assert (b.next_states == b.states + 1).all() and (b.actions[:, 0] == b.states[:, 0]).all()
+            assert (b.dones[:, 0] == (b.states[:, 0] % 2 == 0).float()).all()
+            return 16
+        size, checked = helpers.check_while_child_writes(helpers.velora_adder, (name, 300), check, timeout=90)
+        assert size == 64 and checked > 0

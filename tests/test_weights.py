@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import time
 
 import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import segment
 
 import helpers
 from helpers import weights_mixed, weights_of

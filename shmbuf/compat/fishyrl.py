@@ -42,37 +42,99 @@ import numpy as np
 from .. import buffer as core
 from . import _cast
 
-KIND = "fishyrl.SequentialBuffer"
+class _Lazy:
+    """A buffer whose segment its first ``add`` makes (fishyrl infers the schema from it):
+    ``_core`` is None before, ``reset()`` ends it. ``_lanes`` lanes of ``_capacity`` rows."""
+
+    KIND = ""
+    _core: Optional[core.Buffer]
+    _capacity: int
+    _lanes = 1
+    _validate_keys = True
+    _name: Optional[str] = None
+    _persist = False
+    _seed: Any = None
+
+    @classmethod
+    def _handle(cls, name: str) -> core.Buffer:
+        handle = core.Buffer.attach(name)
+        if handle.meta.get("kind") != cls.KIND:
+            handle.close()
+            raise ValueError(f"buffer {name!r} is not a fishyrl {cls.__name__}")
+        return handle
+
+    def _create(self, fields: Mapping[str, Any]) -> core.Buffer:
+        self._core = core.Buffer.create(fields, self._capacity * self._lanes, lanes=self._lanes, seed=self._seed,
+                                        name=self._name, persist=self._persist,
+                                        meta={"kind": self.KIND, "validate_keys": bool(self._validate_keys)})
+        return self._core
+
+    def _restore(self, inner: Optional[Mapping[str, Any]]) -> None:
+        """A new segment holding ``inner`` (a core state_dict), or none."""
+        self.reset()
+        if inner is not None:
+            self._create({k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}).load_state_dict(inner)
+
+    @property
+    def size(self) -> int:
+        """Steps stored (over all envs)."""
+        return 0 if self._core is None else len(self._core)
+
+    @property
+    def name(self) -> Optional[str]:
+        """The segment's name (None until the first ``add``)."""
+        return None if self._core is None else self._core.name
+
+    def reset(self) -> None:
+        """Forget every key and step (the segment ends; the RNG goes on)."""
+        if self._core is not None:
+            self._core.unlink()
+            self._core.close()
+            self._core = None
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._core is None:
+            raise TypeError(f"a {type(self).__name__} has no shared memory before its first add(): "
+                            "nothing to attach to")
+        return (type(self).attach, (self.name,))  # type: ignore[attr-defined]
 
 
-class SequentialBuffer:
+class SequentialBuffer(_Lazy):
     """Steps in a ring, sampled as windows of consecutive steps (fishyrl's
     ``SequentialBuffer``), in shared memory once the first step fixes the schema."""
+
+    KIND = "fishyrl.SequentialBuffer"
 
     def __init__(self, capacity: int, validate_keys: bool = True, seed: Optional[int] = None, *,
                  name: Optional[str] = None, persist: bool = False) -> None:
         self._capacity, self._validate_keys = capacity, validate_keys
         self._rng = np.random.default_rng(seed)
         self._name, self._persist = name, persist
-        self._core: Optional[core.Buffer] = None
+        self._core = None
 
     @classmethod
     def attach(cls, name: str) -> "SequentialBuffer":
         """This buffer from another process, by name (after its first ``add``)."""
-        handle = core.Buffer.attach(name)
-        if handle.meta.get("kind") != KIND:
-            handle.close()
-            raise ValueError(f"buffer {name!r} is not a fishyrl SequentialBuffer")
+        handle = cls._handle(name)
         self = cls(handle.capacity, bool(handle.meta.get("validate_keys", True)))
         self._core = handle
         handle._rng = self._rng
         return self
 
-    def _create(self, fields: dict[str, tuple[tuple[int, ...], np.dtype]]) -> core.Buffer:
-        self._core = core.Buffer.create(fields, self._capacity, name=self._name, persist=self._persist,
-                                        meta={"kind": KIND, "validate_keys": bool(self._validate_keys)})
-        self._core._rng = self._rng  # one generator for the buffer's life (reset keeps it)
-        return self._core
+    def _create(self, fields: Mapping[str, Any]) -> core.Buffer:
+        buf = super()._create(fields)
+        buf._rng = self._rng  # one generator for the buffer's life (reset keeps it)
+        return buf
 
     # -- writing -------------------------------------------------------------------------
 
@@ -116,27 +178,10 @@ class SequentialBuffer:
         return self._core.sample_sequences(batch_size, sequence_length)
 
     @property
-    def size(self) -> int:
-        """Steps stored."""
-        return 0 if self._core is None else len(self._core)
-
-    @property
     def is_full(self) -> bool:
         return self.size == self._capacity
 
-    @property
-    def name(self) -> Optional[str]:
-        """The segment's name (None until the first ``add``)."""
-        return None if self._core is None else self._core.name
-
     # -- state ---------------------------------------------------------------------------
-
-    def reset(self) -> None:
-        """Forget every key and step (the segment ends; the RNG goes on)."""
-        if self._core is not None:
-            self._core.unlink()
-            self._core.close()
-            self._core = None
 
     def state_dict(self) -> dict[str, Any]:
         """Copies of the steps, positions and RNG state (fishyrl's keys)."""
@@ -149,36 +194,13 @@ class SequentialBuffer:
         inner = state_dict["_buffer"]
         if int(state_dict["_capacity"]) != self._capacity:
             raise ValueError(f"state_dict is of capacity {state_dict['_capacity']}, this buffer's is {self._capacity}")
-        self.reset()
-        if inner is not None:
-            fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}
-            self._create(fields).load_state_dict(inner)
+        self._restore(inner)
         self._rng.bit_generator.state = state_dict["_rng"]
         if self._core is not None:
             self._core._rng = self._rng
 
-    # -- lifetime ------------------------------------------------------------------------
 
-    def close(self) -> None:
-        if self._core is not None:
-            self._core.close()
-
-    def __enter__(self) -> "SequentialBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        if self._core is None:
-            raise TypeError("a SequentialBuffer has no shared memory before its first add(): nothing to attach to")
-        return (type(self).attach, (self.name,))
-
-
-KIND_VECTOR = "fishyrl.IndependentVectorizedBuffer"
-
-
-class IndependentVectorizedBuffer:
+class IndependentVectorizedBuffer(_Lazy):
     """One ``SequentialBuffer`` per env (fishyrl's ``IndependentVectorizedBuffer``): here
     one segment with a lane per env, so sequences never mix envs and every env's steps
     stay in order. ``add`` takes a leading env axis; ``sample`` splits the batch over the
@@ -196,6 +218,8 @@ class IndependentVectorizedBuffer:
         >>> buf.reset()
     """
 
+    KIND = "fishyrl.IndependentVectorizedBuffer"
+
     def __init__(self, num_buffers: int, *buffer_args: Any, buffer_class: type = SequentialBuffer,
                  seed: Optional[int] = None, name: Optional[str] = None, persist: bool = False,
                  **buffer_kwargs: Any) -> None:
@@ -203,7 +227,8 @@ class IndependentVectorizedBuffer:
             raise ValueError("shmbuf's IndependentVectorizedBuffer holds SequentialBuffer sub-buffers only "
                              f"(lanes of one segment), got buffer_class={buffer_class!r}")
         args = dict(zip(("capacity", "validate_keys"), buffer_args), **buffer_kwargs)
-        self._n, self._capacity = int(num_buffers), int(args["capacity"])  # capacity: per env
+        self._n = self._lanes = int(num_buffers)
+        self._capacity = int(args["capacity"])  # per env
         self._validate_keys = bool(args.get("validate_keys", True))
         self._rng = np.random.default_rng(seed)  # the batch split; windows: the segment's own
         self._seed, self._name, self._persist = seed, name, persist
@@ -212,10 +237,7 @@ class IndependentVectorizedBuffer:
     @classmethod
     def attach(cls, name: str) -> "IndependentVectorizedBuffer":
         """This buffer from another process, by name (after its first ``add``)."""
-        handle = core.Buffer.attach(name)
-        if handle.meta.get("kind") != KIND_VECTOR:
-            handle.close()
-            raise ValueError(f"buffer {name!r} is not a fishyrl IndependentVectorizedBuffer")
+        handle = cls._handle(name)
         self = cls(handle.lanes, handle.lane_capacity, bool(handle.meta.get("validate_keys", True)))
         self._core = handle
         return self
@@ -224,12 +246,8 @@ class IndependentVectorizedBuffer:
         """Add one step of every env (``{key: (num_envs, ...)}``): row i to env i, or with
         ``mask``, rows 0, 1, ... to the selected envs in order (fishyrl's mask)."""
         values = {k: np.asarray(v) for k, v in experience.items()}
-        if self._core is None:
-            self._core = core.Buffer.create({k: (v.shape[1:], v.dtype) for k, v in values.items()},
-                                            self._capacity * self._n, lanes=self._n, seed=self._seed,
-                                            name=self._name, persist=self._persist,
-                                            meta={"kind": KIND_VECTOR, "validate_keys": self._validate_keys})
-        fields = self._core.fields
+        buf = self._core or self._create({k: (v.shape[1:], v.dtype) for k, v in values.items()})
+        fields = buf.fields
         for k in list(values) + list(fields):
             if k not in values or k not in fields:
                 raise ValueError(f"Key '{k}' not common between experience and buffer.")
@@ -241,7 +259,7 @@ class IndependentVectorizedBuffer:
         rows = {k: [_cast.into(np.broadcast_to(values[k][j], shape), dtype, k) for j in range(len(lanes))]
                 for k, (shape, dtype) in fields.items()}  # (all checked before anything is written)
         for j, lane in enumerate(lanes):
-            self._core.add({k: rows[k][j] for k in fields}, lane=lane)
+            buf.add({k: rows[k][j] for k in fields}, lane=lane)
 
     def sample(self, batch_size: int, **sample_kwargs: Any) -> dict[str, np.ndarray]:
         """``batch_size`` windows (``sequence_length=`` steps each), split over the envs at
@@ -256,52 +274,15 @@ class IndependentVectorizedBuffer:
         parts = [self._core.sample_sequences(int(c), length, lane=i) for i, c in enumerate(counts.tolist()) if c]
         return {k: np.concatenate([p[k] for p in parts]) for k in self._core.fields}
 
-    @property
-    def size(self) -> int:
-        """Steps stored, over all envs."""
-        return 0 if self._core is None else len(self._core)
-
-    @property
-    def name(self) -> Optional[str]:
-        return None if self._core is None else self._core.name
-
-    def reset(self) -> None:
-        """Forget every env's steps (the segment ends; the RNG goes on)."""
-        if self._core is not None:
-            self._core.unlink()
-            self._core.close()
-            self._core = None
-
     def state_dict(self) -> dict[str, Any]:
         """``{"_rng": the split's RNG state, "_buffer": a copy of every env's steps}``."""
         return {"_rng": self._rng.bit_generator.state,
                 "_buffer": None if self._core is None else self._core.state_dict()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        inner = state_dict["_buffer"]
-        self.reset()
-        if inner is not None:
-            fields = {k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}
-            self._core = core.Buffer.create(fields, self._capacity * self._n, lanes=self._n, name=self._name,
-                                            persist=self._persist,
-                                            meta={"kind": KIND_VECTOR, "validate_keys": self._validate_keys})
-            self._core.load_state_dict(inner)
+        """Restore :meth:`state_dict` output (the following samples are the same)."""
+        self._restore(state_dict["_buffer"])
         self._rng.bit_generator.state = state_dict["_rng"]
-
-    def close(self) -> None:
-        if self._core is not None:
-            self._core.close()
-
-    def __enter__(self) -> "IndependentVectorizedBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        if self._core is None:
-            raise TypeError("an IndependentVectorizedBuffer has no shared memory before its first add()")
-        return (type(self).attach, (self.name,))
 
 
 def convert_samples_to_tensors(samples: Mapping[str, np.ndarray], **tensor_kwargs: Any) -> dict[str, Any]:
