@@ -39,6 +39,7 @@ import json
 import os
 import struct
 import time
+import weakref
 from typing import Any, Mapping
 
 import numpy as np
@@ -86,7 +87,7 @@ class Weights:
 
     def __init__(self, seg: Segment, schema: list[tuple[str, tuple[int, ...], np.dtype]],
                  owner: bool) -> None:
-        self._seg, self._schema, self._owner = seg, schema, owner and os.getpid()
+        self._seg, self._schema = seg, schema
         self.name = seg.name
         self._words = np.ndarray((_WORDS,), np.int64, seg.mmap, 0)
         offsets, self._copy_size = _plan(schema)
@@ -96,6 +97,8 @@ class Weights:
         self._lock_fd = os.open(f"/proc/self/fd/{seg.fd}", os.O_RDWR | os.O_CLOEXEC) \
             if os.path.exists(f"/proc/self/fd/{seg.fd}") else os.dup(seg.fd)
         self._linked_at = time.monotonic()
+        # closes (and, in the creating process, removes) it when closed, collected or at exit
+        self._finalizer = weakref.finalize(self, _finalize, seg, self._lock_fd, os.getpid() if owner else None)
 
     # -- making and finding ----------------------------------------------------------------
 
@@ -260,10 +263,9 @@ class Weights:
         if schema != self._schema:
             seg.close()
             return False
-        old_seg, old_fd = self._seg, self._lock_fd
+        old = self._finalizer
         self.__init__(seg, schema, owner=False)  # type: ignore[misc]
-        os.close(old_fd)
-        old_seg.close()
+        old()  # (a reader never owns: the old segment is only closed)
         return True
 
     def describe(self) -> str:
@@ -272,15 +274,10 @@ class Weights:
     # -- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Detach; the creator (unless ``persist=True``) also removes the name."""
-        if self._seg.mmap is None:
-            return
+        """Detach; the creator (unless ``persist=True``) also removes the name. Also done
+        when the handle is collected and at exit."""
         self._views = []
-        self._words = None  # type: ignore[assignment]
-        os.close(self._lock_fd)
-        if self._owner == os.getpid():
-            self._seg.unlink()
-        self._seg.close()
+        self._finalizer()
 
     def unlink(self) -> None:
         self._seg.unlink()
@@ -293,6 +290,13 @@ class Weights:
 
     def __repr__(self) -> str:
         return f"<shmbuf.Weights {self.name!r} version {self.version}: {self.describe()}>"
+
+
+def _finalize(seg: Segment, lock_fd: int, owner_pid: int | None) -> None:
+    os.close(lock_fd)
+    if owner_pid is not None and owner_pid == os.getpid():
+        seg.unlink()
+    seg.close()
 
 
 def _read_schema(seg: Segment) -> list[tuple[str, tuple[int, ...], np.dtype]]:

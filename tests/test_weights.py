@@ -122,3 +122,16 @@ def test_weights_of_a_torch_model_across_processes(name):
 
 
 test_weights_of_a_torch_model_across_processes = pytest.mark.extras(test_weights_of_a_torch_model_across_processes)
+
+
+def test_weights_left_open_are_removed_at_exit_without_warnings(name):
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, shmbuf\n"
+            "w = shmbuf.Weights.create(sys.argv[1], {'a': np.zeros(3)})\n"
+            "w.publish({'a': np.ones(3)})\n")  # never closed
+    res = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == ""
+    with pytest.raises(FileNotFoundError):
+        shmbuf.Weights.attach(name)
