@@ -830,7 +830,7 @@ class Buffer:
             self.release_lane(timeout=1.0)
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
-        self._counters.release(self._lock)
+        self._counters.release()
         self._ring = _Closed(self.name)  # type: ignore[assignment]
         self._native = None  # calls go to _ring, which says it is closed
         self._finalizer()

@@ -7,12 +7,15 @@ A region of the segment holds, besides a small head::
     slots    NSLOTS x [pid, start time, batches sampled, rows sampled, torn-read
              retries, lock acquisitions, nanoseconds waited for the lock, writes]
 
-Each handle **claims a slot of its own** when it opens (under the header lock, once), so
-its counters are plain stores that no other process touches: no lock and no atomic
-operation on the hot path (a few nanoseconds in C, about 0.1 us in Python). A slot
-whose process died is folded into slot 0 (the retired counts) by the next claimer.
-When all slots are taken by live processes, further handles share slot 0, whose
-increments may then lose a count now and then (documented: the counts are diagnostics).
+Each process **claims a slot of its own** when its first handle opens (under the header
+lock, once; its later handles share it), so its counters are plain stores that no other
+process touches: no lock and no atomic operation on the hot path (a few nanoseconds in
+C, about 0.1 us in Python). The slot stays the process's until it exits, however many
+handles it opens and drops; then the next claimer folds its counts into slot 0 (the
+retired counts) and reuses it. When all slots are taken by live processes, further
+processes share slot 0, whose increments may then lose a count now and then
+(documented: the counts are diagnostics). Threads of one process share its slot the same
+way.
 Rows inserted are the lanes' heads (exact, already there). Folding bumps ``fold_seq``
 (odd while folding) so that a reader never counts a slot twice.
 """
@@ -74,6 +77,11 @@ class Counters:
         if not self.present:
             return
         pid, ctime = procs.identity()
+        mine = np.flatnonzero(self.slots[1:, S_PID] == pid)
+        for i in (mine + 1).tolist():  # this process has one already: its handles share it
+            if abs(float(self.slots_f[i, S_CTIME]) - ctime) <= 0.005:
+                self._use(i)
+                return
         for _ in range(3):  # another process may take the chosen slot first
             seen = self._candidate()
             if seen is None:
@@ -123,18 +131,10 @@ class Counters:
         self.slots[i, S_PID] = 0
         self.head[H_FOLD] += 1
 
-    def release(self, lock: Any) -> None:
-        """Fold this handle's counts into slot 0 and free its slot (best effort: a slot
-        left behind is reclaimed once this process has exited)."""
-        if self.index > 0:
-            try:
-                lock.acquire(0.5)
-            except (TimeoutError, OSError, ValueError):
-                return
-            try:
-                self._fold(self.index)
-            finally:
-                lock.release()
+    def release(self) -> None:
+        """This handle stops counting. The slot stays its process's (other handles of
+        the process may share it) until the process has exited; then the next claimer
+        folds its counts into slot 0 and reuses it."""
         self.slot = memoryview(np.zeros(SLOT_WORDS, np.int64))
         self.index = self.offset = -1
 

@@ -131,7 +131,7 @@ class _NoCounters:
     def sampled(self, n: int) -> None:
         pass
 
-    def release(self, lock: Any) -> None:
+    def release(self) -> None:
         pass
 
 
