@@ -125,6 +125,15 @@ def rng(seed: Any) -> np.random.Generator:
             f"numpy Generator/BitGenerator; got {seed!r} ({exc})") from None
 
 
+def fits_integer(what: str, lo: Any, hi: Any, dtype: np.dtype) -> None:
+    """``ValueError`` naming ``what`` unless every value from ``lo`` to ``hi`` fits in the
+    integer ``dtype`` (else a cast would wrap them around)."""
+    info = np.iinfo(dtype)
+    if lo < info.min or hi > info.max:
+        raise ValueError(f"{what}: values from {lo} to {hi} do not fit in {dtype} "
+                         f"([{info.min}, {info.max}]); they would wrap around")
+
+
 def check_cast(f: Field, a: np.ndarray) -> None:
     src, dst = a.dtype, f.dtype
     if src.kind in "SU" and dst.kind in "SU" and np.can_cast(src, dst, "same_kind"):
@@ -149,14 +158,8 @@ def check_cast(f: Field, a: np.ndarray) -> None:
                 f"{dst} (largest finite {float(big):g}); they would become inf")
         return
     if src.kind in "iu" and dst.kind in "iu":
-        if np.can_cast(a.dtype, f.dtype, "safe") or a.size == 0:
-            return
-        info = np.iinfo(f.dtype)
-        lo, hi = a.min(), a.max()
-        if lo < info.min or hi > info.max:
-            raise ValueError(
-                f"field {f.name!r}: values from {lo} to {hi} do not fit in {f.dtype} "
-                f"([{info.min}, {info.max}]); they would wrap around")
+        if not np.can_cast(a.dtype, f.dtype, "safe") and a.size:
+            fits_integer(f"field {f.name!r}", a.min(), a.max(), f.dtype)
         return
     if not np.can_cast(src, dst, "same_kind"):
         raise TypeError(

@@ -132,6 +132,17 @@ def extra_table(r: Results) -> str:
     return "\n".join(lines)
 
 
+def _unit(metric: str) -> str:
+    return "rows/s" if "rows/s" in metric else "batches/s"
+
+
+def _target_row(what: str, ratio: float | None, want: float | None) -> str:
+    """``| what | ratio | >= want | yes/**no** |`` (``-`` where a figure is missing)."""
+    met = "-" if ratio is None or want is None else ("yes" if ratio >= want else "**no**")
+    return (f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'-' if want is None else f'>= {want:g}'} | {met} |")
+
+
 def episodes_tables(r: Results) -> str:
     """EpisodeBuffer beside Buffer: figures, the targets, memory per transition."""
     from .episodes import ratios
@@ -142,13 +153,11 @@ def episodes_tables(r: Results) -> str:
     lines = ["| episodes: workload, metric | unit | Buffer | EpisodeBuffer |", "|---|---|---:|---:|"]
     for wl, metrics in figs.items():
         for metric, systems in metrics.items():
-            unit = "rows/s" if "rows/s" in metric else "batches/s"
+            unit = _unit(metric)
             lines.append(f"| {wl}: {metric.replace(' (rows/s)', '')} | {unit} | "
                          f"{_cell(systems.get('Buffer'), unit)} | {_cell(systems.get('EpisodeBuffer'), unit)} |")
     lines += ["", "| episodes: target (EpisodeBuffer / Buffer) | ratio | wanted | met |", "|---|---:|---|---|"]
-    for wl, what, ratio, want in ratios(figs):
-        lines.append(f"| {wl}: {what} | {'-' if ratio is None else f'{ratio:.2f}'} | >= {want:g} | "
-                     f"{'-' if ratio is None else ('yes' if ratio >= want else '**no**')} |")
+    lines += [_target_row(f"{wl}: {what}", ratio, want) for wl, what, ratio, want in ratios(figs)]
     mem = r.extra.get("episode memory", {})
     if mem:
         lines += ["", "| memory per transition | bytes | vs Buffer |", "|---|---:|---:|"]
@@ -169,14 +178,11 @@ def strategies_tables(r: Results) -> str:
         return ""
     lines = ["| strategies: metric | system | unit | median (min-max) |", "|---|---|---|---:|"]
     for metric, systems in figs.items():
-        unit = "rows/s" if "rows/s" in metric else "batches/s"
+        unit = _unit(metric)
         for system, vals in systems.items():
             lines.append(f"| {metric.replace(' (rows/s)', '')} | {system} | {unit} | {_cell(vals, unit)} |")
     lines += ["", "| strategies: ratio | value | wanted | met |", "|---|---:|---|---|"]
-    for what, ratio, want in ratios(figs):
-        met = "-" if ratio is None or want is None else ("yes" if ratio >= want else "**no**")
-        lines.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{'-' if want is None else f'>= {want:g}'} | {met} |")
+    lines += [_target_row(what, ratio, want) for what, ratio, want in ratios(figs)]
     return "\n".join(lines)
 
 

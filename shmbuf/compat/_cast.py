@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import validate
+
 
 def into(value: Any, dtype: np.dtype, key: str) -> np.ndarray:
     """``value`` as an array of ``dtype``: floats into integer fields are truncated (1.9
@@ -22,16 +24,12 @@ def into(value: Any, dtype: np.dtype, key: str) -> np.ndarray:
     if a.dtype == dtype:
         return a
     if dtype.kind in "iu" and a.dtype.kind in "fiub" and a.size:
-        info = np.iinfo(dtype)
         if a.dtype.kind == "f":
             if not np.isfinite(a).all():
                 raise ValueError(f"{key!r}: NaN or infinite values cannot be stored in a {dtype} field")
-            lo, hi = np.trunc(a.min()), np.trunc(a.max())
+            validate.fits_integer(repr(key), np.trunc(a.min()), np.trunc(a.max()), dtype)
         else:
-            lo, hi = a.min(), a.max()
-        if lo < info.min or hi > info.max:
-            raise ValueError(f"{key!r}: values from {lo} to {hi} do not fit in {dtype} "
-                             f"([{info.min}, {info.max}]); they would wrap around")
+            validate.fits_integer(repr(key), a.min(), a.max(), dtype)
     try:
         return a.astype(dtype)
     except (TypeError, ValueError) as exc:
