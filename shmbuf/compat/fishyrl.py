@@ -56,8 +56,8 @@ class _Lazy:
     _seed: Any = None
 
     @classmethod
-    def _handle(cls, name: str) -> core.Buffer:
-        handle = core.Buffer.attach(name)
+    def _handle(cls, name: str, seed: Any = None) -> core.Buffer:
+        handle = core.Buffer.attach(name, seed=seed)
         if handle.meta.get("kind") != cls.KIND:
             handle.close()
             raise ValueError(f"buffer {name!r} is not a fishyrl {cls.__name__}")
@@ -118,23 +118,19 @@ class SequentialBuffer(_Lazy):
     def __init__(self, capacity: int, validate_keys: bool = True, seed: Optional[int] = None, *,
                  name: Optional[str] = None, persist: bool = False) -> None:
         self._capacity, self._validate_keys = capacity, validate_keys
-        self._rng = np.random.default_rng(seed)
+        self._rng = self._seed = np.random.default_rng(seed)  # the segments sample with it too
         self._name, self._persist = name, persist
         self._core = None
 
     @classmethod
     def attach(cls, name: str) -> "SequentialBuffer":
         """This buffer from another process, by name (after its first ``add``)."""
-        handle = cls._handle(name)
-        self = cls(handle.capacity, bool(handle.meta.get("validate_keys", True)))
+        self = cls(1)
+        handle = cls._handle(name, self._rng)  # (its windows drawn with self._rng)
+        self._capacity, self._validate_keys = handle.capacity, bool(handle.meta.get("validate_keys", True))
         self._core = handle
-        handle._rng = self._rng
         return self
 
-    def _create(self, fields: Mapping[str, Any]) -> core.Buffer:
-        buf = super()._create(fields)
-        buf._rng = self._rng  # one generator for the buffer's life (reset keeps it)
-        return buf
 
     # -- writing -------------------------------------------------------------------------
 
@@ -197,7 +193,7 @@ class SequentialBuffer(_Lazy):
         self._restore(inner)
         self._rng.bit_generator.state = state_dict["_rng"]
         if self._core is not None:
-            self._core._rng = self._rng
+            self._core._rng = self._rng  # (the restore gave the segment a generator of its own)
 
 
 class IndependentVectorizedBuffer(_Lazy):
