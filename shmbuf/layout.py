@@ -402,7 +402,7 @@ def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any], dict[s
                     or type(offset) is not int or offset < 0 or type(stride) is not int:
                 raise FormatError(f"field {name!r:.100}: bad shape {shape!r:.100}, offset {offset!r} "
                                   f"or stride {stride!r}")
-            spec[name] = (tuple(shape), npformat.descr_to_dtype(_tupleize(d["dtype"])))
+            spec[name] = (tuple(shape), dtype_from_json(d["dtype"]))
             offsets.append((offset, stride))
         fields = normalize_fields(spec)
     except FormatError:
@@ -428,6 +428,13 @@ def _check_meta(meta: Any) -> dict[str, Any]:
     if not ok:
         raise ValueError(f"meta must be a JSON object of strings, numbers, lists and objects, got {meta!r:.200}")
     return meta
+
+
+def dtype_from_json(descr: Any) -> np.dtype:
+    """The dtype of a numpy descr read back from JSON (what ``npformat.dtype_to_descr``
+    gave, its tuples turned into lists): raises ``ValueError``/``TypeError``/``KeyError``
+    for anything else."""
+    return npformat.descr_to_dtype(_tupleize(descr))
 
 
 def _tupleize(descr: Any) -> Any:

@@ -52,7 +52,7 @@ from numpy.lib import format as npformat
 
 from . import __version__, state
 from . import priority as _priority
-from .layout import CTRL_SAMPLED, Layout, normalize_fields
+from .layout import CTRL_SAMPLED, Layout, dtype_from_json, normalize_fields
 from .ratelimit import RateLimit
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     try:
         fields = {}
         for s in specs:
-            fields[s["name"]] = (tuple(s["shape"]), npformat.descr_to_dtype(_tuple(s["dtype"])))
+            fields[s["name"]] = (tuple(s["shape"]), dtype_from_json(s["dtype"]))
         if len(fields) != len(specs) or not all(isinstance(s["file"], str) for s in specs):
             raise ValueError("repeated field names or a file that is not a string")
         normalize_fields(fields)
@@ -369,13 +369,6 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
             "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
             "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
-
-
-def _tuple(descr: Any) -> Any:
-    """A dtype descr from JSON (lists) as numpy writes it (tuples)."""
-    if isinstance(descr, list):
-        return [tuple(_tuple(x) for x in d) if isinstance(d, list) else d for d in descr]
-    return descr
 
 
 def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,

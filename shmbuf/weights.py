@@ -44,7 +44,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .layout import normalize_fields
+from .layout import dtype_from_json, normalize_fields
 from .segment import FormatError, Segment
 
 MAGIC = b"\x93SHMWTS\x01"
@@ -311,7 +311,7 @@ def _read_schema(seg: Segment) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         raise FormatError(f"weights {seg.name!r}: schema size {n} is past the header")
     try:
         doc = json.loads(bytes(mem[start:start + n]).decode())
-        fields = {d["name"]: (tuple(d["shape"]), np.lib.format.descr_to_dtype(d["dtype"])) for d in doc}
+        fields = {d["name"]: (tuple(d["shape"]), dtype_from_json(d["dtype"])) for d in doc}
         if len(fields) != len(doc):
             raise ValueError("repeated names")
         schema = [(f.name, f.shape, f.dtype) for f in normalize_fields(fields)]
