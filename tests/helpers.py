@@ -618,3 +618,30 @@ def check_while_child_writes(target, args, check, timeout: float = 60):
         proc.join(timeout)
     assert proc.exitcode == 0, f"the writer process failed ({proc.exitcode})"
     return got, checked
+
+
+def garage_path(p: int) -> dict:
+    """Path ``p`` of ``p % 5 + 1`` steps: every value of step t is ``p * 1000 + t``
+    (``obs`` 3 wide, ``act`` 1 wide, float32 and int64)."""
+    t = np.arange(p % 5 + 1)[:, None] + p * 1000
+    return {"obs": np.repeat(t, 3, 1).astype(np.float32), "act": t.astype(np.int64)}
+
+
+def garage_path_bad(path: dict) -> bool:
+    """True if ``path`` is not one whole :func:`garage_path` (torn, mixed, cut)."""
+    t = path["act"][:, 0]
+    p = int(t[0]) // 1000
+    return (len(t) != p % 5 + 1 or (t != p * 1000 + np.arange(len(t))).any()
+            or (path["obs"] != t[:, None]).any())
+
+
+def garage_adder(name: str, paths: int, ready, results) -> None:
+    """Attach a garage PathBuffer by name and add paths 1.. through its own ``add_path``."""
+    from shmbuf.compat.garage import PathBuffer
+
+    buf = PathBuffer.attach(name)
+    ready.wait(30)
+    for p in range(1, paths + 1):
+        buf.add_path(garage_path(p))
+    results.put(buf.n_transitions_stored)
+    buf.close()

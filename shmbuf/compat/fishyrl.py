@@ -39,81 +39,27 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from .. import buffer as core
 from . import _cast
+from ._shared import Lazy
 
-class _Lazy:
-    """A buffer whose segment its first ``add`` makes (fishyrl infers the schema from it):
-    ``_core`` is None before, ``reset()`` ends it. ``_lanes`` lanes of ``_capacity`` rows."""
-
-    KIND = ""
-    _core: Optional[core.Buffer]
-    _capacity: int
-    _lanes = 1
+class _Fishy(Lazy):
     _validate_keys = True
-    _name: Optional[str] = None
-    _persist = False
-    _seed: Any = None
 
-    @classmethod
-    def _handle(cls, name: str, seed: Any = None) -> core.Buffer:
-        handle = core.Buffer.attach(name, seed=seed)
-        if handle.meta.get("kind") != cls.KIND:
-            handle.close()
-            raise ValueError(f"buffer {name!r} is not a fishyrl {cls.__name__}")
-        return handle
-
-    def _create(self, fields: Mapping[str, Any]) -> core.Buffer:
-        self._core = core.Buffer.create(fields, self._capacity * self._lanes, lanes=self._lanes, seed=self._seed,
-                                        name=self._name, persist=self._persist,
-                                        meta={"kind": self.KIND, "validate_keys": bool(self._validate_keys)})
-        return self._core
-
-    def _restore(self, inner: Optional[Mapping[str, Any]]) -> None:
-        """A new segment holding ``inner`` (a core state_dict), or none."""
-        self.reset()
-        if inner is not None:
-            self._create({k: (tuple(s), np.dtype(d)) for k, (s, d) in inner["fields"].items()}).load_state_dict(inner)
+    def _meta(self) -> dict[str, Any]:
+        return {"validate_keys": bool(self._validate_keys)}
 
     @property
     def size(self) -> int:
         """Steps stored (over all envs)."""
         return 0 if self._core is None else len(self._core)
 
-    @property
-    def name(self) -> Optional[str]:
-        """The segment's name (None until the first ``add``)."""
-        return None if self._core is None else self._core.name
 
-    def reset(self) -> None:
-        """Forget every key and step (the segment ends; the RNG goes on)."""
-        if self._core is not None:
-            self._core.unlink()
-            self._core.close()
-            self._core = None
-
-    def close(self) -> None:
-        if self._core is not None:
-            self._core.close()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        if self._core is None:
-            raise TypeError(f"a {type(self).__name__} has no shared memory before its first add(): "
-                            "nothing to attach to")
-        return (type(self).attach, (self.name,))  # type: ignore[attr-defined]
-
-
-class SequentialBuffer(_Lazy):
+class SequentialBuffer(_Fishy):
     """Steps in a ring, sampled as windows of consecutive steps (fishyrl's
     ``SequentialBuffer``), in shared memory once the first step fixes the schema."""
 
     KIND = "fishyrl.SequentialBuffer"
+    reset = Lazy._end  # fishyrl's name: forget every key and step (the segment ends)
 
     def __init__(self, capacity: int, validate_keys: bool = True, seed: Optional[int] = None, *,
                  name: Optional[str] = None, persist: bool = False) -> None:
@@ -196,7 +142,7 @@ class SequentialBuffer(_Lazy):
             self._core._rng = self._rng  # (the restore gave the segment a generator of its own)
 
 
-class IndependentVectorizedBuffer(_Lazy):
+class IndependentVectorizedBuffer(_Fishy):
     """One ``SequentialBuffer`` per env (fishyrl's ``IndependentVectorizedBuffer``): here
     one segment with a lane per env, so sequences never mix envs and every env's steps
     stay in order. ``add`` takes a leading env axis; ``sample`` splits the batch over the
@@ -215,6 +161,7 @@ class IndependentVectorizedBuffer(_Lazy):
     """
 
     KIND = "fishyrl.IndependentVectorizedBuffer"
+    reset = Lazy._end
 
     def __init__(self, num_buffers: int, *buffer_args: Any, buffer_class: type = SequentialBuffer,
                  seed: Optional[int] = None, name: Optional[str] = None, persist: bool = False,
@@ -228,7 +175,7 @@ class IndependentVectorizedBuffer(_Lazy):
         self._validate_keys = bool(args.get("validate_keys", True))
         self._rng = np.random.default_rng(seed)  # the batch split; windows: the segment's own
         self._seed, self._name, self._persist = seed, name, persist
-        self._core: Optional[core.Buffer] = None
+        self._core: Optional[Any] = None
 
     @classmethod
     def attach(cls, name: str) -> "IndependentVectorizedBuffer":

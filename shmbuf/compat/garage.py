@@ -1,0 +1,452 @@
+"""garage's ``PathBuffer``, ``HERReplayBuffer`` and ``ReplayBuffer``, in shared memory.
+
+Switch with one import::
+
+    from shmbuf.compat.garage import PathBuffer, HERReplayBuffer, ReplayBuffer
+
+``PathBuffer(capacity_in_transitions)``: ``add_path(path)`` stores a path (a dict of
+``(path_len, flat_dim)`` arrays) in one ring, evicting the oldest rows;
+``sample_path()`` returns a whole path, uniformly over the paths none of whose rows is
+evicted, in order even where it wraps around the ring; ``sample_transitions(batch_size)``
+draws rows uniformly over every row stored (the surviving rows of a partly evicted path
+too, as garage does); ``n_transitions_stored``; ``clear()`` forgets the keys and shapes
+(the segment ends; the next path makes a new one). ``HERReplayBuffer(replay_k,
+reward_fn, capacity_in_transitions, env_spec)`` adds ``replay_k`` relabelled copies of
+each transition but the last (goals from strictly later steps) at insertion, as garage
+does. ``ReplayBuffer(env_spec, size_in_transitions, time_horizon)`` keeps episodes of
+``time_horizon`` steps in slots (``add_transitions``, ``sample``, ``full``).
+
+As in garage the schema comes from the first path: the segment is created then (``name``
+is None before). Each row records its step in its path and the path's length, so any
+process that attaches finds the same paths. Pickling carries the name (unpickling
+attaches); to keep a buffer past its processes use ``persist=True`` or ``save``.
+Divergences (README): a key that is new after the first path raises ``ValueError`` (a
+shared segment's schema is fixed; garage allocates it); a 1-D array in the first path is
+``ValueError`` (garage: ``IndexError``); values are cast into the first path's dtypes
+except NaN, infinities and out-of-range integers; sampling draws from the handle's own
+seeded generator (garage: numpy's global one); ``ReplayBuffer``'s wrap-around is the
+correct ring (garage's miscomputes it when a store straddles the end).
+
+Example:
+    >>> import numpy as np
+    >>> buf = PathBuffer(5, seed=0)
+    >>> buf.add_path({"obs": np.array([[1], [2], [3]])})
+    >>> buf.add_path({"obs": np.array([[4], [5], [6]])})  # wraps: evicts rows 1 and 2
+    >>> buf.n_transitions_stored, buf.sample_path()["obs"].ravel().tolist()
+    (5, [4, 5, 6])
+    >>> sorted(set(buf.sample_transitions(100)["obs"].ravel().tolist()))
+    [2, 3, 4, 5, 6]
+    >>> buf.clear(); buf.name is None
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .. import buffer as core
+from .. import sampling
+from . import _cast
+from ._shared import Lazy
+
+_STEP, _LEN = "_step", "_len"  # each row's step in its path, and the path's length
+_GOAL = ("observation", "achieved_goal", "desired_goal")
+
+
+class PathBuffer(Lazy):
+    """Paths (episodes of ``(path_len, flat_dim)`` arrays) in one ring in shared memory
+    (garage's ``PathBuffer``)."""
+
+    KIND = "garage.PathBuffer"
+
+    def __init__(self, capacity_in_transitions: int, env_spec: Any = None, *, seed: Any = None,
+                 name: Optional[str] = None, persist: bool = False) -> None:
+        self._capacity = core._count(capacity_in_transitions, "capacity_in_transitions", 1)
+        self._env_spec = env_spec
+        self._rng = self._seed = np.random.default_rng(seed)
+        self._name, self._persist = name, persist
+        self._core = None
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None) -> "PathBuffer":
+        """This buffer from another process, by name (after its first path)."""
+        rng = np.random.default_rng(seed)
+        return cls._wrap(cls._handle(name, rng), rng)
+
+    @classmethod
+    def _wrap(cls, handle: core.Buffer, rng: np.random.Generator, **more: Any) -> Any:
+        """A facade over the open ``handle``; ``more``: a subclass's own attributes."""
+        self = cls.__new__(cls)
+        PathBuffer.__init__(self, handle.capacity, more.pop("env_spec", None))
+        self._rng, self._core = rng, handle
+        return self
+
+    clear = Lazy._end
+
+    @property
+    def n_transitions_stored(self) -> int:
+        """Rows stored: ``min(capacity, rows ever added)``."""
+        return 0 if self._core is None else len(self._core)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def add_path(self, path: Mapping[str, Any]) -> None:
+        """Add a path: ``{key: array (path_len, flat_dim)}``, every key of the buffer.
+
+        Raises:
+            ValueError: If a key is missing from path or path has wrong shape (garage's
+                messages), if the path is empty, of inconsistent lengths, or longer than
+                the buffer; nothing is written then.
+        """
+        self._write([self._check(path)])
+
+    def add_episode_batch(self, episodes: Any) -> None:
+        """Add each episode of a garage ``EpisodeBatch`` as a path with keys
+        ``observations``, ``next_observations``, ``actions`` (flattened by the batch's
+        ``env_spec`` spaces), ``rewards`` and ``terminals`` (``(n, 1)``)."""
+        spec = episodes.env_spec
+        obs_space, act_space = spec.observation_space, spec.action_space
+        for eps in episodes.split():
+            terminals = np.array([getattr(s, "name", s) == "TERMINAL" for s in eps.step_types], bool)
+            self.add_path({"observations": obs_space.flatten_n(eps.observations),
+                           "next_observations": obs_space.flatten_n(eps.next_observations),
+                           "actions": act_space.flatten_n(eps.actions),
+                           "rewards": np.asarray(eps.rewards).reshape(-1, 1),
+                           "terminals": terminals.reshape(-1, 1)})
+
+    def _check(self, path: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """``path`` as arrays cast into the buffer's dtypes, checked as garage checks it."""
+        if not isinstance(path, Mapping):
+            raise TypeError(f"a path is a dict of (path_len, flat_dim) arrays, got {type(path).__name__}")
+        arrays = {k: np.asarray(v) for k, v in path.items()}
+        fields = {} if self._core is None else self._core.fields
+        for key, (shape, _) in fields.items():
+            if key.startswith("_"):
+                continue
+            if key not in arrays:
+                raise ValueError(f"Key {key} missing from path.")
+            if arrays[key].ndim != 2 or arrays[key].shape[1:] != shape:
+                raise ValueError(f"Array {key} has wrong shape.")
+        length, first = None, None
+        for key, a in arrays.items():
+            if key.startswith("_"):
+                raise ValueError(f"path key {key!r}: keys starting with '_' are shmbuf's (each row's place "
+                                 "in its path); rename it")
+            if a.ndim != 2:
+                raise ValueError(f"Array {key} has wrong shape.")
+            if length is None:
+                length, first = len(a), key
+            elif len(a) != length:
+                raise ValueError(f"path has inconsistent lengths between {first!r} and {key!r}.")
+        if not length:
+            raise ValueError("Nothing in path")
+        if length > self._capacity:
+            raise ValueError("Path is too long to store in buffer.")
+        new = sorted(set(arrays) - set(fields))
+        if fields and new:
+            raise ValueError(f"keys {new} are new: a buffer in shared memory keeps the keys of its first path "
+                             f"({[k for k in fields if not k.startswith('_')]}); clear() first to change them")
+        return {k: _cast.into(a, fields[k][1], k) for k, a in arrays.items()} if fields else arrays
+
+    def _write(self, paths: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Write checked paths, in order, in one reservation (the oldest rows go)."""
+        buf = self._core
+        if buf is None:
+            first = paths[0]
+            buf = self._create({**{k: (a.shape[1:], a.dtype) for k, a in first.items()},
+                                _STEP: ((), np.int32), _LEN: ((), np.int32)})
+        lengths = [len(next(iter(p.values()))) for p in paths]
+        batch = {k: np.concatenate([p[k] for p in paths]) if len(paths) > 1 else paths[0][k]
+                 for k in buf.fields if not k.startswith("_")}
+        batch[_STEP] = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths])
+        batch[_LEN] = np.repeat(np.array(lengths, np.int32), lengths)
+        buf.extend(batch, truncate_ok=True)  # more rows than the buffer holds: the last ones
+
+    # -- sampling ------------------------------------------------------------------------
+
+    def _buf(self) -> core.Buffer:
+        if self._core is None:
+            raise ValueError("cannot sample from an empty buffer: add a path first")
+        return self._core
+
+    def sample_transitions(self, batch_size: int) -> dict[str, np.ndarray]:
+        """``batch_size`` rows, uniformly with replacement over the rows stored:
+        ``{key: (batch_size, flat_dim)}``. ``ValueError`` if the buffer is empty."""
+        batch = self._buf().sample(batch_size)
+        del batch[_STEP], batch[_LEN]
+        return batch
+
+    def sample_path(self) -> dict[str, np.ndarray]:
+        """One path, uniformly over the paths none of whose rows is evicted, in order:
+        ``{key: (path_len, flat_dim)}``. ``ValueError`` if there is none."""
+        buf = self._buf()
+        ring = buf._ring
+        lc = ring.lane_capacity
+        deadline = time.monotonic() + buf.timeout
+        while time.monotonic() < deadline:
+            lo, head = (x[0] for x in ring.window_lists())
+            seq = np.arange(lo, head)
+            slot = seq % lc
+            starts = seq[ring.arrays[_STEP][slot] == 0]  # raw reads: a guide, checked by the copy
+            lengths = ring.arrays[_LEN][starts % lc].astype(np.int64)
+            ends = starts + lengths - 1
+            whole = (lengths > 0) & (ends < head)
+            whole &= ring.stamps[starts % lc] == 2 * starts + 2  # first and last rows published
+            whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
+            if not whole.any():
+                raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet "
+                                 "written)")
+            j = int(self._rng.integers(whole.sum()))
+            first, n = int(starts[whole][j]), int(lengths[whole][j])
+            got = {f.name: np.empty((n,) + f.shape, f.dtype) for f in ring.layout.fields}
+            torn = sampling.copy_windows(ring, 0, np.array([first], np.int64), n, None, list(got.values()))
+            if torn is None and (got[_STEP] == np.arange(n)).all() and (got[_LEN] == n).all():
+                del got[_STEP], got[_LEN]
+                return got
+        raise sampling.SampleTimeout(f"could not copy an intact path within {buf.timeout:g} s")
+
+    def save(self, path: Any, **kwargs: Any) -> dict[str, Any]:
+        """Save into the directory ``path`` (see :meth:`shmbuf.Buffer.save`)."""
+        return self._buf().save(path, **kwargs)
+
+    @classmethod
+    def load(cls, path: Any, **kwargs: Any) -> Any:
+        """A buffer in shared memory from a :meth:`save` directory (arguments as
+        :meth:`shmbuf.Buffer.load`); a ``HERReplayBuffer`` takes ``reward_fn=``."""
+        reward_fn = kwargs.pop("reward_fn", None)
+        handle = core.Buffer.load(path, **kwargs)
+        if handle.meta.get("kind") != cls.KIND:
+            handle.unlink()
+            handle.close()
+            raise ValueError(f"{str(path)!r} holds a save of a {handle.meta.get('kind')!r}, not of a {cls.KIND}")
+        return cls._wrap(handle, handle._rng, reward_fn=reward_fn)
+
+
+class HERReplayBuffer(PathBuffer):
+    """A :class:`PathBuffer` that adds hindsight transitions at insertion with the
+    "future" strategy (garage's ``HERReplayBuffer``).
+
+    ``add_path(path)`` takes ``observations`` and ``next_observations`` as goal
+    observations: a sequence of per-step dicts with ``observation``, ``achieved_goal``
+    and ``desired_goal``, a dict of ``(T, d)`` arrays with those keys, or flat ``(T, D)``
+    arrays (``env_spec.observation_space`` says how they split). For each step but the
+    last it adds ``replay_k`` transitions, each with the achieved goal of a strictly
+    later step as desired goal, ``rewards = reward_fn(next achieved goal, goal, None)``
+    and ``terminals`` False, each as its own path of one step, then the path itself.
+    Observations are stored flat: the dict's parts concatenated in the order of
+    ``env_spec.observation_space.spaces`` (sorted keys without one).
+
+    Example:
+        >>> import numpy as np
+        >>> def reward_fn(achieved, desired, info):
+        ...     return -float(np.linalg.norm(achieved - desired) > 0.1)
+        >>> buf = HERReplayBuffer(4, reward_fn, 100, None, seed=0)
+        >>> goals = {"observation": np.zeros((3, 2)), "achieved_goal": [[0.], [1.], [2.]],
+        ...          "desired_goal": np.full((3, 1), 9.)}
+        >>> buf.add_path({"observations": goals, "next_observations": goals, "actions": np.zeros((3, 1)),
+        ...               "rewards": -np.ones((3, 1)), "terminals": np.zeros((3, 1), bool)})
+        >>> buf.n_transitions_stored  # 3 + (3 - 1) * 4
+        11
+    """
+
+    KIND = "garage.HERReplayBuffer"
+
+    def __init__(self, replay_k: int, reward_fn: Callable[..., Any], capacity_in_transitions: int,
+                 env_spec: Any, *, seed: Any = None, name: Optional[str] = None, persist: bool = False) -> None:
+        try:
+            ok = float(replay_k).is_integer() and replay_k >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError("replay_k must be an integer and >= 0.")
+        self._replay_k, self._reward_fn = int(replay_k), reward_fn
+        super().__init__(capacity_in_transitions, env_spec, seed=seed, name=name, persist=persist)
+
+    def _meta(self) -> dict[str, Any]:
+        return {"replay_k": self._replay_k}
+
+    @classmethod
+    def attach(cls, name: str, *, reward_fn: Optional[Callable[..., Any]] = None, seed: Any = None,
+               env_spec: Any = None) -> "HERReplayBuffer":
+        """This buffer from another process, by name. ``reward_fn`` (a function cannot be
+        shared) is needed to ``add_path`` through this handle, not to sample."""
+        rng = np.random.default_rng(seed)
+        return cls._wrap(cls._handle(name, rng), rng, reward_fn=reward_fn, env_spec=env_spec)
+
+    @classmethod
+    def _wrap(cls, handle: core.Buffer, rng: np.random.Generator, **more: Any) -> Any:
+        self = super()._wrap(handle, rng, env_spec=more.get("env_spec"))
+        self._replay_k, self._reward_fn = int(handle.meta["replay_k"]), more.get("reward_fn")
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        super().__reduce__()  # (the error before the first path)
+        return (_attach_her, (self.name, self._reward_fn))
+
+    def add_path(self, path: Mapping[str, Any]) -> None:
+        """Add the path and its hindsight transitions (see the class); nothing is
+        written if any of them is refused."""
+        if self._reward_fn is None:
+            raise ValueError("this handle has no reward_fn: attach with reward_fn= to add paths")
+        missing = [k for k in ("observations", "next_observations", "actions", "rewards", "terminals")
+                   if k not in path]
+        if missing:
+            raise ValueError(f"Key {missing[0]} missing from path.")
+        obs, nxt = self._goals(path["observations"]), self._goals(path["next_observations"])
+        flat = {k: v for k, v in path.items() if k not in ("observations", "next_observations")}
+        flat["observations"], flat["next_observations"] = self._flat(obs), self._flat(nxt)
+        original = self._check(flat)
+        idx = np.repeat(np.arange(len(original["actions"]) - 1), self._replay_k)
+        if not len(idx):
+            return self._write([original])
+        later = self._rng.integers(idx + 1, len(original["actions"]))  # strictly later steps
+        goal = obs["achieved_goal"][later]
+        rewards = [np.asarray(self._reward_fn(nxt["achieved_goal"][i], g, None)).reshape(-1)
+                   for i, g in zip(idx.tolist(), goal)]
+        her = {k: a[idx] for k, a in original.items()}
+        her["observations"] = self._flat({**{k: v[idx] for k, v in obs.items()}, "desired_goal": goal})
+        her["next_observations"] = self._flat({**{k: v[idx] for k, v in nxt.items()}, "desired_goal": goal})
+        her["rewards"] = np.array(rewards).reshape(len(idx), -1)
+        her["terminals"] = np.zeros_like(original["terminals"][idx])
+        her = {k: _cast.into(a, original[k].dtype, k) for k, a in her.items()}
+        if her["rewards"].shape[1:] != original["rewards"].shape[1:]:
+            raise ValueError(f"reward_fn returned {her['rewards'].shape[1]} values per transition; the path's "
+                             f"rewards have {original['rewards'].shape[1]}")
+        singles = [{k: a[i:i + 1] for k, a in her.items()} for i in range(len(idx))]
+        self._write(singles + [original])
+
+    def _goals(self, obs: Any) -> dict[str, np.ndarray]:
+        """Goal observations as ``{part: (T, d)}``, from per-step dicts, a dict of
+        arrays, or flat arrays split by ``env_spec.observation_space``."""
+        if isinstance(obs, Mapping):
+            parts = dict(obs)
+        elif len(obs) and isinstance(obs[0], Mapping):
+            parts = {k: [o[k] for o in obs] for k in obs[0]}
+        else:
+            flat = np.asarray(obs)
+            sizes = {k: int(np.prod(s.shape)) for k, s in self._spaces().items()}
+            if flat.ndim != 2 or flat.shape[1] != sum(sizes.values()):
+                raise ValueError(f"flat goal observations of shape {flat.shape} do not match the observation "
+                                 f"space's parts {sizes}")
+            parts = dict(zip(sizes, np.split(flat, np.cumsum(list(sizes.values()))[:-1], axis=1)))
+        missing = [k for k in _GOAL if k not in parts]
+        if missing:
+            raise ValueError(f"goal observations need {list(_GOAL)}; {missing} missing")
+        out = {k: np.asarray(v) for k, v in parts.items()}
+        return {k: v.reshape(len(v), -1) for k, v in out.items()}
+
+    def _spaces(self) -> dict[str, Any]:
+        spaces = getattr(getattr(self._env_spec, "observation_space", None), "spaces", None)
+        if not isinstance(spaces, Mapping):
+            raise ValueError("flat goal observations need env_spec.observation_space (a Dict space) to split "
+                             "them; or give observations as dicts")
+        return dict(spaces)
+
+    def _flat(self, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+        try:
+            order = list(self._spaces())
+        except ValueError:
+            order = sorted(parts)
+        return np.concatenate([np.asarray(parts[k]) for k in order], axis=1)
+
+
+def _attach_her(name: str, reward_fn: Any) -> HERReplayBuffer:
+    return HERReplayBuffer.attach(name, reward_fn=reward_fn)
+
+
+class ReplayBuffer(Lazy):
+    """Episodes of ``time_horizon`` steps in slots (garage's ``ReplayBuffer`` with the
+    old ``SimpleReplayBuffer``'s ``sample``): ``add_transitions`` takes one step of B
+    parallel episodes; when ``observation`` holds ``time_horizon`` steps the B episodes
+    go into B slots, oldest first out. The steps of episodes not yet complete stay in
+    the adding handle (each process completes its own).
+
+    Example:
+        >>> buf = ReplayBuffer(None, 3, 1, seed=0)
+        >>> for pair in ([1, 2], [3, 4], [5, 6], [7, 8]):
+        ...     buf.add_transitions(observation=pair)
+        >>> buf.full, buf.n_transitions_stored, sorted(set(buf.sample(100)["observation"].tolist()))
+        (True, 3, [6, 7, 8])
+    """
+
+    KIND = "garage.ReplayBuffer"
+
+    def __init__(self, env_spec: Any, size_in_transitions: int, time_horizon: int, *, seed: Any = None,
+                 name: Optional[str] = None, persist: bool = False) -> None:
+        self._size = core._count(size_in_transitions, "size_in_transitions", 1)
+        self._horizon = core._count(time_horizon, "time_horizon", 1)
+        self._capacity = self._size // self._horizon
+        if self._capacity < 1:
+            raise ValueError(f"size_in_transitions={size_in_transitions} holds no episode of "
+                             f"time_horizon={time_horizon} steps")
+        self._env_spec = env_spec
+        self._rng = self._seed = np.random.default_rng(seed)
+        self._name, self._persist = name, persist
+        self._cache: dict[str, list[Any]] = {}
+        self._core = None
+
+    def _meta(self) -> dict[str, Any]:
+        return {"size_in_transitions": self._size, "time_horizon": self._horizon}
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None) -> "ReplayBuffer":
+        """This buffer from another process, by name (after its first episode)."""
+        rng = np.random.default_rng(seed)
+        handle = cls._handle(name, rng)
+        self = cls(None, handle.meta["size_in_transitions"], handle.meta["time_horizon"])
+        self._rng, self._core = rng, handle
+        return self
+
+    def add_transition(self, **kwargs: Any) -> None:
+        """Add one step of one episode (``add_transitions`` with B=1)."""
+        self.add_transitions(**{k: [v] for k, v in kwargs.items()})
+
+    def add_transitions(self, **kwargs: Any) -> None:
+        """Add one step of B parallel episodes: ``key=[value of env 0, ..., env B-1]``.
+        ``observation`` is required."""
+        if "observation" not in kwargs:
+            raise KeyError("'observation': garage's ReplayBuffer counts steps by the 'observation' key")
+        if self._cache and set(kwargs) != set(self._cache):
+            raise ValueError(f"keys {sorted(kwargs)} differ from this episode's {sorted(self._cache)}")
+        for k, v in kwargs.items():
+            self._cache.setdefault(k, []).append(np.asarray(v))
+        if len(self._cache["observation"]) >= self._horizon:
+            self.store_episode()
+
+    def store_episode(self) -> None:
+        """Write the cached steps as B episodes (B slots) and start new ones."""
+        cache, self._cache = self._cache, {}
+        try:
+            episode = {k: np.swapaxes(np.stack(v), 0, 1) for k, v in cache.items()}  # (B, T, ...)
+        except ValueError as exc:
+            raise ValueError(f"the cached steps do not stack into episodes ({exc}); each key needs the same "
+                             "shape at every step") from None
+        buf = self._core
+        if buf is None:
+            buf = self._create({k: (a.shape[1:], a.dtype) for k, a in episode.items()})
+        missing = sorted(set(buf.fields) ^ set(episode))
+        if missing:
+            raise ValueError(f"keys {missing} are not the buffer's ({sorted(buf.fields)})")
+        buf.extend({k: _cast.into(a, buf.fields[k][1], k) for k, a in episode.items()}, truncate_ok=True)
+
+    @property
+    def full(self) -> bool:
+        """Every slot holds an episode."""
+        return self._core is not None and self._core.is_full
+
+    @property
+    def n_transitions_stored(self) -> int:
+        """Steps stored: complete episodes times ``time_horizon``."""
+        return 0 if self._core is None else min(self._size, len(self._core) * self._horizon)
+
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        """``batch_size`` steps: an episode and a step in it, each uniformly, with
+        replacement; ``{key: (batch_size, ...)}``. ``ValueError`` if the buffer is empty."""
+        if self._core is None:
+            raise ValueError("cannot sample from an empty buffer: add a whole episode first")
+        episodes = self._core.sample(batch_size)
+        t = self._rng.integers(0, self._horizon, batch_size)
+        return {k: v[np.arange(len(t)), t] for k, v in episodes.items()}
