@@ -645,3 +645,49 @@ def garage_adder(name: str, paths: int, ready, results) -> None:
         buf.add_path(garage_path(p))
     results.put(buf.n_transitions_stored)
     buf.close()
+
+
+def d3rlpy_buffer(buffer, **kwargs):
+    """A d3rlpy-facade ReplayBuffer of float32 (2,) observations, int64 actions and
+    float32 rewards (signatures given, as a user without an env would)."""
+    from shmbuf.compat.d3rlpy import ActionSpace, ReplayBuffer, Signature
+
+    return ReplayBuffer(buffer, observation_signature=Signature(dtype=[np.float32], shape=[(2,)]),
+                        action_signature=Signature(dtype=[np.int64], shape=[(1,)]),
+                        reward_signature=Signature(dtype=[np.float32], shape=[(1,)]),
+                        action_space=ActionSpace.DISCRETE, action_size=1000, **kwargs)
+
+
+def d3rlpy_obs(episode: int, t: int) -> np.ndarray:
+    """The observation of step t of an episode: (episode, t)."""
+    return np.array([episode, t], np.float32)
+
+
+def d3rlpy_appender(name: str, episodes: int, ready, results) -> None:
+    """Attach a d3rlpy-facade ReplayBuffer by name and append episodes 1.. through its
+    own ``append`` / ``clip_episode``: episode e has e % 7 + 2 steps, observation (e, t),
+    action t, reward e; odd episodes end terminated, even ones by a time limit."""
+    from shmbuf.compat.d3rlpy import ReplayBuffer
+
+    buf = ReplayBuffer.attach(name)
+    ready.wait(30)
+    for e in range(1, episodes + 1):
+        for t in range(e % 7 + 2):
+            buf.append(d3rlpy_obs(e, t), t, float(e))
+        buf.clip_episode(e % 2 == 1)
+    results.put(buf.transition_count)
+    buf.close()
+
+
+def d3rlpy_bad_transitions(batch) -> int:
+    """Transitions of :func:`d3rlpy_appender` episodes (or of episode 0, added by the
+    test) that are not what their episode says."""
+    obs, nxt = batch.observations, batch.next_observations
+    e, t = obs[:, 0], obs[:, 1]
+    steps = e % 7 + 2
+    terminal = batch.terminals[:, 0] == 1
+    bad = (batch.actions[:, 0] != t) | (batch.rewards[:, 0] != e)
+    bad |= terminal & ((nxt != 0).any(axis=1) | (e % 2 != 1) | (t != steps - 1))
+    bad |= ~terminal & ((nxt[:, 0] != e) | (nxt[:, 1] != t + 1) | (batch.next_actions[:, 0] != t + 1))
+    bad |= ~terminal & (t >= steps - 1)  # a timeout episode's last observation is no transition
+    return int(bad.sum())

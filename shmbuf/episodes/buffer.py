@@ -66,7 +66,8 @@ class EpisodeBuffer:
         observation fields hold single frames (add the newest frame of each step) and
         ``sample`` returns stacks ``(n, k, *frame)`` of the episode's ``k`` latest
         frames, zeros before its first step. ``her=shmbuf.HER(...)`` relabels samples
-        with achieved goals (this handle's; see :attr:`her`). Other arguments: as
+        with achieved goals (this handle's; see :attr:`her`). Other arguments (``meta``:
+        more metadata to record, for the layers built on episodes): as
         :meth:`shmbuf.Buffer.create`."""
         if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
@@ -78,7 +79,8 @@ class EpisodeBuffer:
             if kwargs.get("priority") is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported: pass "
                                  "her= or priority=, not both")
-        meta = {"kind": KIND, "observations": observations, "reward": reward, "frame_stack": int(frame_stack)}
+        meta = {**kwargs.pop("meta", {}), "kind": KIND, "observations": observations, "reward": reward,
+                "frame_stack": int(frame_stack)}
         return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs), her)
 
     @classmethod
