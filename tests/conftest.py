@@ -18,10 +18,12 @@ import pytest
 from shmbuf import segment
 
 # The core step of scripts/test does not collect the optional extras' test files: their
-# dependencies may be being installed meanwhile.
+# dependencies may be being installed meanwhile. The reference libraries' tests run only
+# in scripts/test-libraries (a virtualenv per library).
+collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else ["test_libraries.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
-    collect_ignore = ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_compat_velora.py",
-                      "test_compat_d3rlpy_dump.py"]
+    collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_compat_velora.py",
+                       "test_compat_d3rlpy_dump.py"]
 
 # Child processes that import this module (spawn re-imports test modules) keep the
 # run's namespace; a new run never inherits one from the shell.

@@ -48,8 +48,8 @@ def test_signatures_come_from_somewhere_or_a_clear_error():
 def test_signatures_and_action_space_from_episodes_and_from_an_env(name):
     with ReplayBuffer(InfiniteBuffer(), episodes=[episode(3, True), episode(4, False, e=5)], name=name) as buf:
         info = buf.dataset_info
-        assert info["action_space"] == ActionSpace.DISCRETE and info["action_size"] == 4  # max + 1
-        assert info["observation_signature"].shape == [(2,)] and buf.transition_count == 3 + 3
+        assert info.action_space.value == ActionSpace.DISCRETE.value and info.action_size == 4  # max + 1
+        assert list(map(tuple, info.observation_signature.shape)) == [(2,)] and buf.transition_count == 3 + 3
         assert buf.size() == 2 and len(buf.episodes) == 2
         buf.unlink()
 
@@ -64,7 +64,7 @@ def test_signatures_and_action_space_from_episodes_and_from_an_env(name):
 
     with ReplayBuffer(FIFOBuffer(50), env=Env(), name=name + "e") as buf:
         info = buf.dataset_info
-        assert info["action_space"] == ActionSpace.DISCRETE and info["action_size"] == 2
+        assert info.action_space.value == ActionSpace.DISCRETE.value and info.action_size == 2
         for t in range(4):
             buf.append(np.zeros(3, np.float32), 1, 1.0)  # an int action becomes [a]
         buf.clip_episode(True)

@@ -66,7 +66,7 @@ VERSION = "2.1"  # d3rlpy's dump format
 
 
 class ActionSpace(enum.IntEnum):
-    """d3rlpy's ``ActionSpace`` (its own enum compares equal by value)."""
+    """d3rlpy's ``ActionSpace`` values (d3rlpy's own enum is accepted wherever this one is)."""
     CONTINUOUS = 1
     DISCRETE = 2
     BOTH = 3
@@ -232,6 +232,16 @@ class TrajectoryMiniBatch:
         return int(self.actions.shape[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """d3rlpy's ``DatasetInfo`` fields (used where d3rlpy is not installed)."""
+    observation_signature: Signature
+    action_signature: Signature
+    reward_signature: Signature
+    action_space: ActionSpace
+    action_size: int
+
+
 def _signature_from_env(space: Any, action: bool) -> Signature:
     shape = tuple(space.shape)
     return Signature(dtype=[np.dtype(space.dtype)], shape=[shape if shape or not action else (1,)])
@@ -259,12 +269,14 @@ class ReplayBuffer(Shared):
             else:
                 raise ValueError("Either episodes or env must be provided to determine signatures. "
                                  "Or specify signatures directly.")
+        if action_space is not None:
+            action_space = ActionSpace(getattr(action_space, "value", action_space))  # ours or d3rlpy's enum
         if action_space is None or action_size is None:
             if episodes:
                 discrete = all(np.all(np.array(e.actions, dtype=np.int32) == e.actions) for e in episodes[:1])
                 action_space = action_space or (ActionSpace.DISCRETE if discrete else ActionSpace.CONTINUOUS)
                 if action_size is None:
-                    action_size = (int(action_signature.shape[0][0]) if int(action_space) == ActionSpace.CONTINUOUS
+                    action_size = (int(action_signature.shape[0][0]) if action_space == ActionSpace.CONTINUOUS
                                    else max(int(np.max(e.actions)) for e in episodes) + 1)
             elif env is not None:
                 discrete = hasattr(env.action_space, "n")
@@ -516,7 +528,7 @@ class ReplayBuffer(Shared):
                     action_signature=sig(dtype=[np.dtype(c["action"][1])], shape=[tuple(c["action"][0])]),
                     reward_signature=sig(dtype=[np.dtype(c["reward"][1])], shape=[tuple(c["reward"][0])]),
                     action_space=_action_space(c["action_space"]), action_size=c["action_size"])
-        return d3.DatasetInfo(**info) if d3 else info
+        return (d3.DatasetInfo if d3 else DatasetInfo)(**info)
 
     @property
     def buffer(self) -> Any:
