@@ -197,6 +197,8 @@ class PathBuffer(Lazy):
             whole &= ring.stamps[starts % lc] == 2 * starts + 2  # first and last rows published
             whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
             if not whole.any():
+                if ring.window_lists()[1][0] != head:
+                    continue  # written meanwhile (what was read may be of newer rows): look again
                 raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet "
                                  "written)")
             j = int(self._rng.integers(whole.sum()))
