@@ -27,10 +27,11 @@ def storm_rows(writer: int, seq: np.ndarray) -> dict[str, np.ndarray]:
 
 def storm_torn(batch: dict[str, np.ndarray]) -> int:
     """Rows whose fields do not all come from the same (writer, sequence)."""
-    a = batch["a"].reshape(len(batch["a"]), -1)
-    key = a[:, 0]
+    a, b = batch["a"], batch["b"]
+    a, b = a.reshape(len(a), a[0].size if len(a) else 1), b.reshape(len(b), b[0].size if len(b) else 1)
+    key = a[:, 0]  # (an empty batch, a save that kept no row, has no torn rows)
     ok = (a == key[:, None]).all(axis=1)
-    ok &= (batch["b"].reshape(len(key), -1) == (key * 2.0)[:, None]).all(axis=1)
+    ok &= (b == (key * 2.0)[:, None]).all(axis=1)
     ok &= batch["c"] == (key % 1_000_003).astype(np.int32)
     return int((~ok).sum())
 
