@@ -37,8 +37,7 @@ def test_d3rlpy_fit_online_trains_dqn_from_the_facade_buffer(name, tmp_path, mon
     assert isinstance(info, d3rlpy.dataset.DatasetInfo) and info.action_size == 2
     assert info.action_space == d3rlpy.constants.ActionSpace.DISCRETE
     # offline: the same buffer as a dataset, and another handle of it
-    from shmbuf.compat.d3rlpy import ReplayBuffer as Facade
-    other = Facade.attach(name)
+    other = ReplayBuffer.attach(name)
     dqn.fit(other, n_steps=50, n_steps_per_epoch=50, show_progress=False,
             logger_adapter=d3rlpy.logging.NoopAdapterFactory())
     action = dqn.predict(np.zeros((1, 4), np.float32))

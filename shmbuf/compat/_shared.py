@@ -50,7 +50,7 @@ class Shared:
         return (type(self).attach, (self.name,))  # type: ignore[attr-defined]
 
 
-class Lazy:
+class Lazy(Shared):
     """A facade whose segment its first add makes (fishyrl and garage infer the schema
     from it): ``_core`` is None before, ``_end()`` ends it (the seeds' ``reset`` /
     ``clear``). ``_lanes`` lanes of ``_capacity`` rows; ``_meta()`` what the segment
@@ -107,12 +107,6 @@ class Lazy:
         """Remove the name now, from any process (if the first add made it)."""
         if self._core is not None:
             self._core.unlink()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self._core is None:

@@ -420,9 +420,9 @@ class ReplayBuffer(Shared):
     def _room(self, rows: int) -> None:
         """An InfiniteBuffer never evicts: refuse rows that do not fit (before writing)."""
         if self._config["kind"] == "infinite":
-            writer = self._ebuf._own_writer()
-            lane = writer.lanes[0] if writer.lanes else int(np.argmin(self._core.lane_sizes()))
-            if self._core.lane_sizes()[lane] + rows > self._ebuf.lane_capacity:
+            writer, sizes = self._ebuf._own_writer(), self._core.lane_sizes()
+            lane = writer.lanes[0] if writer.lanes else int(np.argmin(sizes))
+            if sizes[lane] + rows > self._ebuf.lane_capacity:
                 raise ValueError(f"the InfiniteBuffer is full ({self._ebuf.lane_capacity} rows, and it never "
                                  "evicts): create it with InfiniteBuffer(limit=...) larger, or use FIFOBuffer(limit)")
 
