@@ -366,6 +366,16 @@ def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarr
     return out, slots, p, seq, low
 
 
+def totals(buf: "Buffer", timeout: float) -> tuple[float, float]:
+    """The buffer's priority mass ``sum p**a`` and smallest ``p**a`` (0.0, 0.0 if
+    empty), its newest rows included (synced first): what a sampler over several buffers
+    (``shmbuf.ray``) draws its per-buffer counts and weights by."""
+    trees: Trees = buf._prio
+    with trees.change(timeout):
+        trees.sync()
+        return float(trees.sum[1]), float(trees.min[1])
+
+
 def update(buf: "Buffer", index: Any, priorities: Any, timeout: float) -> int:
     trees: Trees = buf._prio
     idx = np.asarray(index)
