@@ -21,6 +21,8 @@ from shmbuf import segment
 # dependencies may be being installed meanwhile. The reference libraries' tests run only
 # in scripts/test-libraries (a virtualenv per library).
 collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else ["test_libraries.py"]
+if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
+    collect_ignore += ["test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
     collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_compat_velora.py",
                        "test_compat_d3rlpy_dump.py"]
@@ -70,27 +72,12 @@ def break_protection(monkeypatch):
     """``break_protection("stamp check")`` or ``("waiting")``: switch a protection off
     on purpose, on both paths (in this process and the children it forks), to prove
     that a stress test would see what it protects against."""
-    import numpy as np
+    from helpers import copy_windows_unchecked
     from shmbuf import native, ring, sampling
-
-    def unchecked(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
-        scatter = None
-        if out and isinstance(out[0], list):
-            out, scatter = sampling.by_position(ring_, len(first), length, out)
-        rows, _ = sampling._rows(ring_, lane, first, length)
-        for src, dst in zip(ring_.arrays.values(), out):
-            if dst is not None:
-                np.take(src, rows.ravel(), axis=0, out=dst, mode="clip")
-        if scatter is not None:
-            scatter()
-        kept = sampling.filters(ring_, rows, length, same, skip)  # only the stamps go unchecked
-        if kept is None or kept.all():
-            return None  # "all intact"
-        return kept.reshape(-1, length) if per_row else kept.reshape(-1, length).all(axis=1)
 
     def brk(what):
         if what == "stamp check":
-            monkeypatch.setattr(sampling, "copy_windows", unchecked)
+            monkeypatch.setattr(sampling, "copy_windows", copy_windows_unchecked)
             bits = 1
         else:
             monkeypatch.setattr(ring.Ring, "_older_done", lambda self, first, runs: True)

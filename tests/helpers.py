@@ -36,6 +36,34 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
     return int((~ok).sum())
 
 
+def copy_windows_unchecked(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
+    """``sampling.copy_windows`` without its stamp check (the ``break_protection``
+    fixture's "stamp check"): it copies whatever the slots hold."""
+    from shmbuf import sampling
+    scatter = None
+    if out and isinstance(out[0], list):
+        out, scatter = sampling.by_position(ring_, len(first), length, out)
+    rows, _ = sampling._rows(ring_, lane, first, length)
+    for src, dst in zip(ring_.arrays.values(), out):
+        if dst is not None:
+            np.take(src, rows.ravel(), axis=0, out=dst, mode="clip")
+    if scatter is not None:
+        scatter()
+    kept = sampling.filters(ring_, rows, length, same, skip)  # only the stamps go unchecked
+    if kept is None or kept.all():
+        return None  # "all intact"
+    return kept.reshape(-1, length) if per_row else kept.reshape(-1, length).all(axis=1)
+
+
+def break_stamp_check() -> None:
+    """Switch the stamp check off in this process, on both paths (a Ray job's
+    ``worker_process_setup_hook``, to show that the cluster storm would see torn rows)."""
+    from shmbuf import native, sampling
+    sampling.copy_windows = copy_windows_unchecked
+    if native.available():
+        native._native.set_faults(1)
+
+
 def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results,
                  pause: float = 0.0, pure: bool = False) -> None:
     """Write storm rows for ``seconds`` (after everyone is ready) or until ``stop``;

@@ -1,0 +1,164 @@
+"""``Shard``: the Ray actor that owns one node's shard of a :class:`ShardedBuffer`.
+
+It lives on its node (node-affinity scheduling, so a restart stays there) and holds a
+handle on the node's segment, which it made with ``persist=True``: when the actor dies
+(crash, OOM kill, ``ray.kill`` with restarts), Ray starts it again with the same
+arguments and it attaches the same segment, with every row the node's writers had
+written, and the writers, which never talked to it, go on writing meanwhile.
+
+The actor is on the sampling path only: writers attach the segment by name
+(:meth:`ShardedBuffer.local`) and write into it directly. Every answer carries the
+shard's :meth:`info` (its size, and priority mass), so the learner draws the next
+per-shard counts from figures one round trip old without asking again.
+
+This module does not import Ray: :func:`actor_class` makes the remote class when a
+``ShardedBuffer`` first needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import priority
+from ..buffer import Buffer
+from ..episodes import EpisodeBuffer
+from ..layout import normalize_fields
+
+SAMPLERS = {"buffer": ("sample", "sample_sequences"),
+            "episodes": ("sample", "sample_sequences", "sample_trajectories")}
+
+
+class Shard:
+    """One node's shard: a Buffer (``kind="buffer"``) or an EpisodeBuffer
+    (``"episodes"``) named ``segment``, created with ``options`` (those of
+    ``Buffer.create`` / ``EpisodeBuffer.create``), or attached if it already exists and
+    this is a restart (or ``exist_ok``)."""
+
+    def __init__(self, segment: str, kind: str, fields: Mapping[str, Any], capacity: int,
+                 options: Mapping[str, Any], seed: int, exist_ok: bool, keep: bool) -> None:
+        import ray
+        self.error: BaseException | None = None  # reported by info(), not raised: Ray would retry __init__
+        self.buf: Any = None
+        self.segment, self.kind, self.keep = segment, kind, keep
+        cls = EpisodeBuffer if kind == "episodes" else Buffer
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        try:
+            try:
+                self.buf = cls.create(fields, capacity, name=segment, seed=seed, persist=True, **options)
+            except FileExistsError:
+                if not (restarted or exist_ok):
+                    raise FileExistsError(
+                        f"a buffer named {segment!r} already exists on node {_node()} (left by an earlier "
+                        "run whose driver was killed?): pass exist_ok=True to take over its rows, or remove "
+                        f"it on that node with `shmbuf rm {segment}`") from None
+                self.buf = cls.attach(segment, seed=seed)
+                _check_same(self.buf, fields, capacity)
+        except BaseException as exc:  # (the creator's error, as it is, for ShardedBuffer.create)
+            if self.buf is not None:
+                self.buf.close()
+                self.buf = None
+            self.error = exc
+            return
+        self.core: Buffer = self.buf.core if kind == "episodes" else self.buf
+        if not keep:
+            # The job that owns a non-persistent ShardedBuffer ended (Ray terminates its
+            # actors): the rows go with it. A crash (SIGKILL) is not this: Ray restarts the
+            # actor, which finds its rows again.
+            previous = signal.getsignal(signal.SIGTERM)
+
+            def on_term(signum: int, frame: Any) -> None:
+                self.unlink()
+                if callable(previous):
+                    previous(signum, frame)
+                else:
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
+
+            signal.signal(signal.SIGTERM, on_term)
+
+    def info(self) -> dict[str, Any]:
+        """``size`` (rows a sample draws from: transitions of an episode buffer),
+        ``mass`` and ``low`` (priority mass and smallest ``p**a``; 0 when not
+        prioritized), ``node``, ``pid``; raises what creating the shard raised."""
+        if self.error is not None:
+            raise self.error
+        b = self.buf
+        size = b.transition_count if self.kind == "episodes" else len(b)
+        mass = low = 0.0
+        if self.core._prio is not None:
+            mass, low = priority.totals(self.core, self.core.timeout)
+        return {"size": int(size), "mass": mass, "low": low, "node": _node(), "pid": os.getpid(),
+                "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
+                "prioritized": self.core._prio is not None}
+
+    def sample(self, method: str, n: int, args: tuple, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
+        """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` and the shard's info after.
+        A prioritized shard samples with ``beta=1`` and returns ``p``, each row's
+        ``p**a`` (its weight is ``low / p``): the learner weighs by the cluster's
+        smallest priority, not this shard's."""
+        if self.error is not None:
+            raise self.error
+        if method not in SAMPLERS[self.kind]:
+            raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
+        prioritized = self.core._prio is not None and method == "sample"
+        if prioritized:
+            kwargs = {**kwargs, "beta": 1.0}
+        batch = getattr(self.buf, method)(n, *args, **kwargs)
+        info = self.info()
+        if prioritized:
+            batch["p"] = info["low"] / batch.pop("weight") if info["low"] > 0 else np.ones(n)
+        return batch, info
+
+    def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> tuple[int, dict]:
+        """How many rows of ``index`` (slot, row) were set, and the info after (the new mass)."""
+        if self.error is not None:
+            raise self.error
+        return self.buf.update_priorities(index, priorities), self.info()
+
+    def stats(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
+        return {**self.core.stats(), **self.info()}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def unlink(self) -> bool:
+        """Remove the segment (its rows are gone for every handle); True if it was there."""
+        if self.buf is None:
+            return False
+        was = not self.core.unlinked
+        self.core.unlink()
+        self.buf.close()
+        self.buf, self.error = None, FileNotFoundError(f"shard {self.segment!r} was removed")
+        return was
+
+
+def _node() -> str:
+    import ray
+    return ray.get_runtime_context().get_node_id()
+
+
+def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int) -> None:
+    """The shard found is the one asked for (the same fields and capacity)."""
+    want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fields)}
+    if buf.capacity != capacity or buf.fields != want:
+        raise ValueError(f"the existing shard {buf.name!r} holds {buf.capacity} rows of {buf.fields}, not "
+                         f"{capacity} rows of {want}: remove it with `shmbuf rm {buf.name}` on its node, "
+                         "or use another name")
+
+
+_remote: Any = None
+
+
+def actor_class() -> Any:
+    """``ray.remote(Shard)``, made once."""
+    global _remote
+    if _remote is None:
+        import ray
+        _remote = ray.remote(Shard)
+    return _remote

@@ -1,0 +1,632 @@
+"""``ShardedBuffer``: one shmbuf per node of a Ray cluster, sampled as one buffer.
+
+Writers on a node write into that node's shared memory (:meth:`ShardedBuffer.local`):
+no RPC and no copy in their path. Only sampling crosses the network: the learner
+draws per-shard counts (multinomial on the shards' sizes, or priority masses), asks
+each shard's actor for its rows in parallel, and scatters the answers into one batch
+in a random order. A shard that dies or does not answer is dropped with a
+:class:`ShardWarning`, its rows are drawn from the others, and it rejoins when it
+answers again; a batch is never short.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import secrets
+import time
+import warnings
+import weakref
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import segment, validate
+from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
+from ..episodes import EpisodeBuffer
+from ..priority import DEFAULT_BETA, check_alpha, check_values
+from . import shard as _shard
+
+NAMESPACE = "shmbuf"
+"""The Ray namespace of the shard actors (named ``<buffer>.<shard>``), so that any job
+can :meth:`ShardedBuffer.attach` by name."""
+PING_EVERY = 1.0
+"""Seconds between two pings of a shard that is down."""
+
+
+class ShardWarning(RuntimeWarning):
+    """A shard was dropped from sampling (dead, or too slow to answer), or came back."""
+
+
+class ShardsUnavailable(TimeoutError):
+    """No shard (or not enough of them) answered in time to make the whole batch."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("shmbuf.ray needs Ray: pip install 'shmbuf[ray]' (or pip install ray)") from None
+    if not ray.is_initialized():
+        raise RuntimeError("Ray is not initialised in this process: call ray.init() (ray.init(address='auto') "
+                           "to join a running cluster) before using a ShardedBuffer")
+    return ray
+
+
+class _Shard:
+    """The learner's view of one shard: where it is and the figures of its last answer."""
+
+    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "up", "ping", "ping_at", "info_ref")
+
+    def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
+        self.index, self.node, self.segment, self.actor = index, node, segment, actor
+        self.size, self.mass, self.low = 0, 0.0, 0.0
+        self.up = True
+        self.ping: Any = None  # while down: the pending info() call that tells it is back
+        self.ping_at = 0.0
+        self.info_ref: Any = None  # a pending info() of a shard the last draw gave no rows
+
+    def take(self, info: Mapping[str, Any]) -> None:
+        self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
+        self.node = info["node"]
+
+
+class _Plan:
+    """A batch asked for: its calls in flight, per shard."""
+
+    __slots__ = ("key", "n", "parts")
+
+    def __init__(self, key: tuple, n: int, parts: list[tuple[_Shard, Any, int]]) -> None:
+        self.key, self.n, self.parts = key, n, parts
+
+
+class ShardedBuffer:
+    """A replay buffer made of one shmbuf shard per node of a Ray cluster.
+
+    Create it once (the driver or learner), pass it to remote tasks and actors (it
+    pickles as its shard table), write through :meth:`local` on each node, and sample
+    from anywhere::
+
+        import ray
+        from shmbuf.ray import ShardedBuffer
+
+        ray.init(address="auto")
+        rb = ShardedBuffer.create({"obs": ((4,), "float32"), "reward": ((), "float32")},
+                                  capacity_per_node=1_000_000, name="apex", priority=0.6)
+
+        @ray.remote
+        def rollout(rb):
+            with rb.local() as local, local.writer() as w:
+                w.add({"obs": [0, 0, 0, 0], "reward": 1.0}, priority=1.0)
+
+        ray.get([rollout.remote(rb) for _ in range(8)])
+        batch = rb.sample(512, beta=0.4)             # rows of every shard, by priority
+        rb.update_priorities(batch["index"], td)     # each to its own shard
+        rb.stats()["shards"]                         # per shard, and totals
+    """
+
+    # -- construction ----------------------------------------------------------------
+
+    def __init__(self, name: str, kind: str, prioritized: bool, shards: list[_Shard], *,
+                 seed: Any = None, timeout: float = DEFAULT_TIMEOUT, owner: bool = False,
+                 fresh: bool = False) -> None:
+        self._name, self._kind, self._prioritized = name, kind, prioritized
+        self._shards = shards
+        self._rng = validate.rng(seed)
+        self._timeout = validate.timeout(timeout)
+        self._inflight: deque[_Plan] = deque()
+        self._fresh = fresh  # the sizes known are those of creation: ask again before a draw
+        self._finalizer: Any = None
+        if owner:  # (atexit runs this before Ray's own shutdown, registered before us)
+            self._finalizer = weakref.finalize(self, _end, [s.actor for s in shards], self._timeout)
+            atexit.register(self._finalizer)
+
+    @classmethod
+    def create(cls, fields: Mapping[str, Any], capacity_per_node: int, *, name: str | None = None,
+               nodes: Sequence[str] | None = None, episodes: bool = False, persist: bool = False,
+               exist_ok: bool = False, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,
+               **options: Any) -> "ShardedBuffer":
+        """Create one shard of ``capacity_per_node`` rows on each node (all alive nodes,
+        or the node IDs in ``nodes``), each owned by a Ray actor pinned to its node.
+
+        Args:
+            fields: the schema, as for :meth:`shmbuf.Buffer.create`.
+            capacity_per_node: rows of each shard.
+            name: the buffer's name (its shards' segments are ``<name>.<i>``, its actors
+                are named so in the ``"shmbuf"`` Ray namespace); random if None.
+            nodes: Ray node IDs (``ray.nodes()[k]["NodeID"]``) to put a shard on.
+            episodes: shards are :class:`shmbuf.EpisodeBuffer` (``options`` then take
+                ``observations=``, ``frame_stack=``...).
+            persist: if False (default), the buffer ends with this handle (close, exit,
+                the end of this Ray job). If True, the shard actors are detached and
+                the buffer lives until :meth:`unlink`, for any job to
+                :meth:`attach`.
+            exist_ok: take over shard segments left on their nodes by an earlier run
+                (same name, fields and capacity) with their rows.
+            seed: seeds this handle's draws and the shards' generators.
+            timeout: default of every call's ``timeout=`` (seconds).
+            options: the rest of :meth:`shmbuf.Buffer.create`'s (or
+                ``EpisodeBuffer.create``'s) keywords, such as ``lanes``, ``priority``,
+                ``rate``: every shard gets them.
+
+        Raises:
+            RuntimeError: Ray is not initialised.
+            ValueError: bad nodes, name, capacity, or options (the shard's own error).
+            FileExistsError: the name is taken (by a live buffer, or by segments left
+                on a node: see ``exist_ok``).
+        """
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        capacity_per_node = _count(capacity_per_node, "capacity_per_node", 1)
+        timeout = validate.timeout(timeout)
+        persist = validate.flag(persist, "persist")
+        nodes = _nodes(ray, nodes)
+        if name is None:
+            name = f"rb-{secrets.token_hex(4)}"
+        segment.check_name(f"{name}.{len(nodes) - 1}")
+        if "name" in options or "persist" in options:
+            raise TypeError("name= and persist= are ShardedBuffer.create's own arguments")
+        kind = "episodes" if validate.flag(episodes, "episodes") else "buffer"
+        seeds = validate.rng(seed).integers(2**63, size=len(nodes) + 1)
+        Actor = _shard.actor_class()
+        shards: list[_Shard] = []
+        try:
+            for i, node in enumerate(nodes):
+                actor = Actor.options(
+                    name=f"{name}.{i}", namespace=NAMESPACE, lifetime="detached" if persist else None,
+                    max_restarts=-1, max_task_retries=0, num_cpus=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(f"{name}.{i}", kind, fields, capacity_per_node, options, int(seeds[i]),
+                         exist_ok, persist)
+                shards.append(_Shard(i, node, f"{name}.{i}", actor))
+            infos = ray.get([s.actor.info.remote() for s in shards], timeout=timeout)
+        except BaseException as exc:
+            _end([s.actor for s in shards], timeout)
+            if isinstance(exc, ValueError) and "already taken" in str(exc):
+                raise FileExistsError(f"a ShardedBuffer named {name!r} is live on this Ray cluster: attach "
+                                      "with ShardedBuffer.attach(name), or choose another name") from None
+            raise _cause(exc) from None
+        for s, info in zip(shards, infos):
+            s.take(info)
+        return cls(name, kind, bool(options.get("priority") is not None), shards,
+                   seed=int(seeds[-1]), timeout=timeout, owner=not persist, fresh=True)
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "ShardedBuffer":
+        """Attach to a live ShardedBuffer by name, from any process of any job on the
+        cluster (its shard actors are found by name). Shards that do not answer within
+        ``timeout`` are attached as down (they rejoin when they answer).
+
+        Raises:
+            FileNotFoundError: no ShardedBuffer of this name is live on the cluster.
+        """
+        ray = _ray()
+        timeout = validate.timeout(timeout)
+        pattern = re.compile(re.escape(segment.check_name(name)) + r"\.(\d+)")
+        found = sorted(int(m.group(1)) for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a.get("namespace") == NAMESPACE and (m := pattern.fullmatch(a.get("name", ""))))
+        if not found or found != list(range(len(found))):
+            raise FileNotFoundError(f"no ShardedBuffer named {name!r} is live on this Ray cluster (shard actors "
+                                    f"found: {found})")
+        shards = [_Shard(i, None, f"{name}.{i}", ray.get_actor(f"{name}.{i}", namespace=NAMESPACE))
+                  for i in found]
+        self = cls(name, "buffer", False, shards, seed=seed, timeout=timeout)
+        kinds = self._refresh(shards, timeout)
+        if not kinds:
+            raise ShardsUnavailable(f"no shard of {name!r} answered within {timeout:g} s")
+        self._kind, self._prioritized = kinds[0]
+        return self
+
+    # -- writing ---------------------------------------------------------------------
+
+    def local(self, *, seed: Any = None, timeout: float | None = None) -> Any:
+        """This node's shard, attached by name (a :class:`shmbuf.Buffer`, or an
+        :class:`shmbuf.EpisodeBuffer`): write into it exactly as on one machine. Call it
+        in a task or actor on a node that has a shard; close it when done.
+
+        Raises:
+            RuntimeError: this node has no shard (the message says which nodes do).
+        """
+        ray = _ray()
+        node = ray.get_runtime_context().get_node_id()
+        for s in self._shards:
+            if s.node == node:
+                cls = EpisodeBuffer if self._kind == "episodes" else Buffer
+                return cls.attach(s.segment, seed=seed, timeout=self._t(timeout))
+        where = [s.node for s in self._shards]
+        raise RuntimeError(
+            f"node {node} has no shard of buffer {self._name!r} (its shards are on nodes {where}): run "
+            "writers on those nodes (scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)), "
+            "or create the buffer with nodes= including this one")
+
+    # -- sampling --------------------------------------------------------------------
+
+    def sample(self, n: int, *, beta: float | None = None, prefetch: int = 0,
+               timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:
+        """``n`` rows from all shards, each row of the cluster equally likely (a
+        prioritized buffer: by priority over the whole cluster, with ``weight``
+        normalised by the cluster's smallest priority, and ``index`` ``(n, 3)``:
+        shard, slot, row). Every batch has ``shard``, the shard each row came from.
+        ``kwargs`` go to each shard's ``sample`` (``n_step=``, ``gamma=`` of episodes).
+
+        ``prefetch=k`` keeps ``k`` more batches of the same arguments in flight, asked
+        for before this one is used (they do not see priority updates made after they
+        were asked for). Counts are drawn on the shard sizes (or masses) of their last
+        answers. A shard that has not answered within half of ``timeout`` is dropped
+        (:class:`ShardWarning`) and its rows drawn from the others.
+
+        Raises:
+            ShardsUnavailable: no shard could give its rows within ``timeout``.
+            ValueError: every shard is empty; or a shard's own error (bad arguments).
+        """
+        n = _count(n, "n")
+        if beta is not None or self._prioritized:
+            if not self._prioritized:
+                raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+            beta = DEFAULT_BETA if beta is None else check_alpha(beta)
+            return self._take("sample", n, (), kwargs, prefetch, timeout, beta)
+        return self._take("sample", n, (), kwargs, prefetch, timeout)
+
+    def sample_sequences(self, batch: int, length: int, *, prefetch: int = 0,
+                         timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:
+        """``batch`` windows of ``length`` consecutive rows of one lane of one shard, as
+        :meth:`shmbuf.Buffer.sample_sequences` (the count of each shard by its size);
+        ``prefetch`` and faults as in :meth:`sample`."""
+        return self._take("sample_sequences", _count(batch, "batch"), (_count(length, "length", 1),),
+                          kwargs, prefetch, timeout)
+
+    def sample_trajectories(self, batch: int, length: int, *, prefetch: int = 0,
+                            timeout: float | None = None) -> dict[str, np.ndarray]:
+        """``batch`` trajectories of ``length`` steps of an episode buffer's shards, as
+        :meth:`shmbuf.EpisodeBuffer.sample_trajectories`; ``prefetch`` and faults as in
+        :meth:`sample`."""
+        if self._kind != "episodes":
+            raise ValueError("sample_trajectories is for a ShardedBuffer created with episodes=True")
+        return self._take("sample_trajectories", _count(batch, "batch"), (_count(length, "length", 1),),
+                          {}, prefetch, timeout)
+
+    def _take(self, method: str, n: int, args: tuple, kwargs: dict[str, Any], prefetch: int,
+              timeout: float | None, beta: float | None = None) -> dict[str, np.ndarray]:
+        timeout = self._t(timeout)
+        prefetch = _count(prefetch, "prefetch")
+        key = (method, n, args, sorted(kwargs.items()))
+        if self._inflight and self._inflight[0].key != key:
+            self._inflight.clear()  # asked for with other arguments: dropped
+        self._poll()
+        deadline = time.monotonic() + timeout
+        plan = self._inflight.popleft() if self._inflight else self._launch(key, deadline)
+        while len(self._inflight) < prefetch:
+            self._inflight.append(self._launch(key, deadline))
+        return self._finish(plan, deadline, timeout, beta)
+
+    def _launch(self, key: tuple, deadline: float, n: int | None = None) -> _Plan:
+        """Draw the per-shard counts of ``n`` rows (the key's) and ask the shards."""
+        method, n_key, args, kwargs = key
+        n = n_key if n is None else n
+        live = [s for s in self._shards if s.up]
+        if self._fresh:
+            self._fresh = False
+            self._refresh(live, (deadline - time.monotonic()) / 2)
+            live = [s for s in self._shards if s.up]
+        if not live:
+            raise ShardsUnavailable(f"no shard of {self._name!r} is up ({self._describe()})")
+        by_mass = self._prioritized and method == "sample"
+        w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
+        if not w.sum() > 0:  # (the sizes known say empty: they may be old)
+            self._refresh(live, (deadline - time.monotonic()) / 2)
+            live = [s for s in live if s.up]
+            w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
+            if not w.sum() > 0:
+                raise ValueError(f"cannot sample from an empty buffer: no shard of {self._name!r} holds rows "
+                                 f"yet ({self._describe()})")
+        counts = self._rng.multinomial(n, w / w.sum())
+        parts = []
+        for s, c in zip(live, counts):
+            if c:
+                parts.append((s, s.actor.sample.remote(method, int(c), args, dict(kwargs)), int(c)))
+            elif s.info_ref is None:
+                s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
+        return _Plan(key, n, parts)
+
+    def _finish(self, plan: _Plan, deadline: float, timeout: float, beta: float | None) -> dict[str, np.ndarray]:
+        """Wait for a plan's answers; draw again from the others the rows of shards that
+        failed; assemble the batch."""
+        ray = _ray()
+        got: list[tuple[_Shard, dict[str, np.ndarray], int]] = []
+        parts = plan.parts
+        patience = time.monotonic() + timeout / 2  # a shard slower than this is dropped
+        while parts:
+            refs = [r for _, r, _ in parts]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(patience, deadline) - time.monotonic()))
+            ready_set = set(ready)
+            missing = 0
+            for s, ref, c in parts:
+                if ref not in ready_set:
+                    self._down(s, f"did not answer within {timeout / 2:g} s")
+                    missing += c
+                    continue
+                try:
+                    batch, info = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # the shard's own error: the caller's
+                    raise _cause(exc) from None
+                except ray.exceptions.RayError as exc:
+                    self._down(s, f"failed ({type(exc).__name__})")
+                    missing += c
+                    continue
+                s.take(info)
+                got.append((s, batch, c))
+            self._collect_infos()
+            if not missing:
+                break
+            if time.monotonic() >= deadline or not any(s.up for s in self._shards):
+                raise ShardsUnavailable(
+                    f"{missing} of {plan.n} rows could not be drawn within {timeout:g} s: "
+                    f"{self._describe()}")
+            parts = self._launch(plan.key, deadline, missing).parts
+            patience = deadline
+        return self._assemble(plan.n, got, beta)
+
+    def _assemble(self, n: int, got: list[tuple[_Shard, dict[str, np.ndarray], int]],
+                  beta: float | None) -> dict[str, np.ndarray]:
+        """One batch of the shards' answers, rows in a random order (so any slice of
+        it is a sample too)."""
+        first = got[0][1]
+        out = {k: np.empty((n,) + v.shape[1:], v.dtype) for k, v in first.items()}
+        out["shard"] = np.empty(n, np.int32)
+        where = self._rng.permutation(n)
+        at = 0
+        for s, batch, c in got:
+            rows = where[at:at + c]
+            at += c
+            for k, v in batch.items():
+                out[k][rows] = v
+            out["shard"][rows] = s.index
+        if beta is not None:  # weights over the whole cluster: its smallest p**a, not a shard's
+            p = out.pop("p")
+            lows = [s.low for s in self._shards if s.up and s.low > 0]
+            low = min(lows + [float(p.min())]) if len(p) else 1.0
+            out["weight"] = np.power(low / p, beta)
+            out["index"] = np.concatenate([out["shard"][:, None].astype(np.int64), out["index"]], axis=1)
+        return out
+
+    # -- priorities ------------------------------------------------------------------
+
+    def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
+        """Set the priorities of sampled rows: ``index`` as :meth:`sample` returned it
+        (shard, slot, row), each sent to its shard. Rows overwritten since they were
+        sampled are skipped, and so are the rows of shards that are down; returns how
+        many were set."""
+        if not self._prioritized:
+            raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
+        ray = _ray()
+        timeout = self._t(timeout)
+        idx = np.asarray(index)
+        if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
+            raise ValueError(f"index must be the (n, 3) integer array ShardedBuffer.sample returned as 'index' "
+                             f"(shard, slot, row), got {idx.dtype} {idx.shape}")
+        p = check_values(priorities, len(idx), "update_priorities")
+        if len(idx) and (idx[:, 0].min() < 0 or idx[:, 0].max() >= len(self._shards)):
+            raise ValueError(f"index: shards must be in [0, {len(self._shards)}), got {np.unique(idx[:, 0]).tolist()}")
+        calls = []
+        for s in self._shards:
+            mine = idx[:, 0] == s.index
+            if s.up and mine.any():
+                calls.append((s, s.actor.update_priorities.remote(idx[mine, 1:].astype(np.int64), p[mine])))
+        done, _ = ray.wait([r for _, r in calls], num_returns=len(calls), timeout=timeout)
+        done_set, total = set(done), 0
+        for s, ref in calls:
+            if ref not in done_set:
+                self._down(s, f"did not answer within {timeout:g} s")
+                continue
+            try:
+                count, info = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise _cause(exc) from None
+            except ray.exceptions.RayError as exc:
+                self._down(s, f"failed ({type(exc).__name__})")
+            else:
+                s.take(info)  # (the next draw counts on its new mass)
+                total += count
+        return total
+
+    # -- looking at it ---------------------------------------------------------------
+
+    def stats(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Per shard (``shards``: its :meth:`shmbuf.Buffer.stats`, ``index``, ``node``,
+        ``up``) and totals over the shards that answered: ``rows``, ``capacity``,
+        ``rows_inserted``, ``rows_sampled``, ``batches_sampled``, ``writes``,
+        ``torn_read_retries``; ``shards_up`` of ``shards_total``."""
+        ray = _ray()
+        timeout = self._t(timeout)
+        self._poll()
+        refs = [s.actor.stats.remote() for s in self._shards]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        ready_set, per = set(ready), []
+        for s, ref in zip(self._shards, refs):
+            entry: dict[str, Any] = {"index": s.index, "node": s.node, "segment": s.segment}
+            try:
+                if ref not in ready_set:
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+                got = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                entry.update(up=False, error=str(_cause(exc)))
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                self._down(s, f"failed to answer stats ({type(exc).__name__})")
+                entry.update(up=False, error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            else:
+                s.take(got)
+                entry.update(got, up=True)
+            per.append(entry)
+        total: dict[str, Any] = {"name": self._name, "shards_total": len(per),
+                                 "shards_up": sum(e["up"] for e in per), "shards": per}
+        for k in ("rows", "capacity", "rows_inserted", "rows_sampled", "batches_sampled", "writes",
+                  "torn_read_retries"):
+            total[k] = sum(e.get(k, 0) for e in per if e["up"])
+        return total
+
+    def __len__(self) -> int:
+        """Rows over the shards that answer (asked now)."""
+        self._refresh([s for s in self._shards if s.up], self._timeout)
+        return sum(s.size for s in self._shards if s.up)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """Per shard, as last seen: ``index``, ``node``, ``segment``, ``up``, ``size``."""
+        return [{"index": s.index, "node": s.node, "segment": s.segment, "up": s.up, "size": s.size}
+                for s in self._shards]
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    def __repr__(self) -> str:
+        up = sum(s.up for s in self._shards)
+        return f"<shmbuf.ray.ShardedBuffer {self._name!r} {self._kind}, {up}/{len(self._shards)} shards up>"
+
+    # -- faults ----------------------------------------------------------------------
+
+    def _down(self, s: _Shard, why: str) -> None:
+        if s.up:
+            s.up = False
+            s.ping, s.ping_at = None, 0.0
+            up = [t.index for t in self._shards if t.up]
+            warnings.warn(ShardWarning(f"shard {s.index} of {self._name!r} (node {s.node}) {why}: dropped from "
+                                       f"sampling until it answers again; sampling from shards {up}"))
+            self._inflight.clear()  # (their counts counted on it)
+
+    def _poll(self) -> None:
+        """Without waiting: bring back the shards that answer a ping, ping the others."""
+        ray = _ray()
+        now = time.monotonic()
+        for s in self._shards:
+            if s.up:
+                continue
+            if s.ping is not None:
+                ready, _ = ray.wait([s.ping], timeout=0)
+                if not ready:
+                    continue
+                try:
+                    s.take(ray.get(s.ping))
+                except ray.exceptions.RayError:
+                    s.ping, s.ping_at = None, now + PING_EVERY
+                    continue
+                s.up, s.ping = True, None
+                warnings.warn(ShardWarning(f"shard {s.index} of {self._name!r} (node {s.node}) is back with "
+                                           f"{s.size} rows: sampling from it again"))
+            elif now >= s.ping_at:
+                s.ping = s.actor.info.remote()
+        self._collect_infos()
+
+    def _collect_infos(self) -> None:
+        """The sizes asked of shards that got no rows in a draw, if they have answered."""
+        ray = _ray()
+        for s in self._shards:
+            if s.info_ref is not None and ray.wait([s.info_ref], timeout=0)[0]:
+                try:
+                    s.take(ray.get(s.info_ref))
+                except ray.exceptions.RayError:
+                    pass  # (a sample of it will say so)
+                s.info_ref = None
+
+    def _refresh(self, shards: list[_Shard], seconds: float) -> list[tuple[str, bool]]:
+        """Ask ``shards`` for their figures now (one round trip, up to ``seconds``; the
+        others are dropped); returns the (kind, prioritized) of each that answered."""
+        ray = _ray()
+        refs = [s.actor.info.remote() for s in shards]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))
+        ready_set, kinds = set(ready), []
+        for s, ref in zip(shards, refs):
+            try:
+                if ref not in ready_set:
+                    raise TimeoutError
+                info = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise _cause(exc) from None
+            except (ray.exceptions.RayError, TimeoutError):
+                self._down(s, f"did not answer within {seconds:.2g} s")
+                continue
+            s.take(info)
+            kinds.append((info["kind"], info["prioritized"]))
+        return kinds
+
+    def _describe(self) -> str:
+        up = [s.index for s in self._shards if s.up]
+        down = [s.index for s in self._shards if not s.up]
+        return f"shards up: {up}, down: {down}"
+
+    def _t(self, timeout: float | None) -> float:
+        return self._timeout if timeout is None else validate.timeout(timeout)
+
+    # -- the end ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Forget the batches in flight; the handle that created a non-persistent
+        buffer also ends it (as :meth:`unlink`)."""
+        self._inflight.clear()
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def unlink(self) -> None:
+        """End the buffer for everyone: each shard removes its segment (its rows are
+        gone) and its actor exits."""
+        self._inflight.clear()
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            _end([s.actor for s in self._shards], self._timeout)
+
+    def __enter__(self) -> "ShardedBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its shard table (names, nodes, actor handles): a copy in a task or
+        actor can write (:meth:`local`) and sample; it never ends the buffer."""
+        table = [(s.index, s.node, s.segment, s.actor) for s in self._shards]
+        return (_rebuild, (self._name, self._kind, self._prioritized, table, self._timeout))
+
+
+def _rebuild(name: str, kind: str, prioritized: bool, table: list, timeout: float) -> ShardedBuffer:
+    return ShardedBuffer(name, kind, prioritized, [_Shard(*row) for row in table], timeout=timeout, fresh=True)
+
+
+def _end(actors: list[Any], timeout: float) -> None:
+    """Ask each shard to remove its segment (up to ``timeout``), then stop the actors."""
+    try:
+        import ray
+        if not ray.is_initialized():
+            return  # (the job has ended: Ray terminated the actors, which removed their segments)
+        refs = [a.unlink.remote() for a in actors]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    except Exception:  # (at exit, with Ray half shut down: the actors' SIGTERM handler is the rest)
+        pass
+
+
+def _nodes(ray: Any, nodes: Sequence[str] | None) -> list[str]:
+    alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    if nodes is None:
+        return alive
+    if isinstance(nodes, str) or not isinstance(nodes, Sequence) or not nodes:
+        raise ValueError(f"nodes must be a non-empty list of Ray node IDs (ray.nodes()[k]['NodeID']), got {nodes!r}")
+    nodes = list(nodes)
+    bad = [n for n in nodes if n not in alive]
+    if bad or len(set(nodes)) != len(nodes):
+        raise ValueError(f"nodes must be distinct IDs of alive nodes: {bad or 'repeated'} "
+                         f"(alive: {alive})")
+    return nodes
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """A Ray task's own exception as it was raised in the task (else ``exc``)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
