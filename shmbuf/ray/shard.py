@@ -44,6 +44,7 @@ class Shard:
         self.error: BaseException | None = None  # reported by info(), not raised: Ray would retry __init__
         self.buf: Any = None
         self.segment, self.kind, self.keep = segment, kind, keep
+        self.node = _node()
         cls = EpisodeBuffer if kind == "episodes" else Buffer
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         try:
@@ -91,7 +92,7 @@ class Shard:
         mass = low = 0.0
         if self.core._prio is not None:
             mass, low = priority.totals(self.core, self.core.timeout)
-        return {"size": int(size), "mass": mass, "low": low, "node": _node(), "pid": os.getpid(),
+        return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
                 "prioritized": self.core._prio is not None}
 
