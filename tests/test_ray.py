@@ -200,6 +200,9 @@ def test_rows_are_in_a_random_order_and_sequences_come_from_one_shard(nodes, nam
         ray.get([on(node, write_rows).remote(rb, i, 100) for i, node in enumerate(nodes[:2])])
         b = rb.sample(400)
         assert 0 < (b["shard"][:200] == 0).mean() < 1  # (not shard 0's block, then shard 1's)
+        assert len(rb.sample(10, prefetch=3)["a"]) == 10 and len(rb._inflight) == 3
+        assert len(rb.sample(20, prefetch=1)["a"]) == 20  # (asked with other arguments: dropped)
+        assert len(rb._inflight) == 1 and rb._inflight[0].n == 20
         s = rb.sample_sequences(50, 8)
         assert s["a"].shape == (50, 8, 7) and s["shard"].shape == (50,)
         key = s["a"][:, :, 0]

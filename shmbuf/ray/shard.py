@@ -96,13 +96,15 @@ class Shard:
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
                 "prioritized": self.core._prio is not None}
 
-    def sample(self, method: str, n: int, args: tuple, kwargs: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict]:
-        """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` and the shard's info after.
+    def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
+        """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
+        one argument: one serialisation a call) and the shard's info after.
         A prioritized shard samples with ``beta=1`` and returns ``p``, each row's
         ``p**a`` (its weight is ``low / p``): the learner weighs by the cluster's
         smallest priority, not this shard's."""
         if self.error is not None:
             raise self.error
+        method, n, args, kwargs = request
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
         prioritized = self.core._prio is not None and method == "sample"

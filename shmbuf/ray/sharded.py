@@ -324,7 +324,7 @@ class ShardedBuffer:
         parts = []
         for s, c in zip(live, counts):
             if c:
-                parts.append((s, s.actor.sample.remote(method, int(c), args, dict(kwargs)), int(c)))
+                parts.append((s, s.actor.sample.remote((method, int(c), args, dict(kwargs))), int(c)))
             elif s.info_ref is None:
                 s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
         return _Plan(key, n, parts)
@@ -338,6 +338,15 @@ class ShardedBuffer:
         patience = time.monotonic() + timeout / 2  # a shard slower than this is dropped
         while parts:
             refs = [r for _, r, _ in parts]
+            try:  # the usual case, in one call: every shard answers
+                answers = ray.get(refs, timeout=max(0.0, min(patience, deadline) - time.monotonic()))
+            except Exception:
+                answers = None  # (one by one below: who failed, and how)
+            if answers is not None:
+                for (s, _, c), (batch, info) in zip(parts, answers):
+                    s.take(info)
+                    got.append((s, batch, c))
+                break
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(patience, deadline) - time.monotonic()))
             ready_set = set(ready)
             missing = 0
@@ -356,7 +365,6 @@ class ShardedBuffer:
                     continue
                 s.take(info)
                 got.append((s, batch, c))
-            self._collect_infos()
             if not missing:
                 break
             if time.monotonic() >= deadline or not any(s.up for s in self._shards):
@@ -365,6 +373,7 @@ class ShardedBuffer:
                     f"{self._describe()}")
             parts = self._launch(plan.key, deadline, missing).parts
             patience = deadline
+        self._collect_infos()
         return self._assemble(plan.n, got, beta)
 
     def _assemble(self, n: int, got: list[tuple[_Shard, dict[str, np.ndarray], int]],
