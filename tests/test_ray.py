@@ -200,6 +200,8 @@ def test_rows_are_in_a_random_order_and_sequences_come_from_one_shard(nodes, nam
         ray.get([on(node, write_rows).remote(rb, i, 100) for i, node in enumerate(nodes[:2])])
         b = rb.sample(400)
         assert 0 < (b["shard"][:200] == 0).mean() < 1  # (not shard 0's block, then shard 1's)
+        empty = rb.sample(0)
+        assert empty["a"].shape == (0, 7) and empty["b"].dtype == np.float64 and empty["shard"].shape == (0,)
         assert len(rb.sample(10, prefetch=3)["a"]) == 10 and len(rb._inflight) == 3
         assert len(rb.sample(20, prefetch=1)["a"]) == 20  # (asked with other arguments: dropped)
         assert len(rb._inflight) == 1 and rb._inflight[0].n == 20
@@ -326,6 +328,40 @@ def test_a_stopped_shard_does_not_hang_the_learner(nodes, name):
             os.kill(pid, signal.SIGCONT)
         wait_until_up(rb, 0)
         assert set(rb.sample(1000)["shard"].tolist()) == {0, 1}
+
+
+def test_a_shard_waiting_on_its_rate_limit_is_not_taken_for_dead(nodes, name):
+    """A shard's own wait (here its rate limit: nothing may be sampled before 1000 rows)
+    ends in its own error, which reaches the caller, before the learner's patience: the
+    shard stays up."""
+    rate = shmbuf.RateLimit(min_size=1000, samples_per_insert=1.0, error_buffer=100)
+    with ShardedBuffer.create(FIELDS, 2000, name=name, nodes=nodes[:2], rate=rate) as rb:
+        ray.get([on(node, write_rows).remote(rb, i, 10) for i, node in enumerate(nodes[:2])])
+        with pytest.raises(shmbuf.RateLimitTimeout):
+            rb.sample(4, timeout=1)
+        assert all(s["up"] for s in rb.shards)
+
+
+def test_a_node_that_dies_takes_its_shard_and_the_learner_goes_on(cluster, nodes, name):
+    node = cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    cluster.wait_for_nodes()
+    new = node.node_id
+    try:
+        with ShardedBuffer.create(FIELDS, 128, name=name, nodes=[nodes[0], new]) as rb:
+            ray.get([on(n, write_rows).remote(rb, i, 50) for i, n in enumerate([nodes[0], new])])
+            assert set(rb.sample(500)["shard"].tolist()) == {0, 1}
+            cluster.remove_node(node)
+            node = None
+            with pytest.warns(ShardWarning, match="shard 1 "):
+                b = rb.sample(500, timeout=4)
+            assert len(b["a"]) == 500 and (b["shard"] == 0).all() and helpers.storm_torn(b) == 0
+            assert rb.stats(timeout=2)["shards_up"] == 1
+    finally:
+        if node is not None:
+            cluster.remove_node(node)
+    # (the dead node's segment lived in this machine's /dev/shm: on a real cluster it goes with the node)
+    for n in shm_segments(name):
+        segment.unlink_name(n)
 
 
 def test_when_no_shard_answers_sample_raises_and_says_so(nodes, name):

@@ -164,14 +164,16 @@ def main() -> None:
     print(f"Ray {ray.__version__}, 2 nodes of ray.cluster_utils.Cluster on one machine ({os.cpu_count()} cores), "
           f"Python {platform.python_version()}; mujoco rows (165 B), {cap:,} rows per buffer/shard; "
           f"medians of 3 rounds of {seconds:g} s\n")
-    print("| ingest: one writer, 64 rows a call | rows/s | / local shmbuf |\n|---|---:|---:|")
+    print("| ingest: one writer, 64 rows a call | rows/s | / local shmbuf | ShardedBuffer.local() / it |\n"
+          "|---|---:|---:|---:|")
+    ours = med[("ingest", "sharded")]
     for who, label in (("local", "shmbuf.Buffer in the writer's process (no Ray)"),
                        ("sharded", "ShardedBuffer.local() in a Ray task"),
                        ("ring", "plain Ray actor with a numpy ring (4 calls in flight)"),
                        ("torchrl", "TorchRL RayReplayBuffer.extend")):
         if ("ingest", who) in med:
             v = med[("ingest", who)]
-            print(f"| {label} | {v:,.0f} | {v / med[('ingest', 'local')]:.2f}x |")
+            print(f"| {label} | {v:,.0f} | {v / med[('ingest', 'local')]:.3f}x | {ours / v:,.2f}x |")
     print("\n| learner: batches of 256 | batches/s | / local shmbuf | ShardedBuffer (prefetch) / it |\n"
           "|---|---:|---:|---:|")
     best = med[("sample", "sharded_prefetch")]

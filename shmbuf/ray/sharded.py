@@ -295,15 +295,18 @@ class ShardedBuffer:
             self._inflight.clear()  # asked for with other arguments: dropped
         self._poll()
         deadline = time.monotonic() + timeout
-        plan = self._inflight.popleft() if self._inflight else self._launch(key, deadline)
+        plan = self._inflight.popleft() if self._inflight else self._launch(key, timeout)
         while len(self._inflight) < prefetch:
-            self._inflight.append(self._launch(key, deadline))
+            self._inflight.append(self._launch(key, timeout))
         return self._finish(plan, deadline, timeout, beta)
 
-    def _launch(self, key: tuple, deadline: float, n: int | None = None) -> _Plan:
-        """Draw the per-shard counts of ``n`` rows (the key's) and ask the shards."""
+    def _launch(self, key: tuple, timeout: float, n: int | None = None) -> _Plan:
+        """Draw the per-shard counts of ``n`` rows (the key's) and ask the shards. Each
+        gets 0.4 ``timeout`` for its own waits (a rate limit, torn-read retries): its
+        timeout error is then the caller's, before the shard is taken for silent."""
         method, n_key, args, kwargs = key
         n = n_key if n is None else n
+        deadline = time.monotonic() + timeout
         live = [s for s in self._shards if s.up]
         if self._fresh:
             self._fresh = False
@@ -321,10 +324,14 @@ class ShardedBuffer:
                 raise ValueError(f"cannot sample from an empty buffer: no shard of {self._name!r} holds rows "
                                  f"yet ({self._describe()})")
         counts = self._rng.multinomial(n, w / w.sum())
+        if n == 0:
+            counts[0] = -1  # (one shard asked for no rows: the batch's fields, shapes and dtypes)
+        ask = {**dict(kwargs), "timeout": 0.4 * timeout}
         parts = []
         for s, c in zip(live, counts):
             if c:
-                parts.append((s, s.actor.sample.remote((method, int(c), args, dict(kwargs))), int(c)))
+                c = max(int(c), 0)
+                parts.append((s, s.actor.sample.remote((method, c, args, ask)), c))
             elif s.info_ref is None:
                 s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
         return _Plan(key, n, parts)
@@ -371,7 +378,7 @@ class ShardedBuffer:
                 raise ShardsUnavailable(
                     f"{missing} of {plan.n} rows could not be drawn within {timeout:g} s: "
                     f"{self._describe()}")
-            parts = self._launch(plan.key, deadline, missing).parts
+            parts = self._launch(plan.key, max(deadline - time.monotonic(), 1e-3), missing).parts
             patience = deadline
         self._collect_infos()
         return self._assemble(plan.n, got, beta)
