@@ -53,7 +53,7 @@ class Shard:
             except FileExistsError:
                 if not (restarted or exist_ok):
                     raise FileExistsError(
-                        f"a buffer named {segment!r} already exists on node {_node()} (left by an earlier "
+                        f"a buffer named {segment!r} already exists on node {self.node} (left by an earlier "
                         "run whose driver was killed?): pass exist_ok=True to take over its rows, or remove "
                         f"it on that node with `shmbuf rm {segment}`") from None
                 self.buf = cls.attach(segment, seed=seed)
