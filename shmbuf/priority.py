@@ -366,6 +366,13 @@ def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarr
     return out, slots, p, seq, low
 
 
+def leaf_values(buf: "Buffer", slots: np.ndarray) -> np.ndarray:
+    """The ``p**a`` the trees hold now for ``slots`` (no lock: read right after a
+    sample, by the only process that changes the trees, they are the values drawn)."""
+    trees: Trees = buf._prio
+    return trees.sum[trees.P + np.asarray(slots, np.int64)]
+
+
 def totals(buf: "Buffer", timeout: float) -> tuple[float, float]:
     """The buffer's priority mass ``sum p**a`` and smallest ``p**a`` (0.0, 0.0 if
     empty), its newest rows included (synced first): what a sampler over several buffers

@@ -86,6 +86,11 @@ def write_rows(rb: ShardedBuffer, writer: int, rows: int, priority: float | None
 
 
 @ray.remote
+def sample_in_a_task(rb: ShardedBuffer, n: int) -> dict:
+    return rb.sample(n)
+
+
+@ray.remote
 def try_local(rb: ShardedBuffer) -> str:
     try:
         rb.local()
@@ -205,6 +210,8 @@ def test_rows_are_in_a_random_order_and_sequences_come_from_one_shard(nodes, nam
         assert len(rb.sample(10, prefetch=3)["a"]) == 10 and len(rb._inflight) == 3
         assert len(rb.sample(20, prefetch=1)["a"]) == 20  # (asked with other arguments: dropped)
         assert len(rb._inflight) == 1 and rb._inflight[0].n == 20
+        b = ray.get(on(nodes[2], sample_in_a_task).remote(rb, 64))  # (a learner in a task: the handle travels)
+        assert b["a"].shape == (64, 7) and helpers.storm_torn(b) == 0
         s = rb.sample_sequences(50, 8)
         assert s["a"].shape == (50, 8, 7) and s["shard"].shape == (50,)
         key = s["a"][:, :, 0]
@@ -231,6 +238,22 @@ def test_episode_shards_sample_n_step_and_trajectories(nodes, name):
         assert set(b["shard"].tolist()) == {0, 1}
         t = rb.sample_trajectories(40, 6)
         assert t["obs"].shape == (40, 6, 3) and helpers.episode_storm_errors(t, "trajectory") == 0
+
+
+def test_prioritized_episode_shards_give_n_step_transitions_with_cluster_weights(nodes, name):
+    fields = helpers.EPISODE_STORM
+    with ShardedBuffer.create(fields, 1024, name=name, nodes=nodes[:2], episodes=True, lanes=2,
+                              priority=1.0, seed=8) as rb:
+        ray.get([on(node, episode_writer).remote(rb, i, 100) for i, node in enumerate(nodes[:2])])
+        b = rb.sample(400, n_step=2, gamma=0.5, beta=1.0)
+        assert helpers.episode_storm_errors(b, "transition", n=2, gamma=0.5) == 0
+        assert b["index"].shape == (400, 3) and np.allclose(b["weight"], 1.0)
+        mine = b["shard"] == 1
+        assert rb.update_priorities(b["index"][mine], np.full(mine.sum(), 4.0)) > 0
+        b = rb.sample(2000, n_step=2, gamma=0.5, beta=1.0)
+        assert helpers.episode_storm_errors(b, "transition", n=2, gamma=0.5) == 0
+        assert np.isclose(b["weight"].min(), 0.25) and b["weight"].max() == 1.0
+        assert np.allclose(b["weight"][b["weight"] < 1], 0.25)
 
 
 @ray.remote

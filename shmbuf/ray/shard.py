@@ -99,22 +99,20 @@ class Shard:
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
         one argument: one serialisation a call) and the shard's info after.
-        A prioritized shard samples with ``beta=1`` and returns ``p``, each row's
-        ``p**a`` (its weight is ``low / p``): the learner weighs by the cluster's
-        smallest priority, not this shard's."""
+        A prioritized shard returns ``p``, each row's ``p**a`` as drawn, instead of a
+        weight: the learner weighs by the cluster's smallest priority, not this
+        shard's. (The shard's trees change only in this actor's calls, one at a time,
+        unless a process samples or updates the shard itself through ``local()``.)"""
         if self.error is not None:
             raise self.error
         method, n, args, kwargs = request
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
-        prioritized = self.core._prio is not None and method == "sample"
-        if prioritized:
-            kwargs = {**kwargs, "beta": 1.0}
         batch = getattr(self.buf, method)(n, *args, **kwargs)
-        info = self.info()
-        if prioritized:
-            batch["p"] = info["low"] / batch.pop("weight") if info["low"] > 0 else np.ones(n)
-        return batch, info
+        if self.core._prio is not None and method == "sample":
+            del batch["weight"]
+            batch["p"] = priority.leaf_values(self.core, batch["index"][:, 0])
+        return batch, self.info()
 
     def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> tuple[int, dict]:
         """How many rows of ``index`` (slot, row) were set, and the info after (the new mass)."""
