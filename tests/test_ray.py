@@ -414,15 +414,29 @@ if what == "attach":
     print(len(rb), sorted(set(b["shard"].tolist())), rb.stats()["shards_up"])
 else:
     rb = ShardedBuffer.create({"x": ((), "int64")}, 32, name=name, persist=what == "persist")
-    print(len(rb.shards))
+    print(len(rb.shards), flush=True)
+    if what == "kill":
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
 def driver(cluster, name: str, what: str) -> str:
     out = subprocess.run([sys.executable, "-c", DRIVER, cluster.address, name, what], capture_output=True,
                          text=True, timeout=90)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == (-signal.SIGKILL if what == "kill" else 0), out.stderr[-3000:]
     return out.stdout.strip()
+
+
+def gone(name: str, seconds: float = 30) -> bool:
+    """Whether the buffer's segments and shard actors are gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(name + ".")]
+        if not shm_segments(name) and not actors:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_another_job_attaches_by_name(cluster, nodes, name):
@@ -435,10 +449,9 @@ def test_another_job_attaches_by_name(cluster, nodes, name):
 
 def test_a_driver_that_exits_takes_its_buffer_along_unless_persist(cluster, nodes, name):
     assert driver(cluster, name, "create") == "3"
-    deadline = time.monotonic() + 30
-    while shm_segments(name) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert shm_segments(name) == []
+    assert gone(name)
+    assert driver(cluster, name + "k", "kill") == "3"  # SIGKILLed: no atexit, no finalizer
+    assert gone(name + "k")
     assert driver(cluster, name + "p", "persist") == "3"
     assert len(shm_segments(name + "p")) == 3
     rb = ShardedBuffer.attach(name + "p")

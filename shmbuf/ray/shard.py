@@ -6,6 +6,11 @@ handle on the node's segment, which it made with ``persist=True``: when the acto
 arguments and it attaches the same segment, with every row the node's writers had
 written, and the writers, which never talked to it, go on writing meanwhile.
 
+The actor is detached (it does not die with the process that created it). A
+non-persistent buffer's shards end with their creator all the same: they watch a
+:class:`Lease`, an actor that the creator owns and that Ray destroys when the creator
+ends, however it ends.
+
 The actor is on the sampling path only: writers attach the segment by name
 (:meth:`ShardedBuffer.local`) and write into it directly. Every answer carries the
 shard's :meth:`info` (its size, and priority mass), so the learner draws the next
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,6 +35,8 @@ from ..buffer import Buffer
 from ..episodes import EpisodeBuffer
 from ..layout import normalize_fields
 
+LEASE_EVERY = 1.0
+"""Seconds between two checks that the creator of a non-persistent buffer is alive."""
 SAMPLERS = {"buffer": ("sample", "sample_sequences"),
             "episodes": ("sample", "sample_sequences", "sample_trajectories")}
 
@@ -39,11 +48,11 @@ class Shard:
     this is a restart (or ``exist_ok``)."""
 
     def __init__(self, segment: str, kind: str, fields: Mapping[str, Any], capacity: int,
-                 options: Mapping[str, Any], seed: int, exist_ok: bool, keep: bool) -> None:
+                 options: Mapping[str, Any], seed: int, exist_ok: bool, lease: Any) -> None:
         import ray
         self.error: BaseException | None = None  # reported by info(), not raised: Ray would retry __init__
         self.buf: Any = None
-        self.segment, self.kind, self.keep = segment, kind, keep
+        self.segment, self.kind = segment, kind
         self.node = _node()
         cls = EpisodeBuffer if kind == "episodes" else Buffer
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -65,14 +74,12 @@ class Shard:
             self.error = exc
             return
         self.core: Buffer = self.buf.core if kind == "episodes" else self.buf
-        if not keep:
-            # The job that owns a non-persistent ShardedBuffer ended (Ray terminates its
-            # actors): the rows go with it. A crash (SIGKILL) is not this: Ray restarts the
-            # actor, which finds its rows again.
+        if lease is not None:  # a buffer that ends with its creator
+            threading.Thread(target=self._watch, args=(lease,), daemon=True, name="shmbuf-lease").start()
             previous = signal.getsignal(signal.SIGTERM)
 
-            def on_term(signum: int, frame: Any) -> None:
-                self.unlink()
+            def on_term(signum: int, frame: Any) -> None:  # (Ray stops the cluster)
+                self.core.unlink()
                 if callable(previous):
                     previous(signum, frame)
                 else:
@@ -80,6 +87,23 @@ class Shard:
                     os.kill(os.getpid(), signum)
 
             signal.signal(signal.SIGTERM, on_term)
+
+    def _watch(self, lease: Any) -> None:
+        """End the shard once its creator is gone, however it went (a SIGKILLed driver
+        too): the lease is an actor the creator owns, which Ray destroys with its owner.
+        The shard actor itself is detached, so it outlives the creator to do this; a
+        restart of it (a crash) re-attaches its rows, and watches again."""
+        import ray
+        while True:
+            time.sleep(LEASE_EVERY)
+            try:
+                ray.get(lease.ping.remote(), timeout=30)
+            except ray.exceptions.ActorDiedError:
+                break
+            except Exception:  # (slow, restarting, or a hiccup: not proof that it is gone)
+                continue
+        self.core.unlink()  # (the name only: a call running now keeps its mapping)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     def info(self) -> dict[str, Any]:
         """``size`` (rows a sample draws from: transitions of an episode buffer),
@@ -153,13 +177,20 @@ def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int) -> None:
                          "or use another name")
 
 
-_remote: Any = None
+class Lease:
+    """An actor owned by the process that created a non-persistent ShardedBuffer: Ray
+    destroys it when that process ends, however it ends, and its shards then end too."""
+
+    def ping(self) -> bool:
+        return True
 
 
-def actor_class() -> Any:
-    """``ray.remote(Shard)``, made once."""
-    global _remote
-    if _remote is None:
+_remote: dict[type, Any] = {}
+
+
+def actor_class(cls: type = Shard) -> Any:
+    """``ray.remote(cls)``, made once."""
+    if cls not in _remote:
         import ray
-        _remote = ray.remote(Shard)
-    return _remote
+        _remote[cls] = ray.remote(cls)
+    return _remote[cls]

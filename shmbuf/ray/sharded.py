@@ -109,7 +109,7 @@ class ShardedBuffer:
     # -- construction ----------------------------------------------------------------
 
     def __init__(self, name: str, kind: str, prioritized: bool, shards: list[_Shard], *,
-                 seed: Any = None, timeout: float = DEFAULT_TIMEOUT, owner: bool = False,
+                 seed: Any = None, timeout: float = DEFAULT_TIMEOUT, lease: Any = None,
                  fresh: bool = False) -> None:
         self._name, self._kind, self._prioritized = name, kind, prioritized
         self._shards = shards
@@ -118,8 +118,8 @@ class ShardedBuffer:
         self._inflight: deque[_Plan] = deque()
         self._fresh = fresh  # the sizes known are those of creation: ask again before a draw
         self._finalizer: Any = None
-        if owner:  # (atexit runs this before Ray's own shutdown, registered before us)
-            self._finalizer = weakref.finalize(self, _end, [s.actor for s in shards], self._timeout)
+        if lease is not None:  # the creator's handle (atexit runs this before Ray's shutdown, registered earlier)
+            self._finalizer = weakref.finalize(self, _end, [s.actor for s in shards], self._timeout, lease)
             atexit.register(self._finalizer)
 
     @classmethod
@@ -138,10 +138,13 @@ class ShardedBuffer:
             nodes: Ray node IDs (``ray.nodes()[k]["NodeID"]``) to put a shard on.
             episodes: shards are :class:`shmbuf.EpisodeBuffer` (``options`` then take
                 ``observations=``, ``frame_stack=``...).
-            persist: if False (default), the buffer ends with this handle (close, exit,
-                the end of this Ray job). If True, the shard actors are detached and
-                the buffer lives until :meth:`unlink`, for any job to
-                :meth:`attach`.
+            persist: if False (default), the buffer ends with this handle: at
+                :meth:`close`, or when this process ends, however it ends (SIGKILL
+                too: the shards watch a lease actor this process owns, which Ray
+                destroys with it, and remove themselves within a second or two). If
+                True, the buffer lives until :meth:`unlink`, for any job to
+                :meth:`attach`. Either way the shard actors are detached (a restart
+                of one, after a crash, re-attaches its rows).
             exist_ok: take over shard segments left on their nodes by an earlier run
                 (same name, fields and capacity) with their rows.
             seed: seeds this handle's draws and the shards' generators.
@@ -171,18 +174,24 @@ class ShardedBuffer:
         seeds = validate.rng(seed).integers(2**63, size=len(nodes) + 1)
         Actor = _shard.actor_class()
         shards: list[_Shard] = []
+        lease = None
+        if not persist:  # (owned by this process: gone when it is, and then so are the shards)
+            here = ray.get_runtime_context().get_node_id()
+            lease = _shard.actor_class(_shard.Lease).options(
+                num_cpus=0, max_restarts=-1, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            ).remote()
         try:
             for i, node in enumerate(nodes):
                 actor = Actor.options(
-                    name=f"{name}.{i}", namespace=NAMESPACE, lifetime="detached" if persist else None,
+                    name=f"{name}.{i}", namespace=NAMESPACE, lifetime="detached",
                     max_restarts=-1, max_task_retries=0, num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(f"{name}.{i}", kind, fields, capacity_per_node, options, int(seeds[i]),
-                         exist_ok, persist)
+                         exist_ok, lease)
                 shards.append(_Shard(i, node, f"{name}.{i}", actor))
             infos = ray.get([s.actor.info.remote() for s in shards], timeout=timeout)
         except BaseException as exc:
-            _end([s.actor for s in shards], timeout)
+            _end([s.actor for s in shards], timeout, lease)
             if isinstance(exc, ValueError) and "already taken" in str(exc):
                 raise FileExistsError(f"a ShardedBuffer named {name!r} is live on this Ray cluster: attach "
                                       "with ShardedBuffer.attach(name), or choose another name") from None
@@ -190,7 +199,7 @@ class ShardedBuffer:
         for s, info in zip(shards, infos):
             s.take(info)
         return cls(name, kind, bool(options.get("priority") is not None), shards,
-                   seed=int(seeds[-1]), timeout=timeout, owner=not persist, fresh=True)
+                   seed=int(seeds[-1]), timeout=timeout, lease=lease, fresh=True)
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "ShardedBuffer":
@@ -613,17 +622,18 @@ def _rebuild(name: str, kind: str, prioritized: bool, table: list, timeout: floa
     return ShardedBuffer(name, kind, prioritized, [_Shard(*row) for row in table], timeout=timeout, fresh=True)
 
 
-def _end(actors: list[Any], timeout: float) -> None:
-    """Ask each shard to remove its segment (up to ``timeout``), then stop the actors."""
+def _end(actors: list[Any], timeout: float, lease: Any = None) -> None:
+    """Ask each shard to remove its segment (up to ``timeout``), then stop the actors
+    (and the lease)."""
     try:
         import ray
         if not ray.is_initialized():
-            return  # (the job has ended: Ray terminated the actors, which removed their segments)
+            return  # (this job has ended: its lease is gone, and the shards end themselves)
         refs = [a.unlink.remote() for a in actors]
         ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        for a in actors:
+        for a in actors + ([lease] if lease is not None else []):
             ray.kill(a, no_restart=True)
-    except Exception:  # (at exit, with Ray half shut down: the actors' SIGTERM handler is the rest)
+    except Exception:  # (at exit, with Ray half shut down: the shards see the lease go)
         pass
 
 
