@@ -35,6 +35,9 @@ from ..buffer import Buffer
 from ..episodes import EpisodeBuffer
 from ..layout import normalize_fields
 
+NAMESPACE = "shmbuf"
+"""The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and
+``<buffer>.lease``), so that any job can find a buffer by name."""
 LEASE_EVERY = 1.0
 """Seconds between two checks that the creator of a non-persistent buffer is alive."""
 SAMPLERS = {"buffer": ("sample", "sample_sequences"),
@@ -48,7 +51,7 @@ class Shard:
     this is a restart (or ``exist_ok``)."""
 
     def __init__(self, segment: str, kind: str, fields: Mapping[str, Any], capacity: int,
-                 options: Mapping[str, Any], seed: int, exist_ok: bool, lease: Any) -> None:
+                 options: Mapping[str, Any], seed: int, exist_ok: bool, lease: str | None) -> None:
         import ray
         self.error: BaseException | None = None  # reported by info(), not raised: Ray would retry __init__
         self.buf: Any = None
@@ -88,20 +91,24 @@ class Shard:
 
             signal.signal(signal.SIGTERM, on_term)
 
-    def _watch(self, lease: Any) -> None:
+    def _watch(self, lease: str) -> None:
         """End the shard once its creator is gone, however it went (a SIGKILLed driver
-        too): the lease is an actor the creator owns, which Ray destroys with its owner.
-        The shard actor itself is detached, so it outlives the creator to do this; a
-        restart of it (a crash) re-attaches its rows, and watches again."""
+        too): the lease is an actor the creator owns, which Ray destroys with its owner,
+        and its name with it. The shard actor itself is detached, so it outlives the
+        creator to do this; a restart of it (a crash) re-attaches its rows, and watches
+        again. (The lease goes by name, not as a handle among the constructor's
+        arguments: Ray could not restart an actor whose arguments are gone.)"""
         import ray
-        while True:
+        missing = 0
+        while missing < 2:  # (twice in a row: a name lookup that fails once may be a hiccup)
             time.sleep(LEASE_EVERY)
             try:
-                ray.get(lease.ping.remote(), timeout=30)
-            except ray.exceptions.ActorDiedError:
-                break
-            except Exception:  # (slow, restarting, or a hiccup: not proof that it is gone)
-                continue
+                ray.get_actor(lease, namespace=NAMESPACE)
+                missing = 0
+            except ValueError:  # no actor of that name: gone
+                missing += 1
+            except Exception:  # (the GCS is slow or restarting: not proof that it is gone)
+                missing = 0
         self.core.unlink()  # (the name only: a call running now keeps its mapping)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 

@@ -27,10 +27,8 @@ from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..episodes import EpisodeBuffer
 from ..priority import DEFAULT_BETA, check_alpha, check_values
 from . import shard as _shard
+from .shard import NAMESPACE
 
-NAMESPACE = "shmbuf"
-"""The Ray namespace of the shard actors (named ``<buffer>.<shard>``), so that any job
-can :meth:`ShardedBuffer.attach` by name."""
 PING_EVERY = 1.0
 """Seconds between two pings of a shard that is down."""
 
@@ -175,19 +173,20 @@ class ShardedBuffer:
         Actor = _shard.actor_class()
         shards: list[_Shard] = []
         lease = None
-        if not persist:  # (owned by this process: gone when it is, and then so are the shards)
-            here = ray.get_runtime_context().get_node_id()
-            lease = _shard.actor_class(_shard.Lease).options(
-                num_cpus=0, max_restarts=-1, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-            ).remote()
         try:
+            if not persist:  # (owned by this process: gone when it is, and then so are the shards)
+                here = ray.get_runtime_context().get_node_id()
+                lease = _shard.actor_class(_shard.Lease).options(
+                    name=f"{name}.lease", namespace=NAMESPACE, num_cpus=0, max_restarts=-1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+                ).remote()
             for i, node in enumerate(nodes):
                 actor = Actor.options(
                     name=f"{name}.{i}", namespace=NAMESPACE, lifetime="detached",
                     max_restarts=-1, max_task_retries=0, num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(f"{name}.{i}", kind, fields, capacity_per_node, options, int(seeds[i]),
-                         exist_ok, lease)
+                         exist_ok, None if persist else f"{name}.lease")
                 shards.append(_Shard(i, node, f"{name}.{i}", actor))
             infos = ray.get([s.actor.info.remote() for s in shards], timeout=timeout)
         except BaseException as exc:
