@@ -500,3 +500,13 @@ def test_bad_arguments_get_clear_errors_and_change_nothing(nodes, name):
         with pytest.raises(ValueError, match="episodes=True"):
             rb.sample_trajectories(4, 2)
         assert len(rb.sample(4)["a"]) == 4
+
+
+def test_the_apex_example_runs_on_the_cluster(cluster):
+    script = os.path.join(os.path.dirname(TESTS), "examples", "ray_apex.py")
+    out = subprocess.run([sys.executable, script, "--address", cluster.address, "--seconds", "3"],
+                         capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert "steps written on 3 nodes" in last and "rows in 3 shards" in last, out.stdout
+    assert shm_segments("apex-example") == []
