@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import shmbuf
+from shmbuf import native as native_path
 from shmbuf import segment
 
 ray = pytest.importorskip("ray")
@@ -156,6 +157,8 @@ def test_writers_on_every_node_and_a_learner_see_no_torn_row(nodes, name):
         assert stats["shards_up"] == 3 and stats["rows"] == sum(s["rows"] for s in stats["shards"])
         assert stats["rows_inserted"] == sum(n for _, n in written)
         assert stats["torn_read_retries"] >= 0 and {s["node"] for s in stats["shards"]} == set(nodes)
+        native = native_path.path() == "native"
+        assert [s["native"] for s in stats["shards"]] == [native] * 3  # (the path the shards run is this run's)
     assert shm_segments(name) == []
 
 

@@ -115,7 +115,8 @@ class Shard:
     def info(self) -> dict[str, Any]:
         """``size`` (rows a sample draws from: transitions of an episode buffer),
         ``mass`` and ``low`` (priority mass and smallest ``p**a``; 0 when not
-        prioritized), ``node``, ``pid``; raises what creating the shard raised."""
+        prioritized), ``node``, ``pid``, ``native`` (the C path or pure Python), ...;
+        raises what creating the shard raised."""
         if self.error is not None:
             raise self.error
         b = self.buf
@@ -125,7 +126,7 @@ class Shard:
             mass, low = priority.totals(self.core, self.core.timeout)
         return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
-                "prioritized": self.core._prio is not None}
+                "prioritized": self.core._prio is not None, "native": self.core.native}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
