@@ -8,8 +8,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-import numpy as np
-import pytest
 
 import shmbuf
 from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer

@@ -4,7 +4,6 @@ create/clear/state_dict, untrusted segments and state dicts, unclear errors."""
 from __future__ import annotations
 
 import errno
-import json
 import mmap
 import multiprocessing as mp
 import os
