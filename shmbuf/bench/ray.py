@@ -157,6 +157,11 @@ def main() -> None:
     finally:
         rb.close()
         local.close()
+        if trl is not None:
+            # TorchRL's actor holds multiprocessing Values, named semaphores in /dev/shm that
+            # its close() (ray.kill) leaves behind: let the actor exit by itself first.
+            ray.wait([trl._rb.__ray_terminate__.remote()], timeout=30)
+            trl.close()
         ray.shutdown()
         cluster.shutdown()
     med = {k: float(np.median(v)) for k, v in got.items()}
@@ -164,28 +169,28 @@ def main() -> None:
     print(f"Ray {ray.__version__}, 2 nodes of ray.cluster_utils.Cluster on one machine ({os.cpu_count()} cores), "
           f"Python {platform.python_version()}; mujoco rows (165 B), {cap:,} rows per buffer/shard; "
           f"medians of 3 rounds of {seconds:g} s\n")
-    print("| ingest: one writer, 64 rows a call | rows/s | / local shmbuf | ShardedBuffer.local() / it |\n"
-          "|---|---:|---:|---:|")
-    ours = med[("ingest", "sharded")]
-    for who, label in (("local", "shmbuf.Buffer in the writer's process (no Ray)"),
-                       ("sharded", "ShardedBuffer.local() in a Ray task"),
-                       ("ring", "plain Ray actor with a numpy ring (4 calls in flight)"),
-                       ("torchrl", "TorchRL RayReplayBuffer.extend")):
-        if ("ingest", who) in med:
-            v = med[("ingest", who)]
-            print(f"| {label} | {v:,.0f} | {v / med[('ingest', 'local')]:.3f}x | {ours / v:,.2f}x |")
-    print("\n| learner: batches of 256 | batches/s | / local shmbuf | ShardedBuffer (prefetch) / it |\n"
-          "|---|---:|---:|---:|")
-    best = med[("sample", "sharded_prefetch")]
-    for who, label in (("local", "shmbuf.Buffer.sample, same process (one node)"),
-                       ("sharded", "ShardedBuffer.sample, 2 shards"),
-                       ("sharded_prefetch", "ShardedBuffer.sample, 2 shards, prefetch=4"),
-                       ("ring", "2 plain Ray numpy-ring actors, 128 rows each"),
-                       ("torchrl", "TorchRL RayReplayBuffer.sample")):
-        if ("sample", who) in med:
-            v = med[("sample", who)]
-            print(f"| {label} | {v:,.0f} | {v / med[('sample', 'local')]:.3f}x | {best / v:.2f}x |")
+    table(med, "ingest", "ingest: one writer, 64 rows a call", "rows/s", "ShardedBuffer.local() / it", "sharded", (
+        ("local", "shmbuf.Buffer in the writer's process (no Ray)"),
+        ("sharded", "ShardedBuffer.local() in a Ray task"),
+        ("ring", "plain Ray actor with a numpy ring (4 calls in flight)"),
+        ("torchrl", "TorchRL RayReplayBuffer.extend")))
+    print()
+    table(med, "sample", "learner: batches of 256", "batches/s", "ShardedBuffer (prefetch) / it", "sharded_prefetch", (
+        ("local", "shmbuf.Buffer.sample, same process (one node)"),
+        ("sharded", "ShardedBuffer.sample, 2 shards"),
+        ("sharded_prefetch", "ShardedBuffer.sample, 2 shards, prefetch=4"),
+        ("ring", "2 plain Ray numpy-ring actors, 128 rows each"),
+        ("torchrl", "TorchRL RayReplayBuffer.sample")))
 
+
+def table(med: dict, what: str, title: str, unit: str, against: str, ours: str, rows: tuple) -> None:
+    """A markdown table of the medians of ``what``: each against the local shmbuf, and
+    ``ours`` against each."""
+    print(f"| {title} | {unit} | / local shmbuf | {against} |\n|---|---:|---:|---:|")
+    for who, label in rows:
+        if (what, who) in med:
+            v = med[(what, who)]
+            print(f"| {label} | {v:,.0f} | {v / med[(what, 'local')]:.3f}x | {med[(what, ours)] / v:,.2f}x |")
 
 if __name__ == "__main__":
     main()
