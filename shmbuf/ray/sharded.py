@@ -352,34 +352,21 @@ class ShardedBuffer:
         parts = plan.parts
         patience = time.monotonic() + timeout / 2  # a shard slower than this is dropped
         while parts:
-            refs = [r for _, r, _ in parts]
+            until = min(patience, deadline)
             try:  # the usual case, in one call: every shard answers
-                answers = ray.get(refs, timeout=max(0.0, min(patience, deadline) - time.monotonic()))
-            except Exception:
-                answers = None  # (one by one below: who failed, and how)
-            if answers is not None:
-                for (s, _, c), (batch, info) in zip(parts, answers):
+                answers = dict(zip([s.index for s, _, _ in parts],
+                                   ray.get([r for _, r, _ in parts], timeout=max(0.0, until - time.monotonic()))))
+            except Exception:  # (one by one, in what is left of the wait: who failed, and how)
+                answers = self._gather([(s, r) for s, r, _ in parts], until - time.monotonic(),
+                                       within=timeout / 2 if until == patience else timeout)
+            missing = 0
+            for s, _, c in parts:
+                if s.index in answers:
+                    batch, info = answers[s.index]
                     s.take(info)
                     got.append((s, batch, c))
-                break
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(patience, deadline) - time.monotonic()))
-            ready_set = set(ready)
-            missing = 0
-            for s, ref, c in parts:
-                if ref not in ready_set:
-                    self._down(s, f"did not answer within {timeout / 2:g} s")
+                else:
                     missing += c
-                    continue
-                try:
-                    batch, info = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:  # the shard's own error: the caller's
-                    raise _cause(exc) from None
-                except ray.exceptions.RayError as exc:
-                    self._down(s, f"failed ({type(exc).__name__})")
-                    missing += c
-                    continue
-                s.take(info)
-                got.append((s, batch, c))
             if not missing:
                 break
             if time.monotonic() >= deadline or not any(s.up for s in self._shards):
@@ -423,7 +410,7 @@ class ShardedBuffer:
         many were set."""
         if not self._prioritized:
             raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
-        ray = _ray()
+        _ray()  # (initialised, or a clear error)
         timeout = self._t(timeout)
         idx = np.asarray(index)
         if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
@@ -437,21 +424,10 @@ class ShardedBuffer:
             mine = idx[:, 0] == s.index
             if s.up and mine.any():
                 calls.append((s, s.actor.update_priorities.remote(idx[mine, 1:].astype(np.int64), p[mine])))
-        done, _ = ray.wait([r for _, r in calls], num_returns=len(calls), timeout=timeout)
-        done_set, total = set(done), 0
-        for s, ref in calls:
-            if ref not in done_set:
-                self._down(s, f"did not answer within {timeout:g} s")
-                continue
-            try:
-                count, info = ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:
-                raise _cause(exc) from None
-            except ray.exceptions.RayError as exc:
-                self._down(s, f"failed ({type(exc).__name__})")
-            else:
-                s.take(info)  # (the next draw counts on its new mass)
-                total += count
+        total = 0
+        for i, (count, info) in self._gather(calls, timeout).items():
+            self._shards[i].take(info)  # (the next draw counts on its new mass)
+            total += count
         return total
 
     # -- looking at it ---------------------------------------------------------------
@@ -461,26 +437,18 @@ class ShardedBuffer:
         ``up``) and totals over the shards that answered: ``rows``, ``capacity``,
         ``rows_inserted``, ``rows_sampled``, ``batches_sampled``, ``writes``,
         ``torn_read_retries``; ``shards_up`` of ``shards_total``."""
-        ray = _ray()
         timeout = self._t(timeout)
         self._poll()
-        refs = [s.actor.stats.remote() for s in self._shards]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        ready_set, per = set(ready), []
-        for s, ref in zip(self._shards, refs):
+        errors: dict[int, str] = {}
+        answers = self._gather([(s, s.actor.stats.remote()) for s in self._shards], timeout, errors)
+        per = []
+        for s in self._shards:
             entry: dict[str, Any] = {"index": s.index, "node": s.node, "segment": s.segment}
-            try:
-                if ref not in ready_set:
-                    raise TimeoutError(f"no answer within {timeout:g} s")
-                got = ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:
-                entry.update(up=False, error=str(_cause(exc)))
-            except (ray.exceptions.RayError, TimeoutError) as exc:
-                self._down(s, f"failed to answer stats ({type(exc).__name__})")
-                entry.update(up=False, error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if s.index in answers:
+                s.take(answers[s.index])
+                entry.update(answers[s.index], up=True)
             else:
-                s.take(got)
-                entry.update(got, up=True)
+                entry.update(up=False, error=errors.get(s.index, "down"))
             per.append(entry)
         total: dict[str, Any] = {"name": self._name, "shards_total": len(per),
                                  "shards_up": sum(e["up"] for e in per), "shards": per}
@@ -560,23 +528,37 @@ class ShardedBuffer:
     def _refresh(self, shards: list[_Shard], seconds: float) -> list[tuple[str, bool]]:
         """Ask ``shards`` for their figures now (one round trip, up to ``seconds``; the
         others are dropped); returns the (kind, prioritized) of each that answered."""
+        answers = self._gather([(s, s.actor.info.remote()) for s in shards], seconds)
+        for i, info in answers.items():
+            self._shards[i].take(info)
+        return [(info["kind"], info["prioritized"]) for info in answers.values()]
+
+    def _gather(self, calls: list[tuple[_Shard, Any]], seconds: float,
+                errors: dict[int, str] | None = None, within: float | None = None) -> dict[int, Any]:
+        """The answers to ``calls`` (shard, pending call) given within ``seconds``, by
+        shard index. A shard that failed (its actor died) or did not answer in time is
+        dropped (the warning says it waited ``within`` seconds, default ``seconds``). A
+        shard's own error (raised by its method: the caller's arguments, a timeout of
+        its own) is raised here, or kept in ``errors`` if given."""
         ray = _ray()
-        refs = [s.actor.info.remote() for s in shards]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))
-        ready_set, kinds = set(ready), []
-        for s, ref in zip(shards, refs):
+        refs = [r for _, r in calls]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))[0]) if refs else set()
+        out = {}
+        for s, ref in calls:
             try:
-                if ref not in ready_set:
-                    raise TimeoutError
-                info = ray.get(ref)
+                if ref not in ready:
+                    raise TimeoutError(f"did not answer within {max(0.0, seconds if within is None else within):.2g} s")
+                out[s.index] = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
-                raise _cause(exc) from None
-            except (ray.exceptions.RayError, TimeoutError):
-                self._down(s, f"did not answer within {seconds:.2g} s")
-                continue
-            s.take(info)
-            kinds.append((info["kind"], info["prioritized"]))
-        return kinds
+                if errors is None:
+                    raise _cause(exc) from None
+                errors[s.index] = str(_cause(exc))
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                why = str(exc) if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__})"
+                self._down(s, why)
+                if errors is not None:
+                    errors[s.index] = why
+        return out
 
     def _describe(self) -> str:
         up = [s.index for s in self._shards if s.up]
