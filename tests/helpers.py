@@ -265,16 +265,21 @@ def episode_step(writer, env, episode, step) -> dict[str, np.ndarray]:
     return {"obs": np.array([key, key + 1, key + 2]), "action": key * 3, "reward": float(step + 1)}
 
 
-def episode_storm_writer(name: str, writer: int, envs: int, seconds: float, ready, stop, results) -> None:
+def episode_storm_writer(name: str, writer: int, envs: int, seconds: float, ready, stop, results,
+                         finished=None, die_after: int = 0, flag: str = "") -> None:
     """Write episodes of ``envs`` envs through one vectorised writer until ``stop`` or
-    ``seconds``; report how many steps."""
+    ``seconds``; report how many steps. ``finished[writer * 16 + env]``: the episodes of
+    that env ended so far, raised once the write that ended one has returned. With
+    ``die_after``: after that many writes, stop forever inside the next one (at the
+    "writing" point, touching ``flag``), to be killed there."""
     buf = shmbuf.EpisodeBuffer.attach(name, timeout=60)
     episode, step = np.zeros(envs, np.int64), np.zeros(envs, np.int64)
     written = 0
     with buf.writer(envs=envs) as w:
-        ready.wait(30)
+        if ready is not None:
+            ready.wait(30)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not stop.is_set():
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
             rows = [episode_step(writer, e, episode[e], step[e]) for e in range(envs)]
             plans = [episode_plan(writer, e, episode[e]) for e in range(envs)]
             ended = np.array([step[e] + 1 == plans[e][0] for e in range(envs)])
@@ -282,17 +287,24 @@ def episode_storm_writer(name: str, writer: int, envs: int, seconds: float, read
             data = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in EPISODE_STORM}
             data["next_obs"] = np.stack([episode_step(writer, e, episode[e], step[e] + 1)["obs"]
                                          for e in range(envs)])
+            if die_after and written == die_after * envs:
+                hang_at("writing", flag)
             w.add(data, terminated=term, truncated=ended & ~term)
             written += envs
             step += 1
             episode[ended] += 1
             step[ended] = 0
+            if finished is not None:
+                for e in np.flatnonzero(ended).tolist():
+                    finished[writer * 16 + e] = int(episode[e])
     buf.close()
     results.put((writer, written))
 
 
-def episode_storm_errors(batch: dict, kind: str, n: int = 1, gamma: float = 0.5) -> int:
-    """Values of a sample that do not match the formula (0 if all do)."""
+def episode_storm_errors(batch: dict, kind: str, n: int = 1, gamma: float = 0.5, finished=None) -> int:
+    """Values of a sample that do not match the formula (0 if all do). ``finished``: the
+    writers' episode counts read before the sample was asked for (see
+    :func:`episode_storm_writer`)."""
     def split(key):
         key = np.asarray(key)
         return key // 1_000_000_000, key // 1_000 % 1_000_000, key % 1_000
@@ -328,6 +340,14 @@ def episode_storm_errors(batch: dict, kind: str, n: int = 1, gamma: float = 0.5)
         bad += (batch["terminated"] != (m & last & term)).sum() + (batch["truncated"] != (m & last & ~term)).sum()
         rtg = batch["returns_to_go"]
         bad += (np.abs(rtg[:, :-1] - rtg[:, 1:] - np.where(m[:, :-1], step[:, :-1] + 1, 0)) > 1e-9)[m[:, :-1]].sum()
+        # the end step's: rewards step+1 from it to the episode's end (every step written
+        # so far, for an episode in progress), all of them for one that ended before the call
+        for i in range(len(k)):
+            s, n, ep = int(step[i, -1]), int(steps[i, -1]), int(episode[i, -1])
+            sums = np.cumsum(np.arange(s, n) + 1.0)  # to each step still to come
+            ended_before = finished is not None and ep < finished[int(who[i, -1])]
+            got = float(rtg[i, -1])
+            bad += (got != sums[-1]) if ended_before else not np.isin(got, sums[min(1, len(sums) - 1):])
         return int(bad)
     bad = (batch["obs"] != k[:, None] + np.arange(3)).sum() + (batch["action"] != k * 3).sum()
     taken = batch["steps"] if "steps" in batch else np.ones(len(k), np.int64)

@@ -6,25 +6,40 @@ against the formula it was written from."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import time
 
 
 import shmbuf
-from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer
+from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer, wait_for_file
 from shmbuf import native, sampling
 
 
-def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3,
-                  lane_capacity: int = 48) -> tuple[dict[str, int], dict[str, int], list[int]]:
-    """Returns (values checked per kind, errors per kind, steps written per writer)."""
+def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3, lane_capacity: int = 48,
+                  killed: int = 0, tmp_path=None) -> tuple[dict[str, int], dict[str, int], list[int]]:
+    """Returns (values checked per kind, errors per kind, steps written per writer).
+    ``killed`` more writers (of ``envs`` envs each) write 5 steps and are SIGKILLed
+    inside their sixth write, before the storm starts: their lanes end in rows reserved
+    and never published."""
     ctx = mp.get_context("fork")
-    lanes = writers * envs
+    lanes = (writers + killed) * envs
     checked = dict.fromkeys(["transition", "n-step", "trajectory", "episode"], 0)
     errors = dict.fromkeys(checked, 0)
+    finished = ctx.Array("q", 16 * (writers + killed), lock=False)
     with shmbuf.EpisodeBuffer.create(EPISODE_STORM, lanes * lane_capacity, lanes=lanes, name=name,
                                      seed=0) as buf:
+        for k in range(killed):  # stopped at a chosen point, then killed there
+            flag = str(tmp_path / f"killed-{k}")
+            p = ctx.Process(target=episode_storm_writer, args=(name, writers + k, envs, 60.0, None, None,
+                                                               ctx.Queue(), finished, 5, flag))
+            p.start()
+            wait_for_file(flag, p, "the writer to stop inside its write")
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(30)
         ready, stop, results = ctx.Barrier(writers + 1), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=episode_storm_writer, args=(name, w, envs, seconds, ready, stop, results))
+        procs = [ctx.Process(target=episode_storm_writer, args=(name, w, envs, seconds, ready, stop, results,
+                                                                finished))
                  for w in range(writers)]
         for p in procs:
             p.start()
@@ -33,10 +48,13 @@ def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3,
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 try:
-                    for kind, batch in (("transition", buf.sample(32)),
-                                        ("n-step", buf.sample(32, n_step=3, gamma=0.5)),
-                                        ("trajectory", buf.sample_trajectories(8, 6))):
-                        errors[kind] += episode_storm_errors(batch, kind, 3 if kind == "n-step" else 1)
+                    for kind, sample in (("transition", lambda: buf.sample(32)),
+                                         ("n-step", lambda: buf.sample(32, n_step=3, gamma=0.5)),
+                                         ("trajectory", lambda: buf.sample_trajectories(8, 6))):
+                        before = finished[:]  # the episodes that ended before the call
+                        batch = sample()
+                        errors[kind] += episode_storm_errors(batch, kind, 3 if kind == "n-step" else 1,
+                                                             finished=before)
                         checked[kind] += len(batch["obs"])
                     for ep in buf.sample_episodes(2):
                         errors["episode"] += episode_storm_errors(ep, "episode")
@@ -52,8 +70,10 @@ def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3,
     return checked, errors, [written[w] for w in range(writers)]
 
 
-def test_episode_storm_returns_only_true_values(name):
-    checked, errors, written = episode_storm(name, seconds=4.0)
+def test_episode_storm_returns_only_true_values(name, tmp_path):
+    """Besides the writers, one writer was SIGKILLed inside a write: its lanes end in
+    rows reserved and never published, and its episodes stay in progress for good."""
+    checked, errors, written = episode_storm(name, seconds=4.0, killed=1, tmp_path=tmp_path)
     assert errors == dict.fromkeys(errors, 0), (errors, checked)
     assert min(checked.values()) > 0 and min(written) > 0, (checked, written)  # no throughput bound
 

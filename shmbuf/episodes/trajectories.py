@@ -1,13 +1,30 @@
 """Trajectories: windows of one episode ending at a sampled step (d3rlpy's
 ``BasicTrajectorySlicer``), torn-read proof.
 
-The end step is drawn like a one-step transition (uniform over transitions), the window
-``end - length + 1 .. end`` is read row by row, and the rows before the episode's first
-step are padding: zeros, ``mask`` False, ``timestep`` 0, ``returns_to_go`` 0. Steps of
-the episode that were already evicted are padding too (d3rlpy keeps whole episodes in
-memory and would still show them; a ring has overwritten them). ``returns_to_go`` adds
-the rewards up to the episode's end: its last step for an episode that has ended, the
-newest step written so far for one in progress.
+The end step is drawn like a one-step transition (uniform over transitions). Each
+trajectory is then read in one pass that proves everything it returns:
+
+1. **The window** ``end - length + 1 .. end``, every field, through the checked read
+   (:func:`shmbuf.episodes.gather.rows`). Row ``end`` must be intact and a transition
+   (not a final row): its ``_start`` names the episode. The rows before the episode's
+   first step are padding: zeros, ``mask`` False, ``timestep`` 0, ``returns_to_go`` 0.
+   Steps of the episode already evicted are padding too, and padding is only ever at the
+   front: a row that failed its check counts as evicted only if it lies below the lane's
+   window read after the copy, and then every row before it is padding as well; a failed
+   row inside the window means the copy was torn, and the trajectory is drawn again.
+2. **The tail** ``end + 1 .. last`` (reward and episode fields) through the same checked
+   read, where ``last`` is the episode's last row found by a search over raw reads (a
+   guide only). The sum of its rewards is the trajectory's return after ``end``, and it
+   is used only if it is proven to be the whole rest of the episode: every tail row was
+   read intact and of the episode, and either row ``last`` is the episode's final row
+   (the episode has ended), or the stamp of row ``last + 1``, read before the tail was
+   copied, shows that row not yet published in its lap (the episode is in progress, and
+   ``last`` was its newest published step). Anything else (the ring wrapped over the
+   tail, the episode went on since the search) redraws the trajectory.
+
+d3rlpy keeps whole episodes in memory and would still show evicted steps; a ring has
+overwritten them. ``returns_to_go`` adds the rewards up to the episode's end: its last
+step for an episode that has ended, the newest step written so far for one in progress.
 """
 
 from __future__ import annotations
@@ -56,7 +73,8 @@ def _empty(ebuf: "EpisodeBuffer", n: int, length: int) -> dict[str, np.ndarray]:
 
 
 def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.ndarray:
-    """Draw ``len(out)`` trajectories into ``out``; returns the mask of the intact ones."""
+    """Draw ``len(out)`` trajectories into ``out``; returns the mask of the ones proven
+    intact (the others are drawn again)."""
     ring, rng = ebuf.core._ring, ebuf.core._rng
     m = len(out["mask"])
     try:
@@ -67,24 +85,30 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
         raise ValueError(_NONE_YET) from None
     if type(lane) is not np.ndarray:
         lane = np.full(m, lane, np.int64)
-    # 1. The end: a transition (not a final row, its next row of the same episode)
-    start = np.empty(m, np.int64)
-    valid = gather.windows(ring, lane, end, [{"_start": start}, {}])
-    # 2. The window, row by row: fields, episode, flags
+    # 1. The window, row by row through the checked read: fields, episode, flags
     seq = end[:, None] - np.arange(length - 1, -1, -1)
-    inside = seq >= start[:, None]  # the episode's steps (the rest is padding)
     want = {name: a.reshape((m * length,) + a.shape[2:]) for name, a in out.items() if name in ebuf._user}
-    starts, flags = np.empty(m * length, np.int64), np.empty(m * length, np.uint8)
-    want.update(_start=starts, _flags=flags)
+    starts, flags = np.empty((m, length), np.int64), np.empty((m, length), np.uint8)
+    want.update(_start=starts.reshape(-1), _flags=flags.reshape(-1))
     ok = gather.rows(ring, lane.repeat(length), np.maximum(seq, 0).ravel(), want).reshape(m, length)
-    ok &= starts.reshape(m, length) == start[:, None]
-    lo = ring.window()[0][lane]  # after the copy: rows below are evicted (padding), not torn
-    mask = inside & ok
-    valid &= ~(inside & ~ok & (seq >= lo[:, None])).any(axis=1) & mask[:, -1]  # (the end itself: not evicted)
+    start = starts[:, -1].copy()  # the episode: proven by row end's check (required below)
+    valid = ok[:, -1] & ((flags[:, -1] & FINAL) == 0)
+    start[~valid] = end[~valid]  # (a rejected window's episode: any row, so the code below runs)
+    ok &= starts == start[:, None]
+    inside = seq >= start[:, None]  # the episode's steps (the rest is padding)
+    # 2. The tail: rows end + 1 .. last of the episode, proven whole (see the module)
+    after, known = _tail(ebuf, lane, end, start, valid) if ebuf.reward is not None else (np.zeros(m), valid)
+    valid &= known
+    # Front padding only: a failed row of the episode is evicted if it lies below the
+    # lane's window now (after the copies); every row up to the last evicted one is padding
+    lo = ring.window()[0][lane]
+    failed = inside & ~ok
+    valid &= ~(failed & (seq >= lo[:, None])).any(axis=1)
+    last_failed = np.where(failed, seq, -1).max(axis=1)
+    mask = inside & ok & (seq > last_failed[:, None])
     for name, a in out.items():
         if name in ebuf._user:
             a[~mask] = 0
-    flags = flags.reshape(m, length)
     out["mask"][:] = mask
     out["timestep"][:] = np.where(mask, seq - start[:, None] + 1, 0)
     out["terminated"][:] = mask & ((flags & TERMINATED) != 0)
@@ -94,30 +118,41 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
         out["returns_to_go"][:] = 0
         return valid
     rew = np.where(mask, out[ebuf.reward], 0).astype(np.float64)
-    after, known = _rest(ebuf, lane, end, start)
-    valid &= known
     out["returns_to_go"][:] = np.where(mask, np.cumsum(rew[:, ::-1], axis=1)[:, ::-1] + after[:, None], 0)
     return valid
 
 
-def _rest(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray,
-          start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sum of the rewards after row ``end`` to its episode's end, and a mask of the
-    windows for which it is known (every row read intact; the end found is the final
-    row, or no published row of the episode follows it)."""
+def _tail(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray, start: np.ndarray,
+          valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the windows of ``valid``: the sum of the rewards of rows ``end + 1`` to their
+    episode's last row, and a mask of the windows for which it is proven to be the whole
+    rest of the episode (see the module docstring). Other windows: 0 and False."""
     ring = ebuf.core._ring
     m = len(end)
-    last = ebuf._episode_ends().last_rows(lane, end, start)  # the episode's last row (final, or newest)
-    count = last - end  # rows after the end, up to and with the last
-    rows = np.repeat(np.arange(m), count)
-    seq = np.repeat(end + 1 - np.cumsum(count) + count, count) + np.arange(count.sum())
+    after, known = np.zeros(m), np.zeros(m, bool)
+    which = np.flatnonzero(valid)
+    if not len(which):
+        return after, known
+    ln, e, s = lane[which], end[which], start[which]
+    last = ebuf._episode_ends().last_rows(ln, e, s)  # a guide: proven below
+    # the row after the last, its stamp read before the tail is copied
+    lc = ring.lane_capacity
+    nxt = last + 1
+    sentinel = ring.stamps[ln * lc + nxt % lc]
+    count = np.maximum(last - e, 0)  # at least row end + 1 (the next step, or the final row)
+    rows = np.repeat(np.arange(len(which)), count)
+    seq = np.repeat(e + 1 - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
     rew = np.empty(len(seq), ebuf._user[ebuf.reward][1])
     starts, flags = np.empty(len(seq), np.int64), np.empty(len(seq), np.uint8)
-    ok = gather.rows(ring, lane[rows], seq, {ebuf.reward: rew, "_start": starts, "_flags": flags})
-    ok &= starts == start[rows]
-    known = np.bincount(rows, weights=~ok, minlength=m) == 0
-    final = np.zeros(m, bool)
-    final[rows[(flags & FINAL) != 0]] = True
-    known &= final | ~gather.continues(ring, lane, last + 1, start)  # (it went on since: drawn again)
-    return np.bincount(rows, weights=np.where(ok, rew, 0), minlength=m), known
-
+    ok = gather.rows(ring, ln[rows], seq, {ebuf.reward: rew, "_start": starts, "_flags": flags})
+    ok &= starts == s[rows]
+    whole = (count > 0) & (np.bincount(rows, weights=~ok, minlength=len(which)) == 0)
+    ended = np.zeros(len(which), bool)
+    ended[rows[ok & (seq == last[rows]) & ((flags & FINAL) != 0)]] = True
+    # in progress: row last + 1 not published when looked at (an older lap's stamp, its
+    # odd stamp, or 0), and not a later lap's abandoned row (its slot reserved again)
+    head = ring.window()[1][ln]
+    unpublished = (sentinel < 2 * nxt + 2) & ((sentinel != 0) | (head < nxt + lc))
+    known[which] = whole & (ended | unpublished)
+    after[which] = np.bincount(rows, weights=np.where(ok, rew, 0), minlength=len(which))
+    return after, known
