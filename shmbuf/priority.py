@@ -155,16 +155,24 @@ class Trees:
 
     def sync(self) -> None:
         """Give the rows published since the last sync their leaves (lock held): the new
-        rows of every lane in one pass, their leaves in one tree update."""
+        rows of every lane in one pass, their leaves in one tree update.
+
+        The order makes a death anywhere harmless: the leaves (and their ancestors) are
+        set first, then the leaf sequence numbers, and ``synced`` moves last (the
+        commit); a sync killed before the commit is done again by the next one, which
+        also rebuilds the inner nodes (the version was left odd). An unpublished row holds
+        ``synced`` back only while a live writer may still publish it: a row that a dead
+        writer reserved, or an abandoned write's, is passed over for good, so it never
+        makes every later sync read a whole lap again."""
         ring, lc = self.ring, self.lc
         heads, bases = ring.lane_table[:, LANE_HEAD].copy(), ring.lane_table[:, LANE_BASE].copy()
-        synced = self.synced[:, 0]  # (a view: written below)
         for lane in np.flatnonzero(bases != self.synced[:, 1]).tolist():
             # cleared or restored: its rows are gone (the ones written since: synced again)
             slots = np.arange(lane * lc, (lane + 1) * lc)
-            self.seq[slots] = 0
             self.set(slots, np.zeros(lc))
+            self.seq[slots] = 0
             self.synced[lane] = bases[lane], bases[lane]
+        synced = self.synced[:, 0]  # (a view: written last)
         first = np.maximum(np.maximum(synced, heads - lc), bases)
         count = np.maximum(heads - first, 0)
         total = int(count.sum())
@@ -178,16 +186,23 @@ class Trees:
         before = ring.stamps[slots]
         p = self.prio[slots]
         ok = (before == 2 * rows + 2) & (ring.stamps[slots] == before)  # published, read whole
-        low = heads.copy()  # each lane: synced up to its first row not published yet
-        np.minimum.at(low, lane[~ok], rows[~ok])
-        synced[lanes] = low[lanes]
+        low = heads.copy()  # each lane: synced up to its first row a live writer still holds
+        if not ok.all():
+            late = np.flatnonzero(~ok)
+            held = ring.held(lane[late], rows[late])
+            again = late[~held]  # finished since (published now, or never)
+            before[again] = ring.stamps[slots[again]]
+            p[again] = self.prio[slots[again]]
+            ok[again] = (before[again] == 2 * rows[again] + 2) & (ring.stamps[slots[again]] == before[again])
+            np.minimum.at(low, lane[late[held]], rows[late[held]])
         new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
         if new.any():
             top = self.headf[H_MAX] or 1.0
             given = p[new]  # > 0: the writer's; 0: the largest; < 0: none (an episode's final row)
-            self.seq[slots[new]] = rows[new] + 1
             self.set(slots[new], np.where(given > 0, given, np.where(given < 0, 0.0, top)) ** self.alpha)
+            self.seq[slots[new]] = rows[new] + 1
             self.headf[H_MAX] = max(top, float(given.max()))
+        synced[lanes] = low[lanes]  # the commit
 
     def update(self, slots: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> int:
         """Set the leaves of the rows ``(slots, seqs)`` still there (lock held)."""

@@ -474,6 +474,25 @@ class Ring:
             return True
         return any(self.lane_table[i, LANE_OWN_COUNT] != 0 for i in self.live_claims())
 
+    def held(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Which rows ``(lane, seq)`` a live writer has reserved and not yet finished
+        (published, or abandoned): the only unpublished rows that may still be
+        published. Read the rows' stamps again after this: a row finished between
+        that read and this one is published by then, or never will be."""
+        held = np.zeros(len(seq), bool)
+        res = self.res.copy()
+        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
+        alive = procs.Liveness()
+        for i, (pid, ct) in zip(live.tolist(), _owners(res, live)):
+            if alive(pid, ct):
+                start = res[i, RES_START]
+                held |= (lane == res[i, RES_LANE]) & (seq >= start) & (seq < start + res[i, RES_COUNT])
+        lt = self.lane_table.copy()
+        for i in self.live_claims():
+            start = lt[i, LANE_OWN_START]
+            held |= (lane == i) & (seq >= start) & (seq < start + lt[i, LANE_OWN_COUNT])
+        return held
+
     def live_claims(self) -> dict[int, int]:
         """``{lane: pid}`` of the lanes claimed by live processes."""
         lt = self.lane_table.copy()

@@ -740,3 +740,42 @@ def d3rlpy_bad_transitions(batch) -> int:
     bad |= ~terminal & ((nxt[:, 0] != e) | (nxt[:, 1] != t + 1) | (batch.next_actions[:, 0] != t + 1))
     bad |= ~terminal & (t >= steps - 1)  # a timeout episode's last observation is no transition
     return int(bad.sum())
+
+
+def pause_at(point: str, flag_path: str, go_path: str) -> None:
+    """From now on, stop this process at ``point`` of the write protocol (touching
+    ``flag_path``) until ``go_path`` exists."""
+    def hook(where: str) -> None:
+        if where == point:
+            open(flag_path, "w").close()
+            while not os.path.exists(go_path):
+                time.sleep(0.01)
+
+    ring.set_hook(hook)
+
+
+def prio_sync_then_hang(name: str, flag: str, where: str) -> None:
+    """Sample a prioritized buffer and stop forever inside the sync of its new rows:
+    ``where`` "set" (entering the tree update) or "after set" (the leaves and their
+    ancestors set, nothing else yet), touching ``flag`` there."""
+    from shmbuf import priority
+
+    real = priority.Trees.set
+
+    def stop(self, slots, values):
+        if where == "after set":
+            real(self, slots, values)
+        open(flag, "w").close()
+        while True:
+            time.sleep(1)
+    priority.Trees.set = stop
+    buf = shmbuf.Buffer.attach(name)
+    buf.sample(1)
+
+
+def add_rows_paused(name: str, x: int, priority: float, point: str, flag: str, go: str) -> None:
+    """Add one row (``x``, at ``priority``), paused at ``point`` until ``go`` exists."""
+    buf = shmbuf.Buffer.attach(name)
+    pause_at(point, flag, go)
+    buf.add({"x": x}, priority=priority)
+    buf.close()

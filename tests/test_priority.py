@@ -241,3 +241,59 @@ def test_a_rate_limit_holds_prioritized_samples_too(name):
         assert len(buf.sample(8, timeout=1)["weight"]) == 8
         with pytest.raises(shmbuf.RateLimitTimeout):
             buf.sample(8, timeout=0.05)  # ahead of the writers by more than the error buffer
+
+
+@pytest.mark.parametrize("where", ["set", "after set"])
+def test_a_learner_killed_inside_the_sync_loses_no_row(name, tmp_path, where):
+    """Round 2, item 5: 8 rows at priority 1 (synced), 8 new ones at 1000; a learner is
+    SIGKILLed inside the sync that gives the new ones their leaves. The next sync does it
+    again: the new rows are drawn 1000/1001 of the time (before the fix: never, because
+    ``synced`` had moved past them before their leaves were set)."""
+    with shmbuf.Buffer.create(X, 16, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(8)}, priority=np.ones(8))
+        buf.sample(1)
+        buf.extend({"x": np.arange(8, 16)}, priority=np.full(8, 1000.0))
+        kill_when_there(helpers.prio_sync_then_hang, (name, str(tmp_path / "in-sync"), where),
+                        tmp_path / "in-sync", "the learner to stop inside the sync")
+        x = np.concatenate([buf.sample(64)["x"] for _ in range(50)])
+        check_trees(buf._prio)
+    assert (x >= 8).sum() > 0.98 * len(x), np.bincount(x, minlength=16)
+
+
+def test_a_dead_writers_row_does_not_hold_the_sync_back(name, tmp_path):
+    """Round 2, item 6: a writer SIGKILLed with a row reserved leaves it unpublished for
+    good. The sync passes over it at once: rows written after it are synced up to the
+    head, so a sync reads only the rows new since the last one (before the fix: every
+    sync read again from the dead row, a whole lap on a large buffer)."""
+    with shmbuf.Buffer.create(X, 64, priority=0.6, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(4)})
+        for point in ("reserved", "writing"):
+            kill_when_there(helpers.write_and_hang, (name, point, str(tmp_path / point), None, 1),
+                            tmp_path / point, f"the writer to stop at {point!r}")
+            buf.extend({"x": np.arange(10)})
+            buf.sample(8)
+            assert int(buf._prio.synced[0, 0]) == buf.total_added  # nothing left to read again
+        assert (buf.sample(500)["x"] < 10).all()
+
+
+def test_a_live_writers_row_holds_the_sync_back_until_it_is_published(name, tmp_path):
+    """The other side of item 6: a row a live writer has reserved (here stopped inside its
+    write) is not passed over; once published it gets its leaf, and is drawn by its
+    priority (1000 beside 1s)."""
+    ctx = mp.get_context("fork")
+    flag, go = str(tmp_path / "writing"), str(tmp_path / "go")
+    with shmbuf.Buffer.create(X, 64, priority=1.0, seed=0, name=name) as buf:
+        buf.extend({"x": np.arange(4)}, priority=np.ones(4))
+        child = ctx.Process(target=helpers.add_rows_paused, args=(name, 99, 1000.0, "writing", flag, go))
+        child.start()
+        try:
+            helpers.wait_for_file(flag, child, "the writer to stop inside its write")
+            buf.extend({"x": np.arange(5, 9)}, priority=np.ones(4))
+            assert 99 not in buf.sample(200)["x"]
+            assert int(buf._prio.synced[0, 0]) == 4  # held at the row in flight
+        finally:
+            open(go, "w").close()
+            child.join(30)
+        assert child.exitcode == 0
+        x = buf.sample(1000)["x"]
+    assert (x == 99).sum() > 900, np.bincount(x)
