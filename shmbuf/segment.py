@@ -365,6 +365,21 @@ def unlink_name(name: str) -> bool:
     return True
 
 
+def head(name: str, n: int) -> bytes:
+    """The first ``n`` bytes of segment ``name`` (fewer for a shorter one; ``b""`` if it
+    does not exist or cannot be read): read, never mapped, so no size can fault."""
+    try:
+        fd = os.open(SHM_DIR + os_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, n, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def list_names() -> list[str]:
     """Names of the shmbuf segments of this namespace in ``/dev/shm`` (Linux): regular
     files only, and only names a buffer can have."""

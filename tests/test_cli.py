@@ -70,8 +70,9 @@ def test_ls_skips_what_is_not_a_buffer_and_what_vanished(name, tmp_path, monkeyp
             res = cli("ls")
             assert res.returncode == 0 and "Traceback" not in res.stderr
             assert name + "-dir" not in res.stdout and name + "-sock" not in res.stdout
-            row = [line for line in res.stdout.splitlines() if line.startswith(name + "-half")]
-            assert len(row) == 1 and "unusable" in row[0] and "did not become a complete buffer" in row[0]
+            assert name + "-half" not in res.stdout  # no magic yet: not known to be a buffer
+            res = cli("info", name + "-half")  # (info explains any name)
+            assert res.returncode == 1 and "did not become a complete buffer" in res.stderr
             # a buffer that is removed between the listing and its description is left out
             real = segment.list_names
             monkeypatch.setattr(segment, "list_names", lambda: ["gone-" + name] + real())
@@ -136,3 +137,34 @@ def test_cartpole_terminates_and_resets():
         ends += int(term.sum())
         assert not trunc.any()
     assert ends > 4 and (np.abs(env.state[:, 0]) <= 2.4 + 1).all()
+
+
+def test_ls_lists_only_shmbuf_segments_and_damaged_ones_with_their_error(name):
+    """Round 2, item 19: other programs' segments and empty files in /dev/shm are not
+    listed; a segment with a buffer's magic but a damaged header is, with its error."""
+    from shmbuf import layout, segment
+
+    base = segment.SHM_DIR + "/" + segment.prefix()
+    with open(base + name + "-empty", "wb"), open(base + name + "-other", "wb") as other:
+        other.write(b"not a buffer" * 100)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name + "-bad", persist=True):
+        pass
+    with open(base + name + "-bad", "r+b") as f:
+        f.seek(8)
+        f.write((99).to_bytes(4, "little"))  # format version 99
+    try:
+        with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name):
+            res = cli("ls")
+            assert res.returncode == 0 and res.stderr == "" and name in res.stdout
+            assert name + "-empty" not in res.stdout and name + "-other" not in res.stdout
+            row = [line for line in res.stdout.splitlines() if line.startswith(name + "-bad")]
+            assert len(row) == 1 and "unusable" in row[0] and "format version 99" in row[0]
+            listed = {d["name"]: d for d in json.loads(cli("ls", "--json").stdout)}
+            assert set(listed) >= {name, name + "-bad"} and not {name + "-empty", name + "-other"} & set(listed)
+            assert "format version 99" in listed[name + "-bad"]["error"]
+            res = cli("info", name + "-other")
+            assert res.returncode == 1 and "bad magic" in res.stderr and res.stderr.count("\n") == 1
+    finally:
+        for n in ("-empty", "-other", "-bad"):
+            segment.unlink_name(name + n)
+    assert layout.MAGIC not in (b"", b"not a bu")

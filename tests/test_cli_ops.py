@@ -203,3 +203,31 @@ def test_slots_of_dead_processes_are_reclaimed_and_their_counts_kept(name):
             assert third._counters.index == 0  # the shared slot
             third.add({"x": 1})
             assert int(c.slots[0, 7]) == 1  # its write, counted there
+
+
+def test_save_of_what_is_not_a_usable_buffer_is_one_line(name, tmp_path, monkeypatch, capsys):
+    """Round 2, item 12: ``shmbuf save`` on another program's segment, a half-created one
+    or another user's says why in one line (exit 1), never a traceback."""
+    from shmbuf import cli as cli_mod
+    from shmbuf.cli import show
+
+    base = segment.SHM_DIR + "/" + segment.prefix()
+    with open(base + name + "-other", "wb") as f:
+        f.write(b"not a buffer" * 100)
+    half = segment.Segment.create(name + "-half", 4096)  # created, header never written
+    try:
+        for target, why in ((name + "-other", "bad magic"), (name + "-half", "did not become a complete buffer")):
+            res = cli("save", target, str(tmp_path / target))
+            assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+            assert res.stderr.startswith(f"shmbuf save: {target}: ") and why in res.stderr
+            assert res.stderr.count("\n") == 1 and not (tmp_path / target).exists()
+        def denied(n):
+            raise PermissionError(13, f"Permission denied: '/dev/shm/{n}'")
+        monkeypatch.setattr(show, "observe", denied)
+        assert cli_mod.main(["save", name, str(tmp_path / "s")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"shmbuf save: {name}: ") and "Permission denied" in err and err.count("\n") == 1
+    finally:
+        segment.unlink_name(name + "-other")
+        half.unlink()
+        half.close()

@@ -6,14 +6,12 @@ import argparse
 
 from ..buffer import Buffer
 from . import problem
-from .show import observe
+from .show import open_or_report
 
 
 def save(args: argparse.Namespace) -> int:
-    try:
-        buf = observe(args.name)
-    except FileNotFoundError:
-        problem("save", args.name, "no such buffer (never created, or already removed)")
+    buf = open_or_report("save", args.name)
+    if buf is None:
         return 1
     with buf:
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import procs, segment, weights
 from ..buffer import Buffer
-from ..layout import FLAG_PERSIST
+from ..layout import FLAG_PERSIST, MAGIC
 from . import problem
 
 
@@ -65,8 +65,15 @@ def table(rows: list[list[str]], right: set[int] = frozenset()) -> str:  # type:
                                for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
 
 
+def is_shmbuf(name: str) -> bool:
+    """True if segment ``name`` starts with the magic of a buffer or of weights (damaged
+    or not): what ``shmbuf ls`` lists. Other programs' segments, empty files and ones
+    this user may not read are left out (``shmbuf info NAME`` explains any name)."""
+    return segment.head(name, len(MAGIC)) in (MAGIC, weights.MAGIC)
+
+
 def ls(args: argparse.Namespace) -> int:
-    found = [describe(n) for n in segment.list_names()]
+    found = [describe(n) for n in segment.list_names() if is_shmbuf(n)]
     found = [d for d in found if not d.get("error", "").startswith("no such buffer")]  # gone meanwhile
     if args.json:
         print(json.dumps(found, indent=2))
@@ -150,7 +157,9 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
     return "\n".join(out)
 
 
-def _open_or_report(command: str, name: str) -> Buffer | None:
+def open_or_report(command: str, name: str) -> Buffer | None:
+    """An observer's handle on ``name``, or None after one line on stderr that says why
+    there is none (no such buffer, another user's, not a usable buffer, not ready)."""
     try:
         return observe(name)
     except FileNotFoundError:
@@ -161,7 +170,7 @@ def _open_or_report(command: str, name: str) -> Buffer | None:
 
 
 def stat(args: argparse.Namespace) -> int:
-    buf = _open_or_report("stat", args.name)
+    buf = open_or_report("stat", args.name)
     if buf is None:
         return 1
     with buf:
@@ -177,7 +186,7 @@ def stat(args: argparse.Namespace) -> int:
 
 
 def watch(args: argparse.Namespace) -> int:
-    buf = _open_or_report("watch", args.name)
+    buf = open_or_report("watch", args.name)
     if buf is None:
         return 1
     tty = sys.stdout.isatty()
