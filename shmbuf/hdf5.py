@@ -77,7 +77,20 @@ def export_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: s
     episodes = list(ebuf.episodes())
     keys = _keys(ebuf, action)
     lengths = [len(e["terminated"]) for e in episodes]
-    with h5py.File(os.fspath(path), "x") as f:  # "x": never over an existing file
+    # the file is made first, readable by its owner alone (0600, like the segment) and
+    # never over an existing file; h5py then writes into it
+    os.close(os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    try:
+        _write(h5py, path, ebuf, episodes, keys, lengths, action, compression)
+    except BaseException:
+        os.unlink(os.fspath(path))
+        raise
+    return len(episodes)
+
+
+def _write(h5py: Any, path: Any, ebuf: "EpisodeBuffer", episodes: list, keys: dict, lengths: list,
+           action: str, compression: Any) -> None:
+    with h5py.File(os.fspath(path), "w") as f:
         f.attrs.update({"format": FORMAT, "version": VERSION, "observations": list(ebuf.observations),
                         "action": action if action in ebuf._user else "", "reward": ebuf.reward or ""})
         for name, key in keys.items():
@@ -90,7 +103,6 @@ def export_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: s
                 m[-1] = float(e[flag][-1])
             f.create_dataset(key, data=np.concatenate(marks) if marks else np.zeros(0, np.float32))
         f.create_dataset("episode_ends", data=np.cumsum(lengths, dtype=np.int64))
-    return len(episodes)
 
 
 def import_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: str = "action") -> int:

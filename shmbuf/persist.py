@@ -26,14 +26,19 @@ without the lock, stamps, rows, stamps again (as :func:`shmbuf.state.copy_rows`)
 row is saved only if it was published inside its lane's window when the positions
 were read and its stamp did not change during its copy, so the save holds exactly rows
 that were published at one moment, each whole. The priority leaves are read under the
-trees' seqlock, chunk by chunk. Everything goes to a temporary sibling directory that
-is renamed into place at the end (after ``fsync``): a crash mid-save leaves no
-directory that loads.
+trees' seqlock, chunk by chunk. Everything goes to a temporary sibling directory
+(``.NAME.shmbuf-tmp-PID-START-XXXXXXXX``) that is renamed into place at the end (after
+``fsync``): a crash mid-save leaves no directory that loads, and the next save into the
+same folder (or ``shmbuf gc DIR``) removes the temporaries of dead processes. The
+directory is 0700 and its files 0600, like the segment. A save never writes through a
+symbolic link, and ``overwrite`` never deletes a file that is not a save's.
 
-**Load** checks everything before it creates anything (metadata types, a schema numpy
-accepts and that matches the files, each file's dtype and shape, stamps that name rows
-of their slots), then creates the buffer and writes the rows back under the header
-lock; if anything fails after the create, the new segment is removed.
+**Load** checks everything before it creates anything (the size against ``/dev/shm``'s
+free space from the metadata alone, then metadata types, a schema numpy accepts and
+that matches the files, each file's dtype and shape, stamps that name rows of their
+slots), then creates the buffer and writes the rows back under the header lock, each
+lane's kept rows consecutive (see :func:`shmbuf.state.check`); if anything fails after
+the create, the new segment is removed.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import sys
 import time
@@ -48,9 +54,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import psutil
 from numpy.lib import format as npformat
 
-from . import __version__, state
+from . import __version__, procs, segment, state
 from . import priority as _priority
 from .layout import CTRL_SAMPLED, Layout, dtype_from_json, normalize_fields
 from .ratelimit import RateLimit
@@ -136,7 +143,7 @@ class _NpyOut:
     ``write`` calls: no memory-mapped pages of a new file to fault in one by one."""
 
     def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-        self.f = open(path, "wb")
+        self.f = private_file(path)
         self.dtype, self.next = np.dtype(dtype), 0
         npformat.write_array_header_2_0(
             self.f, {"descr": npformat.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
@@ -193,16 +200,13 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
     written or overwritten during the save), bytes and seconds."""
     t0 = time.monotonic()
     dest = Path(os.fspath(path))
-    if dest.exists() and not overwrite:
-        raise FileExistsError(f"{str(dest)!r} exists; pass overwrite=True to replace it, or "
-                              "choose another path")
-    if dest.exists() and not (dest / META_FILE).is_file():
-        raise FileExistsError(f"{str(dest)!r} exists and is not a shmbuf save; refusing to "
-                              "replace it")
+    _check_destination(dest, overwrite)
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{dest.name}.shmbuf-tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    clear_temporaries(parent)
+    pid, ctime = procs.identity()
+    tmp = parent / f".{dest.name}.shmbuf-tmp-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
+    tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
     ring, layout = buf._ring, buf._layout
     try:
         leaves = _leaves(buf, timeout) if buf._prio is not None else None
@@ -222,12 +226,14 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
         finally:
             for out in data.values():
                 out.f.close()
-        np.save(tmp / STAMPS_FILE, stamps)
+        with private_file(tmp / STAMPS_FILE) as f:
+            np.save(f, stamps)
         max_priority = None
         if leaves is not None:
             leaf, seq, max_priority = leaves
             rows = stamps // 2 - 1  # (a saved row's sequence number)
-            np.save(tmp / PRIORITY_FILE, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
+            with private_file(tmp / PRIORITY_FILE) as f:
+                np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
         lo = state._windows(heads, bases, layout.lane_capacity)
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
@@ -245,11 +251,13 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
         }
         for f in tmp.iterdir():
             _fsync(f)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=int))  # last: the seal
+        with private_file(tmp / META_FILE) as f:  # last: the seal
+            f.write(json.dumps(meta, indent=1, default=int).encode("utf-8"))
         _fsync(tmp / META_FILE)
         _fsync(tmp)
         if dest.exists():  # overwrite: the old save stays whole until the new one is in place
-            old = parent / f".{dest.name}.shmbuf-old-{os.getpid()}-{secrets.token_hex(4)}"
+            _check_destination(dest, overwrite)  # (still a save: checked again just before)
+            old = parent / f".{dest.name}.shmbuf-old-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
             dest.rename(old)
             tmp.rename(dest)
             _remove(old)
@@ -264,13 +272,90 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
             "bytes": nbytes, "seconds": time.monotonic() - t0}
 
 
+_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy)")
+_TEMPORARY = re.compile(r"\..+\.shmbuf-(?:tmp|old)-([0-9]+)-(?:([0-9]+\.[0-9]{3})-)?[0-9a-f]{8}")
+
+
+def private_file(path: Path) -> Any:
+    """A new file at ``path`` (an error if one exists), open for binary writing, readable
+    by its owner alone (0600, whatever the umask): a save holds every row of a buffer
+    whose segment only its owner may read."""
+    return open(path, "xb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o600))
+
+
+def _check_destination(dest: Path, overwrite: bool) -> None:
+    """Raise ``FileExistsError`` unless ``dest`` may become a save: nothing there, or
+    (with ``overwrite``) a directory holding a save and nothing else."""
+    if dest.is_symlink():
+        raise FileExistsError(f"{str(dest)!r} is a symbolic link (to {os.readlink(dest)!r}); a save "
+                              "never writes through one nor replaces it: save to the path it points to, "
+                              "or remove the link first")
+    if not dest.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{str(dest)!r} exists; pass overwrite=True to replace it, or "
+                              "choose another path")
+    if not dest.is_dir() or not (dest / META_FILE).is_file():
+        raise FileExistsError(f"{str(dest)!r} exists and is not a shmbuf save; refusing to "
+                              "replace it")
+    other = sorted(f.name for f in dest.iterdir() if not _is_save_file(f))
+    if other:
+        raise FileExistsError(f"{str(dest)!r} holds files that are not part of a shmbuf save "
+                              f"({', '.join(other[:5])}{', ...' if len(other) > 5 else ''}); "
+                              "refusing to replace it, which would delete them")
+
+
+def _is_save_file(f: Path) -> bool:
+    """A regular file (not a link) named as the save format names its files."""
+    return bool(_SAVE_FILE.fullmatch(f.name)) and f.is_file() and not f.is_symlink()
+
+
 def _remove(directory: Path) -> None:
-    """Remove a directory this module made (its files, then itself)."""
-    if not directory.exists():
+    """Remove a save directory (this module's own temporary or replaced one): its save
+    files, then itself if that emptied it. Nothing else is ever deleted."""
+    if directory.is_symlink() or not directory.is_dir():
         return
     for f in directory.iterdir():
-        f.unlink()
-    directory.rmdir()
+        if _is_save_file(f):
+            f.unlink()
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # something else is in it: left alone
+
+
+def temporaries(parent: str | os.PathLike) -> list[Path]:
+    """The temporary directories in ``parent`` of saves whose process is dead (killed
+    mid-save): ``.NAME.shmbuf-tmp-*`` (a save being written) and ``.NAME.shmbuf-old-*``
+    (a save being replaced)."""
+    found = []
+    try:
+        entries = list(Path(os.fspath(parent)).iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _TEMPORARY.fullmatch(entry.name)
+        if m is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        pid = int(m.group(1))
+        alive = (procs.is_alive(pid, float(m.group(2))) if m.group(2) is not None
+                 else psutil.pid_exists(pid))  # (the names of shmbuf 0.1.0: a pid alone)
+        if not alive:
+            found.append(entry)
+    return found
+
+
+def clear_temporaries(parent: str | os.PathLike) -> list[Path]:
+    """Remove what :func:`temporaries` finds (their save files only); returns them."""
+    found = temporaries(parent)
+    clear_temporaries_in(found)
+    return found
+
+
+def clear_temporaries_in(found: list[Path]) -> None:
+    """Remove these temporaries of :func:`temporaries` (their save files only)."""
+    for d in found:
+        _remove(d)
 
 
 # -- load ---------------------------------------------------------------------------
@@ -316,8 +401,15 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises ``FileNotFoundError`` (no such directory), or ``ValueError`` that says what is
     wrong (missing, truncated or edited files, another format version, a schema that
-    does not match the files)."""
+    does not match the files, metadata nested too deeply to be a save's)."""
     path = Path(os.fspath(path))
+    try:
+        return _read(path)
+    except RecursionError:
+        raise _bad(path, f"{META_FILE} is nested too deeply to be a save's metadata") from None
+
+
+def _read(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise FileNotFoundError(f"no shmbuf save at {str(path)!r} (not a directory)")
     mf = path / META_FILE
@@ -376,13 +468,19 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     """A new buffer (``cls``: Buffer) holding what ``save`` wrote at ``path``; see the
     module docstring."""
     got = read(path)
+    # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
+    segment.check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     kwargs: dict[str, Any] = {}
-    if "rate" in meta:
-        kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
-    if "priority" in meta:
-        kwargs["priority"] = meta.pop("priority").get("alpha")
-        fields.pop(_priority.FIELD, None)
+    try:
+        if "rate" in meta:
+            kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
+        if "priority" in meta:
+            kwargs["priority"] = meta.pop("priority").get("alpha")
+            fields.pop(_priority.FIELD, None)
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
+                                f"({' '.join(str(exc).split())})"[:500]) from None
     rng_state = got["rng"]
     check = {"format": state.FORMAT, "version": state.VERSION, "fields": got["fields"],
              "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
@@ -411,17 +509,21 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         lay = buf._layout
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
-        readers = {k: _NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
-        try:
-            state.restore(buf._ring, {**checked, "data": readers}, timeout, progress=bar)
-        finally:
-            for r in readers.values():
-                r.close()
+        if checked["source"] is not None:  # rows move to close holes: gathered from the maps
+            state.restore(buf._ring, checked, timeout, progress=bar)
+        else:
+            readers = {k: _NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
+            try:
+                state.restore(buf._ring, {**checked, "data": readers}, timeout, progress=bar)
+            finally:
+                for r in readers.values():
+                    r.close()
         bar.close()
         with buf._lock.hold(timeout):
             buf._ring.control[CTRL_SAMPLED] = got["sampled"]
         if prio is not None:
-            _restore_leaves(buf, np.asarray(prio), checked["stamps"], float(got["max_priority"]), timeout)
+            leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
+            _restore_leaves(buf, leaf, checked["stamps"], float(got["max_priority"]), timeout)
         if restore_rng:
             buf._rng = checked["rng"]
     except BaseException:

@@ -140,9 +140,28 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
             return None  # an owner (who takes no lock) wrote meanwhile: look again
     finally:
         ring.lock.release()
-    raise ValueError(
-        "the buffer has no published rows to sample: every row it counts was "
-        "reserved by a writer that died (or gave up) before publishing it")
+    raise ValueError(_none_published(ring, length))
+
+
+def _none_published(ring: Ring, length: int) -> str:
+    """Why no window of ``length`` published rows exists, given that none does and no
+    live writer is in flight: nothing is published, or no run of published rows is that
+    long (unpublished rows, reserved by writers that died or gave up, break the runs)."""
+    lo, head = ring.window()
+    longest = 0
+    for lane in range(ring.lanes):
+        seq = np.arange(lo[lane], head[lane])
+        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == 2 * seq + 2
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], ok.view(np.int8), [0]))))
+        if len(edges):
+            longest = max(longest, int((edges[1::2] - edges[::2]).max()))
+    unpublished = int((head - lo).sum()) - int(published_windows(ring, 1)[0].size)
+    if longest == 0:
+        return ("the buffer has no published rows to sample: every row it counts "
+                f"({unpublished}) was reserved by a writer that died (or gave up) before publishing it")
+    return (f"no lane holds {length} consecutive published rows: the longest run of published rows is "
+            f"{longest}, and {unpublished} rows the buffer counts were reserved by writers that died "
+            f"(or gave up) before publishing them; ask for a length <= {longest} or add more rows")
 
 
 def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,

@@ -116,6 +116,14 @@ def _space_error(needed: int, available: int | None) -> ShmSpaceError:
     )
 
 
+def check_space(size: int) -> None:
+    """Raise :class:`ShmSpaceError` if ``/dev/shm`` cannot hold a segment of ``size``
+    bytes now (nothing is allocated)."""
+    available = free_bytes()
+    if available is not None and size > available:
+        raise _space_error(size, available)
+
+
 def _allocate(fd: int, size: int) -> None:
     """Give every page of the file memory now (ENOSPC here, not SIGBUS later)."""
     try:
@@ -191,9 +199,7 @@ class Segment:
         check_name(name)
         if size <= 0:
             raise ValueError(f"segment size must be positive, got {size}")
-        available = free_bytes()
-        if available is not None and size > available:
-            raise _space_error(size, available)
+        check_space(size)
         path = os_name(name)
         resource_tracker.ensure_running()  # so that registering below is one pipe write
         try:

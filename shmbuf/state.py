@@ -112,8 +112,15 @@ def _int_array(state: Mapping[str, Any], key: str, n: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def sequence_fields(layout: Layout) -> tuple[str, ...]:
+    """The fields whose values are sequence numbers of their own lane, moved along when
+    a restore renumbers rows: an episode buffer's ``_start`` (see shmbuf.episodes.rows)."""
+    return ("_start",) if layout.meta.get("kind") == "episodes" else ()
+
+
 def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
-    """Validate a state dict for a buffer of ``layout``; return it normalised.
+    """Validate a state dict for a buffer of ``layout``; return it normalised, every
+    lane made contiguous (its published rows, consecutive: see :func:`_contiguous`).
 
     Raises ``ValueError``/``TypeError`` that say what is wrong; touches nothing.
     """
@@ -154,6 +161,7 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("state_dict['stamps'] holds stamps that name no row of their slot "
                          "(corrupt or edited)")
     stamps = np.where(_in_window(stamps, heads, bases, lc), stamps, 0)
+    stamps, heads, bases, source, delta = _contiguous(stamps, heads, bases, lc)
     data = state["data"]
     if not isinstance(data, Mapping) or set(data) != set(fields):
         raise ValueError(f"state_dict['data'] must hold exactly the fields {list(fields)}, got "
@@ -170,7 +178,45 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
         rng.bit_generator.state = state["rng"]
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"state_dict['rng'] is not a PCG64 generator state ({exc})") from None
-    return {"heads": heads, "bases": bases, "stamps": stamps, "data": arrays, "rng": rng}
+    return {"heads": heads, "bases": bases, "stamps": stamps, "data": arrays, "rng": rng,
+            "source": source, "delta": delta, "renumber": sequence_fields(layout)}
+
+
+def _contiguous(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray,
+                lc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Make every lane's kept rows (``stamps`` not 0) consecutive, so that a restored
+    lane holds exactly its published rows (the rows a state left out, being written or
+    overwritten while it was taken, would otherwise stay reserved slots nothing ever
+    publishes). Each lane's window starts at its first kept row (base) and ends after its
+    last one (head); rows after a hole move down to close it, keeping their order.
+
+    Returns the new stamps, heads and bases, and, if any row moves, per slot the slot
+    its row comes from and how far its sequence number moved (``delta``, <= 0: for
+    fields that hold sequence numbers of the lane, such as an episode's first row), else
+    None and None."""
+    kept = np.flatnonzero(stamps)
+    lanes = len(heads)
+    seq = (stamps[kept] >> 1) - 1
+    lane = _div(kept, lc)
+    order = np.lexsort((seq, lane))  # by lane, then sequence number
+    kept, seq, lane = kept[order], seq[order], lane[order]
+    count = np.bincount(lane, minlength=lanes)
+    begin = np.concatenate(([0], np.cumsum(count)[:-1]))
+    first = heads.astype(np.int64)  # an empty lane: an empty window at its head
+    has = count > 0
+    first[has] = seq[begin[has]]
+    new_bases, new_heads = first, first + count
+    new_seq = first[lane] + (np.arange(len(seq)) - begin[lane])
+    if np.array_equal(new_seq, seq):
+        return stamps, new_heads, new_bases, None, None
+    dest = lane * lc + new_seq % lc
+    out = np.zeros_like(stamps)
+    out[dest] = 2 * new_seq + 2
+    source = np.arange(len(stamps))
+    source[dest] = kept
+    delta = np.zeros(len(stamps), np.int64)
+    delta[dest] = new_seq - seq
+    return out, new_heads, new_bases, source, delta
 
 
 def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: int = 1 << 20,
@@ -213,10 +259,16 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
         chunk = max(1, chunk_bytes // (ring.layout.row_bytes + 8))
         fills = {name: getattr(src, "copy_to", None)  # a file reader (shmbuf.persist) fills itself
                  for name, src in checked["data"].items()}
+        source, delta = checked.get("source"), checked.get("delta")
+        moved = set(checked.get("renumber", ()))
         for lo in range(0, ring.layout.capacity, chunk):
             for name, a in ring.arrays.items():
                 fill = fills[name]
-                if fill is not None:
+                if source is not None:  # rows moved to close holes (see _contiguous)
+                    a[lo:lo + chunk] = checked["data"][name][source[lo:lo + chunk]]
+                    if name in moved:  # (sequence numbers of the lane: moved along)
+                        a[lo:lo + chunk] += delta[lo:lo + chunk]
+                elif fill is not None:
                     fill(lo, a[lo:lo + chunk])
                 else:
                     a[lo:lo + chunk] = checked["data"][name][lo:lo + chunk]

@@ -779,3 +779,30 @@ def add_rows_paused(name: str, x: int, priority: float, point: str, flag: str, g
     pause_at(point, flag, go)
     buf.add({"x": x}, priority=priority)
     buf.close()
+
+
+def episode_steps_then_hang_in_write(name: str, flag: str, steps: int) -> None:
+    """Write ``steps`` steps (obs [t], reward 1) of an episode in progress, then stop
+    forever inside the write of the next one, touching ``flag`` there."""
+    buf = shmbuf.EpisodeBuffer.attach(name)
+    w = buf.writer()
+    for t in range(steps):
+        w.add({"obs": [t], "reward": 1.0}, terminated=False, truncated=False)
+    hang_at("writing", flag)
+    w.add({"obs": [steps], "reward": 1.0}, terminated=False, truncated=False)
+
+
+def cli(*args: str, timeout: float = 120):
+    """Run the shmbuf command in a subprocess: its CompletedProcess (text output)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "shmbuf", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_time() -> float:
+    """This process's start time, as shmbuf records it."""
+    from shmbuf import procs
+
+    return procs.identity()[1]

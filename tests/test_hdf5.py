@@ -61,3 +61,25 @@ def test_import_splits_at_terminals_without_episode_ends(name, tmp_path):
         with pytest.raises(ValueError, match="lacks the datasets"):
             import_episodes(c, f)
         assert len(c) == 0
+
+
+def test_the_export_is_readable_by_its_owner_alone(name, tmp_path):
+    """Round 2, item 16: 0600 whatever the umask, like the segment; an export that fails
+    leaves no file, and one never goes over an existing file (a link included)."""
+    import os
+
+    old = os.umask(0o002)
+    try:
+        with shmbuf.EpisodeBuffer.create(helpers.EPISODE_FIELDS, 64, name=name) as a:
+            _fill(a)
+            export_episodes(a, tmp_path / "e.h5")
+            (tmp_path / "target").write_text("keep")
+            (tmp_path / "link.h5").symlink_to(tmp_path / "target")
+            with pytest.raises(FileExistsError):
+                export_episodes(a, tmp_path / "link.h5")
+            with pytest.raises(ValueError):
+                export_episodes(a, tmp_path / "bad.h5", compression="no-such-filter")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "e.h5").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "target").read_text() == "keep" and not (tmp_path / "bad.h5").exists()

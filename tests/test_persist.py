@@ -295,5 +295,176 @@ def test_save_during_a_storm_holds_only_whole_published_rows_in_lane_order(name,
                 if s["rows"]:
                     assert helpers.storm_torn(b.sample(500)) == 0
                 else:  # (a save that kept no row: every row was overwritten while it copied)
-                    with pytest.raises(ValueError, match="no published rows"):
+                    with pytest.raises(ValueError, match="empty buffer"):
                         b.sample(1)
+
+
+# -- round 2: holes, temporaries, sizes, nesting, links, permissions -----------------
+
+X = {"x": ((), "int64")}
+
+
+def test_a_loaded_lane_holds_exactly_the_published_rows_consecutively(name, tmp_path):
+    """Round 2, item 7: a save taken while a writer was stopped inside its write (its 2
+    rows reserved in the middle of the lane, rows written after them) leaves those rows
+    out; the loaded lane closes the hole: every row it counts is published, in order, so
+    a sequence as long as the buffer can be sampled (before: "no published rows ...
+    reserved by a writer that died")."""
+    with shmbuf.Buffer.create(X, 32, name=name, seed=0) as buf:
+        buf.extend({"x": np.arange(6)})
+        helpers.kill_when_there(helpers.write_and_hang, (name, "writing", str(tmp_path / "w"), None, 2),
+                                tmp_path / "w", "the writer to stop inside its write")
+        buf.extend({"x": np.arange(6, 14)})
+        got = buf.save(tmp_path / "s")
+        assert got["rows"] == 14 and got["rows_left_out"] == 2
+        with pytest.raises(ValueError, match="no lane holds 14 consecutive published rows: the longest run "
+                                             "of published rows is 8, and 2 rows"):
+            buf.sample_sequences(1, 14, timeout=1.0)  # (the live buffer: the error says what is true)
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert len(b) == 14 and b.lane_sizes() == [14]
+        assert b.sample_sequences(3, 14)["x"].tolist() == [list(range(14))] * 3
+        stamps = b._ring.stamps[:14]
+        assert (stamps == 2 * np.arange(14) + 2).all() and (b._ring.stamps[14:] == 0).all()
+        assert b.state_dict()["heads"].tolist() == [14]
+
+
+def test_a_loaded_episode_lane_closes_the_hole_of_a_writer_that_died(name, tmp_path):
+    """The same for an episode buffer: episode A's writer died inside its 4th step; a new
+    writer then wrote episode B into the lane. Loaded, B's rows move down over the hole and
+    their episode moves with them: B is whole, its steps and returns as written, and A (cut
+    short by its writer's death) ends at its third step."""
+    fields = {"obs": ((1,), "float32"), "reward": ((), "float32")}
+    with shmbuf.EpisodeBuffer.create(fields, 16, name=name, seed=0) as buf:
+        helpers.kill_when_there(helpers.episode_steps_then_hang_in_write, (name, str(tmp_path / "w"), 3),
+                                tmp_path / "w", "the episode writer to stop inside its write")
+        with buf.writer() as w:
+            w.add_episode({"obs": [[10], [11], [12], [13]], "reward": [1, 2, 4, 8], "next_obs": [14]})
+        buf.save(tmp_path / "s")
+    with shmbuf.EpisodeBuffer.load(tmp_path / "s", name=name) as b:
+        assert len(b.core) == 8  # A's 3 steps, B's 4 and its final row: no hole
+        (ep,) = b.sample_episodes(1)
+        assert ep["obs"][:, 0].tolist() == [10, 11, 12, 13] and ep["next_obs"][-1].tolist() == [14]
+        t = b.sample_trajectories(200, 4)
+        ends = {int(o): (ts.tolist(), r.tolist()) for o, ts, r in
+                zip(t["obs"][:, -1, 0], t["timestep"], t["returns_to_go"])}
+        assert ends[13] == ([1, 2, 3, 4], [15, 14, 12, 8]) and ends[10] == ([0, 0, 0, 1], [0, 0, 0, 15])
+        assert set(ends) <= {0, 1, 10, 11, 12, 13}
+
+
+def test_temporaries_of_a_killed_save_are_cleared_by_the_next_save_and_gc(name, tmp_path):
+    """Round 2, item 9: a save SIGKILLed while writing leaves its hidden temporary
+    directory; the next save into the same parent removes it (its save files only), and
+    so does ``shmbuf gc DIR``. A live process's temporary and other files are left."""
+    with shmbuf.Buffer.create(X, 64, name=name, seed=0) as buf:
+        buf.extend({"x": np.arange(64)})
+        helpers.kill_when_there(helpers.save_and_hang, (name, str(tmp_path / "s0"), str(tmp_path / "f0")),
+                                tmp_path / "f0", "the save to stop while writing")
+        (left,) = persist.temporaries(tmp_path)
+        assert left.name.startswith(".s0.shmbuf-tmp-") and any(left.iterdir())
+        (left / "notes.txt").write_text("not a save file")
+        dead = tmp_path / f".x.shmbuf-tmp-{os.getpid()}-0.000-0123abcd"  # (this pid, another start: dead)
+        live = tmp_path / f".y.shmbuf-tmp-{os.getpid()}-{helpers.start_time():.3f}-0123abcd"
+        for d in (dead, live):
+            d.mkdir()
+            (d / "stamps.npy").write_bytes(b"x")
+        buf.save(tmp_path / "s")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", left.name, live.name, "f0"])
+        assert [p.name for p in left.iterdir()] == ["notes.txt"]  # its save files went, not the rest
+        (left / "notes.txt").unlink()  # (the next save removes the empty directory)
+        helpers.kill_when_there(helpers.save_and_hang, (name, str(tmp_path / "s9"), str(tmp_path / "f9")),
+                                tmp_path / "f9", "the save to stop while writing")
+    assert not left.exists()
+    res = helpers.cli("gc", "--dry-run", str(tmp_path))
+    assert res.returncode == 0 and res.stdout.count("would remove") == 1 and ".s9.shmbuf-tmp-" in res.stdout
+    res = helpers.cli("gc", str(tmp_path))
+    assert res.returncode == 0 and "removed 1 temporary directory" in res.stdout, res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", live.name, "f0", "f9"])
+    res = helpers.cli("gc", str(tmp_path / "nothing"))
+    assert res.returncode == 1 and "not a directory" in res.stderr
+
+
+def test_a_save_claiming_a_huge_buffer_is_refused_from_its_metadata(name, tmp_path):
+    """Round 2, item 10: a few kB of sparse .npy files claiming 2**31 rows: refused with
+    ShmSpaceError before any array is built (before: the load built capacity-sized arrays
+    first)."""
+    from numpy.lib import format as npformat
+
+    with shmbuf.Buffer.create(X, 8, name=name) as buf:
+        buf.extend({"x": np.arange(8)})
+        buf.save(tmp_path / "s")
+    d = tmp_path / "s"
+    meta = json.loads((d / "shmbuf.json").read_text())
+    big = 2**31
+    meta["capacity"] = big
+    (d / "shmbuf.json").write_text(json.dumps(meta))
+    for f, dtype in (("stamps.npy", np.int64), ("field-000.npy", np.int64)):
+        with open(d / f, "wb") as out:
+            npformat.write_array_header_2_0(out, {"descr": "<i8", "fortran_order": False, "shape": (big,)})
+            out.truncate(out.tell() + big * 8)  # sparse: 16 GiB claimed, nothing on disk
+    assert sum(f.stat().st_blocks for f in d.iterdir()) * 512 < 1 << 20
+    rss = __import__("psutil").Process().memory_info().rss
+    with pytest.raises(segment.ShmSpaceError, match="needs"):
+        shmbuf.Buffer.load(d, name=name)
+    assert __import__("psutil").Process().memory_info().rss - rss < 256 << 20
+    assert not _ours(name)
+
+
+def test_deeply_nested_metadata_is_a_clear_error(name, tmp_path):
+    """Round 2, item 11: a shmbuf.json nested 100,000 levels deep (in the file, or in its
+    meta) is a ValueError from load and one line from ``shmbuf load``."""
+    with shmbuf.Buffer.create(X, 8, name=name) as buf:
+        buf.extend({"x": np.arange(8)})
+        buf.save(tmp_path / "s")
+    meta = (tmp_path / "s" / "shmbuf.json").read_text()
+    deep = "[" * 100_000 + "]" * 100_000
+    for where, text in (("file", deep), ("meta", meta.replace('"meta": {}', '"meta": {"a": ' + deep + "}", 1))):
+        (tmp_path / "s" / "shmbuf.json").write_text(text)
+        with pytest.raises(ValueError, match="not a loadable shmbuf save"):
+            shmbuf.Buffer.load(tmp_path / "s", name=name)
+        res = helpers.cli("load", str(tmp_path / "s"), name)
+        assert res.returncode == 1 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, (where, res.stderr)
+    assert not _ours(name)
+
+
+def test_overwrite_never_writes_through_a_link_nor_deletes_what_is_not_a_save(name, tmp_path):
+    """Round 2, item 13: save(overwrite=True) onto a symbolic link (to a save, or to any
+    directory) is refused and changes nothing; a save directory holding other files is
+    not replaced (that would delete them)."""
+    with shmbuf.Buffer.create(X, 8, name=name) as buf:
+        buf.extend({"x": np.arange(8)})
+        buf.save(tmp_path / "real")
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "keep.txt").write_text("mine")
+        for target in (tmp_path / "real", other):
+            link = tmp_path / f"link-{target.name}"
+            link.symlink_to(target)
+            before = sorted(p.name for p in target.iterdir())
+            with pytest.raises(FileExistsError, match="symbolic link"):
+                buf.save(link, overwrite=True)
+            assert link.is_symlink() and sorted(p.name for p in target.iterdir()) == before
+        (tmp_path / "real" / "notes.txt").write_text("not part of the save")
+        with pytest.raises(FileExistsError, match="notes.txt"):
+            buf.save(tmp_path / "real", overwrite=True)
+        assert (tmp_path / "real" / "notes.txt").read_text() == "not part of the save"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link-other", "link-real", "other", "real"]
+
+
+def test_saves_are_readable_by_their_owner_alone(name, tmp_path):
+    """Round 2, item 16: the directory 0700 and every file 0600 whatever the umask, like
+    the segment (0600); on every path that writes them (save, shmbuf save, HDF5 export is
+    tested with the extras)."""
+    old = os.umask(0o002)
+    try:
+        with shmbuf.Buffer.create(X, 8, name=name, priority=0.6) as buf:
+            buf.extend({"x": np.arange(8)})
+            buf.sample(2)
+            buf.save(tmp_path / "s")
+            res = helpers.cli("save", name, str(tmp_path / "c"))
+            assert res.returncode == 0, res.stderr
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "s", tmp_path / "c"):
+        assert d.stat().st_mode & 0o777 == 0o700
+        files = {f.name: f.stat().st_mode & 0o777 for f in d.iterdir()}
+        assert "priority.npy" in files and set(files.values()) == {0o600}, files

@@ -118,7 +118,10 @@ def parser() -> argparse.ArgumentParser:
                        description="Remove the buffers whose creator died and that were not "
                        "created with persist=True (nobody can be meant to use them), and say "
                        "which. Live creators, persistent buffers, weights and unreadable "
-                       "segments are left alone.")
+                       "segments are left alone. With DIRs: also the temporary directories "
+                       "that saves into them left when they were killed (their save files; "
+                       "nothing else is deleted).")
+    c.add_argument("dirs", nargs="*", metavar="DIR", help="folders that saves were written into")
     c.add_argument("--dry-run", action="store_true", help="list what would be removed")
     c.set_defaults(run=remove.gc)
     return p

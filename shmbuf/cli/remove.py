@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from .. import segment
+from .. import persist, segment
 from . import problem
 from .show import describe
 
@@ -51,4 +52,24 @@ def gc(args: argparse.Namespace) -> int:
             removed += 1
     if not args.dry_run:
         print(f"gc: removed {removed} orphaned buffer{'s' if removed != 1 else ''}")
-    return 0
+    return _temporaries(args.dirs, args.dry_run)
+
+
+def _temporaries(dirs: list[str], dry_run: bool) -> int:
+    """``shmbuf gc DIR...``: the temporary directories of killed saves in each DIR."""
+    status = removed = 0
+    for d in dirs:
+        if not os.path.isdir(d):
+            problem("gc", d, "not a directory")
+            status = 1
+            continue
+        for t in persist.temporaries(d):
+            if dry_run:
+                print(f"would remove {t} (the temporary directory of a save that was killed)")
+            else:
+                persist.clear_temporaries_in([t])
+                print(f"removed {t} (the temporary directory of a save that was killed)")
+                removed += 1
+    if dirs and not dry_run:
+        print(f"gc: removed {removed} temporary director{'ies' if removed != 1 else 'y'}")
+    return status

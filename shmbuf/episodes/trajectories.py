@@ -17,10 +17,12 @@ trajectory is then read in one pass that proves everything it returns:
    guide only). The sum of its rewards is the trajectory's return after ``end``, and it
    is used only if it is proven to be the whole rest of the episode: every tail row was
    read intact and of the episode, and either row ``last`` is the episode's final row
-   (the episode has ended), or the stamp of row ``last + 1``, read before the tail was
-   copied, shows that row not yet published in its lap (the episode is in progress, and
-   ``last`` was its newest published step). Anything else (the ring wrapped over the
-   tail, the episode went on since the search) redraws the trajectory.
+   (the episode has ended), or row ``last + 1``, read through the same check, is
+   another episode's (the episode was cut: its writer died), or the stamp of row
+   ``last + 1``, read before the tail was copied, shows that row not yet published in
+   its lap (the episode is in progress, and ``last`` was its newest published step).
+   Anything else (the ring wrapped over the tail, the episode went on since the search)
+   redraws the trajectory.
 
 d3rlpy keeps whole episodes in memory and would still show evicted steps; a ring has
 overwritten them. ``returns_to_go`` adds the rewards up to the episode's end: its last
@@ -135,24 +137,29 @@ def _tail(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray, start: np.nd
         return after, known
     ln, e, s = lane[which], end[which], start[which]
     last = ebuf._episode_ends().last_rows(ln, e, s)  # a guide: proven below
-    # the row after the last, its stamp read before the tail is copied
+    # the row after the last: its stamp read before the tail is copied
     lc = ring.lane_capacity
     nxt = last + 1
     sentinel = ring.stamps[ln * lc + nxt % lc]
-    count = np.maximum(last - e, 0)  # at least row end + 1 (the next step, or the final row)
-    rows = np.repeat(np.arange(len(which)), count)
-    seq = np.repeat(e + 1 - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
+    count = np.maximum(last - e, 0)  # rows end + 1 .. last: at least the next step (or final row)
+    span = count + 1  # and the row after them, read through the check too
+    rows = np.repeat(np.arange(len(which)), span)
+    seq = np.repeat(e + 1 - np.cumsum(span) + span, span) + np.arange(int(span.sum()))
     rew = np.empty(len(seq), ebuf._user[ebuf.reward][1])
     starts, flags = np.empty(len(seq), np.int64), np.empty(len(seq), np.uint8)
     ok = gather.rows(ring, ln[rows], seq, {ebuf.reward: rew, "_start": starts, "_flags": flags})
-    ok &= starts == s[rows]
-    whole = (count > 0) & (np.bincount(rows, weights=~ok, minlength=len(which)) == 0)
+    after_last = seq == nxt[rows]
+    mine = ok & (starts == s[rows]) & ~after_last  # intact rows of the episode's tail
+    whole = (count > 0) & (np.bincount(rows, weights=~mine & ~after_last, minlength=len(which)) == 0)
+    # ended: its final row is the last; cut: the row after the last is intact and another
+    # episode's (its writer died: a lane's next rows are a new episode's)
     ended = np.zeros(len(which), bool)
-    ended[rows[ok & (seq == last[rows]) & ((flags & FINAL) != 0)]] = True
+    ended[rows[mine & (seq == last[rows]) & ((flags & FINAL) != 0)]] = True
+    ended[rows[after_last & ok & (starts != s[rows])]] = True
     # in progress: row last + 1 not published when looked at (an older lap's stamp, its
     # odd stamp, or 0), and not a later lap's abandoned row (its slot reserved again)
     head = ring.window()[1][ln]
     unpublished = (sentinel < 2 * nxt + 2) & ((sentinel != 0) | (head < nxt + lc))
     known[which] = whole & (ended | unpublished)
-    after[which] = np.bincount(rows, weights=np.where(ok, rew, 0), minlength=len(which))
+    after[which] = np.bincount(rows, weights=np.where(mine, rew, 0), minlength=len(which))
     return after, known
