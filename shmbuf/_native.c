@@ -36,6 +36,9 @@
 enum { LANE_HEAD = 0, LANE_BASE = 1, LANE_CLAIM_PID = 2, LANE_OWN_START = 4, LANE_OWN_COUNT = 5 };
 enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, RES_TOKEN = 5 };
 enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
+/* Sequence numbers a lane may reach (layout.py: MAX_SEQ): a head outside [0, MAX_SEQ] is
+ * a segment shmbuf did not write, refused before anything is reserved. */
+#define MAX_SEQ ((int64_t)1 << 62)
 /* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
  * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes]. */
 enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };
@@ -62,7 +65,7 @@ typedef struct {
     PyObject_HEAD
     Py_buffer mem;           /* the segment's mapping, kept mapped while this lives */
     Py_buffer busy_buf;      /* HeaderLock.busy: 1 while a Python thread here holds the lock */
-    int closed;
+    int closed;              /* close() was called: the memory goes when no call is inside */
     char *base;
     int64_t *lanes_tab, *res_tab, *ctrl;
     char *rows;
@@ -70,7 +73,8 @@ typedef struct {
     double inv_lc;           /* 1.0 / lc (slot_of) */
     int nfields;
     Field *fields;
-    PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout;
+    PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout, *format_error;
+    Py_ssize_t inside;       /* calls running now (one may sleep, or call back into Python) */
     /* this process: set by configure() (again after a fork) */
     int64_t pid;
     double ctime;
@@ -103,18 +107,32 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The slot of sequence number s (>= 0) of a lane: lane * lc + s % lc. A 64-bit division
- * costs 40-90 cycles, a few per row of a write or a gather; below 2**52 a multiplication
- * by 1/lc gives the quotient within 1, and one correction makes it exact. */
+/* The slot of sequence number s of a lane: lane * lc + s mod lc, inside the lane for
+ * any s (a corrupted table word never makes an address outside the segment). A 64-bit
+ * division costs 40-90 cycles, a few per row of a write or a gather; for 0 <= s < 2**52
+ * a multiplication by 1/lc gives the quotient within 1, and one correction makes it
+ * exact. */
 static inline Py_ssize_t slot_of(Ring *r, Py_ssize_t lane, int64_t s) {
     int64_t m;
-    if (s < ((int64_t)1 << 52)) {
+    if ((uint64_t)s < ((uint64_t)1 << 52)) {
         m = s - (int64_t)((double)s * r->inv_lc) * r->lc;
         m += m < 0 ? r->lc : m >= r->lc ? -r->lc : 0;
     } else {
         m = s % r->lc;
+        m += m < 0 ? r->lc : 0;
     }
     return lane * r->lc + m;
+}
+
+/* -1 with FormatError if `first`, a lane's head, cannot be one: a write of n rows from
+ * it must stay within [0, MAX_SEQ]. */
+static int check_head(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
+    if (first >= 0 && first <= MAX_SEQ - n)
+        return 0;
+    PyErr_Format(r->format_error, "lane %zd's head is %lld, not a sequence number in [0, 2**62): "
+                 "the segment's lane table was not written by shmbuf; nothing was written. Create "
+                 "a new buffer", lane, (long long)first);
+    return -1;
 }
 
 static inline int64_t *stamp_of(Ring *r, Py_ssize_t slot) {
@@ -292,6 +310,8 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
                 return -1;
         }
         first = LOAD(&lt[LANE_HEAD]);
+        if (check_head(r, lane, first, n) < 0)
+            return -1;
         STORE(&lt[LANE_OWN_START], first);   /* the entry first ... */
         STORE(&lt[LANE_OWN_COUNT], (int64_t)n);
         STORE_REL(&lt[LANE_HEAD], first + n); /* ... then the commit */
@@ -316,8 +336,12 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
             return 1;
         }
         r->hint = entry;
-        e = r->res_tab + entry * TABLE_WIDTH;
         first = LOAD(&lt[LANE_HEAD]);
+        if (check_head(r, lane, first, n) < 0) {
+            unlock(r);
+            return -1;
+        }
+        e = r->res_tab + entry * TABLE_WIDTH;
         int64_t ctime_bits;
         memcpy(&ctime_bits, &r->ctime, sizeof ctime_bits);
         STORE(&e[RES_LANE], (int64_t)lane);
@@ -545,11 +569,11 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
     return result;
 }
 
-static PyObject *Ring_add(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_add_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     return write_mapping(r, args, nargs, 0);
 }
 
-static PyObject *Ring_extend(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_extend_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     return write_mapping(r, args, nargs, 1);
 }
 
@@ -557,7 +581,7 @@ static PyObject *Ring_extend(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
  * field, n rows each; their sizes are checked here again, for memory safety). None when
  * published; False, with nothing done, if the lane is claimed by another process or the
  * reservation table is full (Python sorts that out under the lock, then calls again). */
-static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_put_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 4 && PyList_Check(args[2]), "(lane, n, list of arrays, timeout)") < 0)
         return NULL;
     Py_ssize_t lane = PyLong_AsSsize_t(args[0]), n = PyLong_AsSsize_t(args[1]);
@@ -600,7 +624,7 @@ static PyObject *Ring_put(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
  * them). Every lane must be owned by this process (claimed, so written without the
  * lock) and mapped by this handle. None when every row is published; False, with
  * nothing done, otherwise (the caller's Python path checks, explains and writes). */
-static PyObject *Ring_put_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 4 && PyDict_CheckExact(args[1]) && PyDict_CheckExact(args[2]),
                "(lanes, dict, dict, timeout)") < 0)
         return NULL;
@@ -682,7 +706,7 @@ static PyObject *Ring_put_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs)
  * lane's current rows, as sampling.py's draw_windows computes them with numpy: window
  * floor(u * total) of all lanes' windows, in lane order. Fills the int64 arrays `first`
  * and `lane` and returns True; False (nothing filled) if no lane holds `length` rows. */
-static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_draw_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 4, "(u, length, first, lane)") < 0)
         return NULL;
     int64_t length = PyLong_AsLongLong(args[1]);
@@ -709,6 +733,8 @@ static PyObject *Ring_draw(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     for (Py_ssize_t i = 0; i < r->lanes; i++) {
         int64_t base = LOAD_ACQ(&r->lanes_tab[i * TABLE_WIDTH + LANE_BASE]);
         int64_t head = LOAD_ACQ(&r->lanes_tab[i * TABLE_WIDTH + LANE_HEAD]);
+        if (head < 0 || head > MAX_SEQ)
+            head = base = 0;                  /* not shmbuf's table: no window there */
         lo[i] = base < head ? base : head;
         if (lo[i] < head - r->lc)
             lo[i] = head - r->lc;
@@ -757,7 +783,7 @@ typedef struct {             /* one field to copy out of each row (gather) */
     Py_ssize_t offset, stride, bytes;
 } Todo;
 
-static PyObject *Ring_gather(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, (nargs == 4 || nargs == 5 || nargs == 8) && PyList_Check(args[3]),
                "(first, lane, length, list of arrays[, per_row[, same, skip, skip_mask]])") < 0)
         return NULL;
@@ -967,7 +993,7 @@ static double as_double(const Field *f, const char *p) {
  * intact (the seqlock of gather, each row) and of the segment, row t without a skip bit,
  * and t at or after its lane's base. Returns None if all count, else bytes (1: counts).
  * (episodes/transitions.py does the same with numpy on the pure-Python path.) */
-static PyObject *Ring_reduce_windows(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_reduce_windows_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 14 && PyList_Check(args[9]) && PyList_Check(args[10]),
                "(first, lane, n, gamma, key, flag, end_bits, skip_bits, value, outs0, outs_last, "
                "steps, total, last_flag)") < 0)
@@ -1145,7 +1171,7 @@ static inline int episode_row(Ring *r, const Field *kf, Py_ssize_t lane, int64_t
  * the rows they then use with gather's check. An episode's rows are contiguous and a
  * lane's unpublished rows are its newest (one writer owns it), so "published and of the
  * episode" holds for a prefix of end .. head - 1. (episodes/gather.py: last_rows.) */
-static PyObject *Ring_last_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_last_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (usable(r, nargs == 5, "(end, lane, start, key, out)") < 0)
         return NULL;
     Py_ssize_t key = PyLong_AsSsize_t(args[3]);
@@ -1182,7 +1208,8 @@ static PyObject *Ring_last_rows(Ring *r, PyObject *const *args, Py_ssize_t nargs
             goto done;
         }
         lo[i] = end[i];
-        hi[i] = LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_HEAD]) - 1;
+        int64_t head = LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_HEAD]);
+        hi[i] = head > 0 && head <= MAX_SEQ ? head - 1 : -1;  /* (a table not shmbuf's: no row) */
         step[i] = 1;
     }
     /* Each search gallops from its end (rows end+1, end+2, end+4, ...: an episode is
@@ -1245,10 +1272,44 @@ static PyObject *Ring_configure(Ring *r, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Let go of the segment's mapping (the Python side can then unmap it and close its
+ * descriptor): at close() when no call is inside, else when the last call leaves. */
+static void release_memory(Ring *r) {
+    if (r->mem.obj)
+        PyBuffer_Release(&r->mem);
+}
+
 static PyObject *Ring_close(Ring *r, PyObject *unused) {
-    r->closed = 1;   /* the memory stays mapped until this object goes: threads inside are safe */
+    r->closed = 1;
+    if (r->inside == 0)
+        release_memory(r);
     Py_RETURN_NONE;
 }
+
+/* Every method that touches the segment runs through this guard: it refuses a closed
+ * handle, and counts the calls inside (a call may sleep without the GIL, or call back
+ * into Python, while another thread closes the handle) so that the mapping is let go of
+ * only when none is. */
+#define GUARDED(name)                                                                   \
+    static PyObject *name(Ring *r, PyObject *const *args, Py_ssize_t nargs) {           \
+        if (r->closed) {                                                                \
+            PyErr_SetString(PyExc_ValueError, "this buffer handle is closed");          \
+            return NULL;                                                                \
+        }                                                                               \
+        r->inside++;                                                                    \
+        PyObject *result = name##_impl(r, args, nargs);                                 \
+        if (--r->inside == 0 && r->closed)                                              \
+            release_memory(r);                                                          \
+        return result;                                                                  \
+    }
+GUARDED(Ring_add)
+GUARDED(Ring_extend)
+GUARDED(Ring_put)
+GUARDED(Ring_put_rows)
+GUARDED(Ring_gather)
+GUARDED(Ring_reduce_windows)
+GUARDED(Ring_draw)
+GUARDED(Ring_last_rows)
 
 static void free_fields(Ring *r) {
     for (int i = 0; r->fields && i < r->nfields; i++) {
@@ -1274,21 +1335,22 @@ static void Ring_dealloc(Ring *r) {
     Py_XDECREF(r->is_alive);
     Py_XDECREF(r->write_timeout);
     Py_XDECREF(r->lock_timeout);
+    Py_XDECREF(r->format_error);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(r);
     Py_DECREF(tp);
 }
 
 /* Ring(mem, geometry, fields, busy, prefaulted, ndarray, is_alive, WriteTimeout,
- *      lock_timeout): see native.py, which builds every argument from a checked Layout.
+ *      lock_timeout, FormatError): see native.py, which builds every argument from a checked Layout.
  * geometry = (lanes_off, res_off, n_res, control_off, rows_off, row_stride, lanes, lc);
  * fields = [(name, scalar_type, offset, stride, row_bytes, itemsize, shape, format, kind)]. */
 static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    PyObject *mem, *fields, *busy, *prefaulted, *ndarray, *is_alive, *wt, *lt;
+    PyObject *mem, *fields, *busy, *prefaulted, *ndarray, *is_alive, *wt, *lt, *fe;
     Py_ssize_t g[8];
-    if (!PyArg_ParseTuple(args, "O(nnnnnnnn)O!OOOOOO", &mem, &g[0], &g[1], &g[2], &g[3], &g[4],
+    if (!PyArg_ParseTuple(args, "O(nnnnnnnn)O!OOOOOOO", &mem, &g[0], &g[1], &g[2], &g[3], &g[4],
                           &g[5], &g[6], &g[7], &PyList_Type, &fields, &busy, &prefaulted,
-                          &ndarray, &is_alive, &wt, &lt))
+                          &ndarray, &is_alive, &wt, &lt, &fe))
         return NULL;
     if (PyList_Size(fields) < 1 || PyList_Size(fields) > MAX_FIELDS) {
         PyErr_SetString(PyExc_ValueError, "1 to 256 fields");
@@ -1370,6 +1432,8 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     r->write_timeout = wt;
     Py_INCREF(lt);
     r->lock_timeout = lt;
+    Py_INCREF(fe);
+    r->format_error = fe;
     return (PyObject *)r;
 fail:
     Py_DECREF(r);

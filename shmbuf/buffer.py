@@ -19,7 +19,7 @@ from . import state as _state
 from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
 from .lock import HeaderLock
 from .ratelimit import Limiter, RateLimit
-from .ring import Ring, WriteTimeout
+from .ring import Ring, WriteTimeout, check_tables
 from .segment import NotReadyError, Segment
 
 DEFAULT_TIMEOUT = 10.0
@@ -263,6 +263,7 @@ class Buffer:
             delay = min(2 * delay, 0.05)
         try:
             seg.ensure_allocated()
+            check_tables(layout, seg.mmap, name)
             return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
         except BaseException:
             seg.close()

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import procs
 from .layout import Layout
+from .segment import FormatError
 
 try:
     from . import _native  # type: ignore[attr-defined]
@@ -73,7 +74,7 @@ def make_ring(layout: Layout, mem: Any, busy: np.ndarray, prefaulted: bytearray,
                 layout.control_offset, layout.rows_offset, layout.row_stride, layout.lanes,
                 layout.lane_capacity)
     return _native.Ring(mem, geometry, fields, busy, prefaulted, np.ndarray, is_alive,
-                        write_timeout, lock_timeout)
+                        write_timeout, lock_timeout, FormatError)
 
 
 def configure(ring: Any, fd: int, lane: int | None, timeout: float, slot_offset: int = -1,

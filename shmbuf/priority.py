@@ -223,6 +223,8 @@ class Trees:
             v = int(self.head[H_VERSION])
             if not v & 1:
                 total, low = float(self.sum[1]), float(self.min[1])
+                if total <= 0 and int(self.head[H_VERSION]) == v:  # (before drawing: the RNG stays)
+                    raise ValueError("cannot sample from an empty buffer: add rows first")
                 u = rng.random(n)
                 u *= total
                 if self._native is not None:
@@ -232,9 +234,7 @@ class Trees:
                     slots = np.minimum(self._find(u), self.capacity - 1)  # (rounding: past the rows)
                     p, seq = self.sum[slots + self.P], self.seq[slots]
                 seq -= 1
-                if int(self.head[H_VERSION]) == v:
-                    if total <= 0:
-                        raise ValueError("cannot sample from an empty buffer: add rows first")
+                if int(self.head[H_VERSION]) == v and total > 0:
                     return slots, p, seq, low
             if time.monotonic() >= deadline:
                 raise sampling.SampleTimeout(

@@ -69,7 +69,7 @@ def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
         first, lane = np.empty(n, np.int64), np.empty(n, np.int64)
         if ring.native.draw(rng.random(n), length, first, lane):
             return lane, first, None
-        # no window: the code below says why (or draws, if rows came meanwhile)
+        undraw(rng, n)  # no window: the code below says why (or draws, if rows came meanwhile)
     lo, head = ring.window_lists()
     starts = [max(h - l - length + 1, 0) for l, h in zip(lo, head)]  # windows per lane
     total = sum(starts)
@@ -85,6 +85,23 @@ def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
     lane = np.array(cum).searchsorted(x, side="right")
     x += np.array([l - c + s for l, c, s in zip(lo, cum, starts)])[lane]  # minus the windows of lower lanes, plus lo
     return lane, x, lo
+
+
+_REWINDABLE = (np.random.PCG64, np.random.PCG64DXSM)  # (one 64-bit output per random())
+
+
+def undraw(rng: np.random.Generator, n: int) -> None:
+    """Take back the last ``rng.random(n)``: a refused call changes nothing, its
+    generator included. PCG64 (numpy's default) steps back; any other generator is
+    left as it is (the native draw refuses only when no window exists, and the
+    pure-Python draw checks that before it draws)."""
+    bits = rng.bit_generator
+    if type(bits) in _REWINDABLE:
+        kept = bits.state  # (the buffered 32 bits, which random() leaves and advance() clears)
+        bits.advance((-n) % (1 << 128))
+        back = bits.state
+        back["has_uint32"], back["uinteger"] = kept["has_uint32"], kept["uinteger"]
+        bits.state = back
 
 
 def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:

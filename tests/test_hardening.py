@@ -4,9 +4,11 @@ create/clear/state_dict, untrusted segments and state dicts, unclear errors."""
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import multiprocessing as mp
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -494,3 +496,163 @@ def test_demo_workers_stop_when_their_buffer_is_gone(name):
     buf.close()  # the learner went away; nobody sets the stop event
     p.join(60)
     assert p.exitcode == 0
+
+
+# -- round 2: memory at close, corrupt tables, refused calls and the RNG -------------------
+
+def _mapped(os_name: str) -> tuple[int, int]:
+    """(mappings, descriptors) of this process on the segment ``os_name``."""
+    with open("/proc/self/maps") as f:
+        maps = sum(os_name in line for line in f)
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{fd}").endswith(os_name)
+        except OSError:
+            pass
+    return maps, fds
+
+
+def test_close_gives_the_memory_back_at_once(name):
+    """Round 2, item 8: after the creator's close(), no mapping and no descriptor of the
+    segment is left in the process (before, on the native path, the C ring kept the mmap
+    exported: the name was gone but /dev/shm stayed full until the handle was collected),
+    so /dev/shm has the space again and the same size fits at once."""
+    os_name = segment.os_name(name)[1:]
+    free = segment.free_bytes()
+    size = 64 << 20
+    kept = []  # the handles stay referenced: the memory must go at close(), not at collection
+    for _ in range(3):
+        buf = shmbuf.Buffer.create({"x": ((1 << 16,), "uint8")}, size >> 16, name=name)
+        kept.append(buf)
+        buf.extend({"x": np.ones((8, 1 << 16), np.uint8)})
+        buf.sample(4)
+        buf.sample_sequences(2, 2)
+        assert _mapped(os_name) == (1, 2)  # (the handle's descriptor, and the mapping's own)
+        buf.close()
+        assert _mapped(os_name) == (0, 0)
+        with pytest.raises(ValueError, match="closed"):
+            buf.sample(1)
+    assert segment.free_bytes() >= free - (4 << 20)
+
+
+CORRUPT_TABLES = """
+import random, sys, numpy as np, shmbuf
+from shmbuf import layout, segment
+name, image = sys.argv[1], bytes.fromhex(sys.stdin.read())
+lay = layout.Layout.read(image, name)
+words = [(lay.lanes_offset, lay.lanes * 8), (lay.reservations_offset, 4 * 8), (lay.control_offset, 16)]
+values = [-1, -2**63, 2**63 - 1, 2**62, 2**62 + 1, -7, 1, 3, 2**31, 10**15]
+rng = random.Random(int(sys.argv[2]))
+outcomes = {}
+for trial in range(400):
+    raw = bytearray(image)
+    for _ in range(rng.randint(1, 3)):
+        off, n = rng.choice(words)
+        at = off + 8 * rng.randrange(n)
+        raw[at:at + 8] = (rng.choice(values) if rng.random() < 0.8 else rng.getrandbits(64) - 2**63).to_bytes(8, "little", signed=True)
+    seg = segment.Segment.create(name, len(raw)); seg.mmap[:] = raw; seg.untrack(); seg.close()
+    try:
+        with shmbuf.Buffer.attach(name, timeout=0.01) as b:
+            b.extend({k: np.zeros((2,) + s, d) for k, (s, d) in b.fields.items()}, lane=0, timeout=0.01)
+            b.add({k: np.zeros(s, d) for k, (s, d) in b.fields.items()}, lane=1, timeout=0.01)
+            b.sample(4, timeout=0.05); b.sample_sequences(2, 2, timeout=0.05)
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+    except (shmbuf.FormatError, ValueError, TimeoutError, RuntimeError) as exc:
+        outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+    finally:
+        segment.unlink_name(name)
+print(outcomes)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_corrupt_lane_and_reservation_tables_never_crash(name):
+    """Round 2, item 14: impossible words in the lane, reservation and control tables (a
+    negative head, 2**63 - 1, a base above the head, a reservation of another lane) are a
+    FormatError at attach, or the buffer works, or a clear error; never a segfault (a
+    negative head made the native add write outside the segment) nor an OverflowError
+    (the pure path). In a child, so that a segfault shows as a failed exit."""
+    with shmbuf.Buffer.create({"x": ((4,), "int64"), "y": ((), "float32")}, 64, lanes=2, name=name) as b:
+        b.extend({"x": np.ones((30, 4), np.int64), "y": np.ones(30, np.float32)}, lane=0)
+        image = bytes(b._seg.mmap)
+    for seed in (0, 1):
+        res = subprocess.run([sys.executable, "-c", CORRUPT_TABLES, name, str(seed)], input=image.hex(),
+                             capture_output=True, text=True, timeout=240)
+        assert res.returncode == 0, res.stderr[-2000:]
+        outcomes = eval(res.stdout)
+        assert outcomes.get("FormatError", 0) > 50 and outcomes.get("ok", 0) > 10, outcomes
+
+
+def test_a_head_corrupted_after_attach_is_refused_by_the_write(name):
+    """The native write trusts no table word either: a head set to -5 (or 2**63 - 1) after
+    attach makes the next add a FormatError that names the lane, and nothing is written;
+    in a child, so that a segfault would show."""
+    code = f"""
+import numpy as np, shmbuf
+from shmbuf import layout
+with shmbuf.Buffer.create({{"x": ((4,), "int64")}}, 16, name={name!r}) as b:
+    b.extend({{"x": np.ones((3, 4), np.int64)}})
+    for bad in (-5, 2**63 - 1):
+        b._ring.lane_table[0, layout.LANE_HEAD] = bad
+        try:
+            b.add({{"x": np.zeros(4, np.int64)}})
+        except shmbuf.FormatError as exc:
+            assert "lane 0" in str(exc) and str(bad) in str(exc), exc
+        else:
+            raise AssertionError("written")
+        assert b._ring.lane_table[0, layout.LANE_HEAD] == bad and (b._ring.stamps[3:] == 0).all()
+    b._ring.lane_table[0, layout.LANE_HEAD] = 3
+print("fine")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout == "fine\n", res.stderr[-2000:]
+
+
+def test_attach_refuses_impossible_table_words(name):
+    cases = {"head": (0, -1, "head of lane 0 holds -1"), "base": (1, 99, "base of lane 0 holds 99"),
+             "claim": (2, -3, "claimer of lane 0"), "own count": (5, 1000, "rows) of lane 0 holds 1000")}
+    for what, (column, value, match) in cases.items():
+        with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name) as b:
+            b.extend({"x": np.arange(5)})
+            b._ring.lane_table[0, column] = value
+            with pytest.raises(shmbuf.FormatError, match=re.escape(match)):
+                shmbuf.Buffer.attach(name, timeout=0.1)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name) as b:
+        b._ring.res[7, :6] = [os.getpid(), 0, 4, 0, 1, 1]  # a reservation of lane 4 of a 1-lane buffer
+        with pytest.raises(shmbuf.FormatError, match="lane of reservation 7 holds 4"):
+            shmbuf.Buffer.attach(name, timeout=0.1)
+
+
+def test_a_refused_sample_leaves_the_generator_as_it_was(name):
+    """Round 2, item 15: a sample refused for want of rows (no window of the length, an
+    empty prioritized buffer, no transition yet) changes nothing, the RNG included: the
+    next samples are those the generator would have given anyway (before: the native draw
+    took its random numbers before finding that no window existed)."""
+    def state(b):
+        core = getattr(b, "core", b)
+        return json.dumps(core._rng.bit_generator.state, sort_keys=True, default=str)
+
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, lanes=2, name=name, seed=3) as b, \
+            shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name + "-p", seed=3, priority=0.6) as p, \
+            shmbuf.EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16,
+                                        name=name + "-e", seed=3) as e:
+        b._rng.integers(0, 10, 3, dtype=np.int32)  # (a buffered 32-bit half: kept too)
+        assert b._rng.bit_generator.state["has_uint32"] == 1
+        calls = [(b, lambda: b.sample(4)), (b, lambda: b.sample_sequences(2, 3)),
+                 (p, lambda: p.sample(4)), (e, lambda: e.sample(4)), (e, lambda: e.sample_trajectories(2, 3))]
+        for handle, call in calls:
+            before = state(handle)
+            with pytest.raises(ValueError):
+                call()
+            assert state(handle) == before
+        b.extend({"x": [1, 2]}, lane=0)
+        before = state(b)
+        with pytest.raises(ValueError, match="no lane holds 3 consecutive rows"):
+            b.sample_sequences(2, 3)
+        assert state(b) == before
+        e.add({"obs": [0.0], "reward": 1.0}, terminated=False, truncated=False)
+        before = state(e)
+        with pytest.raises(ValueError, match="no transition"):
+            e.sample(2)
+        assert state(e) == before
