@@ -4,7 +4,8 @@ The extension is built by ``pip install`` where a C compiler is present (``setup
 marks it optional: without a compiler the install still succeeds). Both paths speak
 the same protocol on the same segments, so processes on either path share a buffer.
 Set ``SHMBUF_PURE_PYTHON=1`` to use the pure-Python path in a process that has the
-extension (read when a handle is created or attached).
+extension (``0``, or unset: the native path; read when a handle is created or
+attached; any other value is refused).
 
 Example:
     >>> import shmbuf.native
@@ -34,9 +35,19 @@ def available() -> bool:
     return _native is not None
 
 
+ENV = "SHMBUF_PURE_PYTHON"
+
+
 def path() -> str:
-    """``"native"`` or ``"python"``: the path a handle created now uses."""
-    return "native" if _native is not None and not os.environ.get("SHMBUF_PURE_PYTHON") else "python"
+    """``"native"`` or ``"python"``: the path a handle created now uses.
+
+    ``SHMBUF_PURE_PYTHON``: ``1`` selects the pure-Python path; ``0``, empty or unset the
+    native one where the extension is built. Any other value is a ``ValueError``."""
+    pure = os.environ.get(ENV, "")
+    if pure not in ("", "0", "1"):
+        raise ValueError(f"{ENV}={pure!r}: expected 1 (the pure-Python path) or 0 (the native path, "
+                         "where the extension is built), or leave it unset")
+    return "native" if _native is not None and pure != "1" else "python"
 
 
 def _format(dtype: np.dtype) -> str | None:

@@ -136,14 +136,18 @@ def fits_integer(what: str, lo: Any, hi: Any, dtype: np.dtype) -> None:
 
 def check_cast(f: Field, a: np.ndarray) -> None:
     src, dst = a.dtype, f.dtype
-    if src.kind in "SU" and dst.kind in "SU" and np.can_cast(src, dst, "same_kind"):
+    if dst.kind in "SU" and np.can_cast(src, dst, "same_kind"):
+        # a string field: every value's text must fit, numbers' (their str()) included
         chars = dst.itemsize // (4 if dst.kind == "U" else 1)
-        longest = int(np.char.str_len(a).max()) if a.size else 0
+        text = a if src.kind in "SU" else a.astype(dst.kind)  # (unsized: as long as needed)
+        lengths = np.char.str_len(text)
+        longest = int(lengths.max()) if a.size else 0
         if longest > chars:
+            what = f"a value of {longest} characters" if src.kind in "SU" else \
+                f"{src} values are stored as their text, and {text.flat[int(lengths.argmax())].item()!r} has {longest} characters: it"
             raise ValueError(
-                f"field {f.name!r}: a value of {longest} characters does not fit in {dst} "
-                f"(at most {chars}); it would be cut short. Create the field with a longer "
-                "string dtype")
+                f"field {f.name!r}: {what} does not fit in {dst} (at most {chars}); it would be "
+                "cut short. Create the field with a longer string dtype")
         return
     if dst.kind == "f" and src.kind in "iuf" and not np.can_cast(src, dst, "safe") and a.size:
         big = float(np.finfo(dst).max)

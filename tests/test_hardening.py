@@ -453,6 +453,9 @@ def test_lossy_and_bad_values_are_refused_and_change_nothing(name):
         row = {"tag": b"ep-1", "u": "abc", "h": 1.5, "f": 1e30}
         buf.add(row)
         for bad, match in [({"tag": b"episode-17"}, "does not fit in \\|S4"),
+                           ({"tag": 123456}, "int64 values are stored as their text, and b'123456' has 6"),
+                           ({"tag": 12345.0}, "float64 values are stored as their text"),
+                           ({"u": 1234}, "does not fit in <U3"), ({"u": True}, "does not fit in <U3"),
                            ({"u": "abcd"}, "does not fit in <U3"),
                            ({"h": 70000.0}, "become inf"), ({"h": np.int64(70000)}, "become inf"),
                            ({"f": 1e39}, "become inf")]:
@@ -461,7 +464,9 @@ def test_lossy_and_bad_values_are_refused_and_change_nothing(name):
             with pytest.raises(ValueError, match=match):
                 buf.extend({k: np.array([v, v]) for k, v in dict(row, **bad).items()})
         buf.add(dict(row, h=np.inf, f=np.nan))  # inf and NaN are values, not overflows
-        assert len(buf) == 2
+        buf.add(dict(row, tag=1.5, u=12))  # (numbers whose text fits: stored as that text)
+        assert buf._ring.arrays["tag"][2] == b"1.5" and buf._ring.arrays["u"][2] == "12"
+        assert len(buf) == 3
         for kw in ({"timeout": "x"}, {"timeout": -1.0}):
             with pytest.raises((TypeError, ValueError)):
                 buf.add(row, **kw)
@@ -469,7 +474,7 @@ def test_lossy_and_bad_values_are_refused_and_change_nothing(name):
             buf.extend({k: np.array([v]) for k, v in row.items()}, truncate_ok="yes")
         with pytest.raises(ValueError, match="cannot allocate a batch of"):
             buf.sample(2**62)
-        assert len(buf) == 2
+        assert len(buf) == 3
 
 
 # -- usability -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import native
+from shmbuf import native, segment
 from conftest import MUJOCO, shm_path
 from helpers import start_hanging_writer
 
@@ -348,3 +348,19 @@ def test_both_paths_keep_the_same_priority_trees_and_draw_the_same_rows(name, mo
     finally:
         for buf in made:
             buf.close()
+
+
+def test_the_path_switch_takes_0_and_1_and_refuses_the_rest(name, monkeypatch):
+    """Round 2, item 18: SHMBUF_PURE_PYTHON=0 is the native path (before: any non-empty
+    value, "0" too, selected pure Python); anything but 0, 1 or empty is refused."""
+    want = "native" if native.available() else "python"
+    for value, path in (("0", want), ("", want), ("1", "python")):
+        monkeypatch.setenv("SHMBUF_PURE_PYTHON", value)
+        assert native.path() == path
+        with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as b:
+            assert (b._native is not None) == (path == "native")
+    for value in ("yes", "true", "2", " 1"):
+        monkeypatch.setenv("SHMBUF_PURE_PYTHON", value)
+        with pytest.raises(ValueError, match="expected 1 .* or 0"):
+            shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name)
+    assert not segment.list_names() or name not in segment.list_names()
