@@ -806,3 +806,13 @@ def start_time() -> float:
     from shmbuf import procs
 
     return procs.identity()[1]
+
+
+def write_rows_then_hang(name: str, rows: int, flag: str) -> None:
+    """Add ``rows`` rows (x = 0, 1, ...) one at a time, then stop forever inside the
+    next write (at "writing"), touching ``flag`` there."""
+    buf = shmbuf.Buffer.attach(name)
+    for x in range(rows):
+        buf.add({"x": x})
+    hang_at("writing", flag)
+    buf.add({"x": rows})

@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 import shmbuf
@@ -186,7 +187,8 @@ def test_zombie_writer_counts_as_dead(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, timeout=5) as buf:
         proc = start_hanging_writer(name, "writing", tmp_path)
         os.kill(proc.pid, signal.SIGKILL)
-        time.sleep(0.2)  # let it die; do not join yet
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:  # dead; not joined yet
+            time.sleep(0.01)
         for i in range(10):
             buf.add({"x": i}, timeout=5)
         assert set(buf.sample(200)["x"].tolist()) == {6, 7, 8, 9}

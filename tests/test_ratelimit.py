@@ -4,15 +4,13 @@ header, waits with timeouts, writers and learners held to the ratio."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import signal
 import time
 
 import numpy as np
 import pytest
 
 import shmbuf
-from helpers import rate_writer
+from helpers import kill_when_there, rate_writer, write_rows_then_hang
 
 X = {"x": ((), "int64")}
 
@@ -99,20 +97,20 @@ def test_a_fast_learner_is_held_to_the_ratio_of_real_writers(name):
         assert min(seen) >= low and max(seen) <= high + 2 * chunk * spi, (min(seen), max(seen))
 
 
-def test_a_killed_writer_holds_the_learner_only_until_its_timeout(name):
+def test_a_killed_writer_holds_the_learner_only_until_its_timeout(name, tmp_path):
+    """A writer that wrote 10 rows (of the 1000 the limit wants first) is SIGKILLed inside
+    its 11th write: the learner waits for rows only until its timeout, then gets
+    RateLimitTimeout saying why. The writer is stopped at that row, not raced: it can never
+    reach min_size first, however the machine is loaded."""
     rate = shmbuf.RateLimit(min_size=1000, samples_per_insert=1, error_buffer=10)
     with shmbuf.Buffer.create(X, 2000, name=name, rate=rate, seed=0) as buf:
-        ctx = mp.get_context("spawn")
-        ready, results = ctx.Barrier(2), ctx.Queue()
-        p = ctx.Process(target=rate_writer, args=(name, 10**9, 1, 600.0, ready, results))
-        p.start()
-        ready.wait(60)
-        while buf.total_added == 0:
-            time.sleep(0.01)
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+        kill_when_there(write_rows_then_hang, (name, 10, str(tmp_path / "writing")), tmp_path / "writing",
+                        "the writer to stop inside its 11th write")
+        assert buf.total_added == 11 and len(buf) == 11  # (its 11th row reserved, never published)
+        t0 = time.monotonic()
         with pytest.raises(shmbuf.RateLimitTimeout, match="writers must insert"):
             buf.sample(1, timeout=0.2)
+        assert time.monotonic() - t0 < 30  # (a hang would take pytest's timeout)
 
 
 def test_episode_buffers_keep_to_a_rate_limit(name):
