@@ -38,7 +38,7 @@ enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, R
 enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
 /* Sequence numbers a lane may reach (layout.py: MAX_SEQ): a head outside [0, MAX_SEQ] is
  * a segment shmbuf did not write, refused before anything is reserved. */
-#define MAX_SEQ ((int64_t)1 << 62)
+#define MAX_SEQ (((int64_t)1 << 62) - 1)  /* so every stamp, 2s + 2, fits an int64 */
 /* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
  * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes]. */
 enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };

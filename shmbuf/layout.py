@@ -80,9 +80,10 @@ MAX_DIMS = 62
 """Dimensions a field's rows may have: a batch of sequences adds two axes, and numpy
 arrays have at most 64 (32 before numpy 2, so fewer there)."""
 MAX_RESERVATIONS = 1 << 16
-MAX_SEQ = 1 << 62
-"""Sequence numbers a lane may reach (a row a nanosecond for 146 years): table words
-beyond it are refused at attach, so no arithmetic on them overflows an int64."""
+MAX_SEQ = (1 << 62) - 1
+"""The largest head a lane may reach (a row a nanosecond for 146 years): every stamp
+``2*s + 2`` then fits an int64. Table words beyond it are refused at attach, and a
+write that would pass it is refused, so no arithmetic on them overflows."""
 
 
 @dataclass(frozen=True)

@@ -282,22 +282,39 @@ def test_attach_rejects_every_kind_of_bad_segment_with_a_format_error(name, case
 
 FUZZ = """
 import random, sys, numpy as np, shmbuf
-from shmbuf import segment
-name, image = sys.argv[1], bytes.fromhex(sys.stdin.read())
-rng = random.Random(0)
+from shmbuf import layout, segment
+name, what, seed, image = sys.argv[1], sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.stdin.read())
+rng = random.Random(seed)
+lay = layout.Layout.read(image, name)
+words = [(lay.lanes_offset, lay.lanes * 8), (lay.reservations_offset, 4 * 8), (lay.control_offset, 16)]
+values = [-1, -2**63, 2**63 - 1, 2**62, 2**62 + 1, -7, 1, 3, 2**31, 10**15]
+
+
+def corrupt(raw):
+    if what == "header":  # random bytes in the header and schema
+        for _ in range(rng.randint(1, 6)):
+            raw[rng.randrange(0, 1024)] = rng.randrange(256)
+        return
+    for _ in range(rng.randint(1, 3)):  # impossible words in the tables
+        off, n = rng.choice(words)
+        at = off + 8 * rng.randrange(n)
+        word = rng.choice(values) if rng.random() < 0.8 else rng.getrandbits(64) - 2**63
+        raw[at:at + 8] = word.to_bytes(8, "little", signed=True)
+
+
 outcomes = {}
 for trial in range(300):
     raw = bytearray(image)
-    for _ in range(rng.randint(1, 6)):
-        i = rng.randrange(0, 1024)
-        raw[i] = rng.randrange(256)
+    corrupt(raw)
     seg = segment.Segment.create(name, len(raw)); seg.mmap[:] = raw; seg.untrack(); seg.close()
     try:
         with shmbuf.Buffer.attach(name, timeout=0.01) as b:
-            b.extend({k: np.zeros((2,) + s, d) for k, (s, d) in b.fields.items()}, lane=0)
-            b.sample(4); b.sample_sequences(2, 2)
+            zeros = {k: np.zeros(s, d) for k, (s, d) in b.fields.items()}
+            b.extend({k: np.stack([v, v]) for k, v in zeros.items()}, lane=0, timeout=0.01)
+            b.add(zeros, lane=b.lanes - 1, timeout=0.01)
+            b.sample(4, timeout=0.05); b.sample_sequences(2, 2, timeout=0.05)
             outcomes["ok"] = outcomes.get("ok", 0) + 1
-    except (shmbuf.FormatError, ValueError, TypeError, TimeoutError) as exc:
+    except (shmbuf.FormatError, ValueError, TypeError, TimeoutError, RuntimeError) as exc:
         outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
     finally:
         segment.unlink_name(name)
@@ -305,14 +322,19 @@ print(outcomes)
 """
 
 
+def _fuzz(name, what, seed, image):
+    """Outcomes of FUZZ in a child (a segfault shows as a failed exit)."""
+    res = subprocess.run([sys.executable, "-c", FUZZ, name, what, str(seed)], input=image.hex(),
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return eval(res.stdout)
+
+
 def test_fuzzed_headers_never_crash_the_interpreter(name):
     """Random bytes in the header and schema: attach raises a FormatError, or the
     buffer works. Run in a child, so that a segfault would show as a failed exit."""
     image = _image({"x": ((4,), "int64"), "y": ((), "float32")}, 64)
-    res = subprocess.run([sys.executable, "-c", FUZZ, name], input=image.hex(), capture_output=True,
-                         text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
-    outcomes = eval(res.stdout)
+    outcomes = _fuzz(name, "header", 0, image)
     assert outcomes.get("FormatError", 0) > 100, outcomes
 
 
@@ -541,36 +563,6 @@ def test_close_gives_the_memory_back_at_once(name):
     assert segment.free_bytes() >= free - (4 << 20)
 
 
-CORRUPT_TABLES = """
-import random, sys, numpy as np, shmbuf
-from shmbuf import layout, segment
-name, image = sys.argv[1], bytes.fromhex(sys.stdin.read())
-lay = layout.Layout.read(image, name)
-words = [(lay.lanes_offset, lay.lanes * 8), (lay.reservations_offset, 4 * 8), (lay.control_offset, 16)]
-values = [-1, -2**63, 2**63 - 1, 2**62, 2**62 + 1, -7, 1, 3, 2**31, 10**15]
-rng = random.Random(int(sys.argv[2]))
-outcomes = {}
-for trial in range(400):
-    raw = bytearray(image)
-    for _ in range(rng.randint(1, 3)):
-        off, n = rng.choice(words)
-        at = off + 8 * rng.randrange(n)
-        raw[at:at + 8] = (rng.choice(values) if rng.random() < 0.8 else rng.getrandbits(64) - 2**63).to_bytes(8, "little", signed=True)
-    seg = segment.Segment.create(name, len(raw)); seg.mmap[:] = raw; seg.untrack(); seg.close()
-    try:
-        with shmbuf.Buffer.attach(name, timeout=0.01) as b:
-            b.extend({k: np.zeros((2,) + s, d) for k, (s, d) in b.fields.items()}, lane=0, timeout=0.01)
-            b.add({k: np.zeros(s, d) for k, (s, d) in b.fields.items()}, lane=1, timeout=0.01)
-            b.sample(4, timeout=0.05); b.sample_sequences(2, 2, timeout=0.05)
-            outcomes["ok"] = outcomes.get("ok", 0) + 1
-    except (shmbuf.FormatError, ValueError, TimeoutError, RuntimeError) as exc:
-        outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
-    finally:
-        segment.unlink_name(name)
-print(outcomes)
-"""
-
-
 @pytest.mark.timeout(300)
 def test_corrupt_lane_and_reservation_tables_never_crash(name):
     """Round 2, item 14: impossible words in the lane, reservation and control tables (a
@@ -582,10 +574,7 @@ def test_corrupt_lane_and_reservation_tables_never_crash(name):
         b.extend({"x": np.ones((30, 4), np.int64), "y": np.ones(30, np.float32)}, lane=0)
         image = bytes(b._seg.mmap)
     for seed in (0, 1):
-        res = subprocess.run([sys.executable, "-c", CORRUPT_TABLES, name, str(seed)], input=image.hex(),
-                             capture_output=True, text=True, timeout=240)
-        assert res.returncode == 0, res.stderr[-2000:]
-        outcomes = eval(res.stdout)
+        outcomes = _fuzz(name, "tables", seed, image)
         assert outcomes.get("FormatError", 0) > 50 and outcomes.get("ok", 0) > 10, outcomes
 
 
