@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import sampling
+from ..layout import LANE_HEAD
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .transitions import _NONE_YET
@@ -103,11 +104,12 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
     valid &= known
     # Front padding only: a failed row of the episode is evicted if it lies below the
     # lane's window now (after the copies); every row up to the last evicted one is padding
-    lo = ring.window()[0][lane]
+    mask = inside & ok
     failed = inside & ~ok
-    valid &= ~(failed & (seq >= lo[:, None])).any(axis=1)
-    last_failed = np.where(failed, seq, -1).max(axis=1)
-    mask = inside & ok & (seq > last_failed[:, None])
+    if failed.any():
+        lo = ring.window()[0][lane]
+        valid &= ~(failed & (seq >= lo[:, None])).any(axis=1)
+        mask &= seq > np.where(failed, seq, -1).max(axis=1)[:, None]
     for name, a in out.items():
         if name in ebuf._user:
             a[~mask] = 0
@@ -158,8 +160,10 @@ def _tail(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray, start: np.nd
     ended[rows[after_last & ok & (starts != s[rows])]] = True
     # in progress: row last + 1 not published when looked at (an older lap's stamp, its
     # odd stamp, or 0), and not a later lap's abandoned row (its slot reserved again)
-    head = ring.window()[1][ln]
-    unpublished = (sentinel < 2 * nxt + 2) & ((sentinel != 0) | (head < nxt + lc))
+    unpublished = sentinel < 2 * nxt + 2
+    zero = unpublished & (sentinel == 0)
+    if zero.any():
+        unpublished[zero] = ring.lane_table[ln[zero], LANE_HEAD] < nxt[zero] + lc
     known[which] = whole & (ended | unpublished)
     after[which] = np.bincount(rows, weights=np.where(mine, rew, 0), minlength=len(which))
     return after, known
