@@ -6,6 +6,7 @@ stable ABI (one build for every later Python); before that, the version's own AB
 """
 
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 
@@ -14,6 +15,7 @@ abi3 = sys.version_info >= (3, 11) and sys.implementation.name == "cpython"
 setup(
     ext_modules=[Extension(
         "shmbuf._native", ["shmbuf/_native.c"], optional=True, py_limited_api=abi3,
+        depends=sorted(str(p) for p in Path("shmbuf/csrc").iterdir()),  # its parts (#included)
         define_macros=[("Py_LIMITED_API", "0x030B0000")] if abi3 else [],
         extra_compile_args=["-O2"],
     )],

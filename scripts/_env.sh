@@ -13,7 +13,8 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 stamp="$VIRTUAL_ENV/.shmbuf-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-    || [ shmbuf/_native.c -nt "$stamp" ] || ! python -c "import shmbuf" 2>/dev/null; then
+    || [ shmbuf/_native.c -nt "$stamp" ] || [ -n "$(find shmbuf/csrc -newer "$stamp" 2>/dev/null)" ] \
+    || ! python -c "import shmbuf" 2>/dev/null; then
   echo "scripts: installing shmbuf and its test dependencies into $VIRTUAL_ENV" >&2
   # builds the C extension shmbuf._native where a C compiler is present
   python -m pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 \

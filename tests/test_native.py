@@ -364,3 +364,23 @@ def test_the_path_switch_takes_0_and_1_and_refuses_the_rest(name, monkeypatch):
         with pytest.raises(ValueError, match="expected 1 .* or 0"):
             shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name)
     assert not segment.list_names() or name not in segment.list_names()
+
+
+@pytest.mark.one_path
+def test_the_c_constants_are_those_of_layout_and_stats():
+    """The C parts keep their own copies of the segment's table columns and the stats
+    region's words (shmbuf/csrc/ring.h): every one equals its Python definition."""
+    import pathlib
+    import re
+
+    from shmbuf import layout, stats
+
+    text = (pathlib.Path(__file__).parents[1] / "shmbuf" / "csrc" / "ring.h").read_text()
+    c = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z_]*) = (\d+)\b", text)}
+    c["MAX_SEQ"] = eval(re.search(r"#define MAX_SEQ (\(.*\))", text).group(1).replace("(int64_t)", ""))
+    python = {name: getattr(layout, name) for name in (
+        "LANE_HEAD", "LANE_BASE", "LANE_CLAIM_PID", "LANE_OWN_START", "LANE_OWN_COUNT", "RES_PID", "RES_CTIME",
+        "RES_LANE", "RES_START", "RES_COUNT", "RES_TOKEN", "TABLE_WIDTH", "CTRL_LOCK_HOLDER", "MAX_SEQ")}
+    python.update(LANE_STAT_WIDTH=stats.LANE_WORDS, LS_PID=stats.L_PID, LS_CTIME=stats.L_CTIME, LS_TIME=stats.L_TIME,
+                  S_LOCKS=stats.S_LOCKS, S_LOCK_NS=stats.S_LOCK_NS, S_WRITES=stats.S_WRITES)
+    assert {k: c.get(k) for k in python} == python

@@ -1,0 +1,191 @@
+/* shmbuf/csrc/ring.h: what every part of shmbuf._native shares (one translation unit:
+ * shmbuf/_native.c includes this, then its parts). The constants mirror layout.py and
+ * stats.py (tests/test_native.py checks them); the inline helpers are the protocol's
+ * steps that several parts take: a slot of a sequence number, a row's stamp, the
+ * seqlock read of a row, the prefetch of windows' rows, waiting without the GIL. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+
+/* Column indices of the int64 tables: layout.py (LANE_*, RES_*, TABLE_WIDTH, CONTROL ...). */
+enum { LANE_HEAD = 0, LANE_BASE = 1, LANE_CLAIM_PID = 2, LANE_OWN_START = 4, LANE_OWN_COUNT = 5 };
+enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, RES_TOKEN = 5 };
+enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
+/* Sequence numbers a lane may reach (layout.py: MAX_SEQ): a head outside [0, MAX_SEQ] is
+ * a segment shmbuf did not write, refused before anything is reserved. */
+#define MAX_SEQ (((int64_t)1 << 62) - 1)  /* so every stamp, 2s + 2, fits an int64 */
+/* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
+ * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes]. */
+enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+typedef struct {
+    PyObject *name;          /* the key in a transition dict */
+    PyObject *scalar_type;   /* numpy's scalar type of the dtype (np.float32, ...) */
+    Py_ssize_t offset;       /* byte offset of row 0 in the segment */
+    Py_ssize_t stride;       /* bytes from one row to the next */
+    Py_ssize_t row_bytes;
+    Py_ssize_t itemsize;
+    int ndim;
+    Py_ssize_t *shape;
+    char *format;            /* the PEP 3118 format of an array of the dtype; NULL: none */
+    char scalar;             /* a 0-d field that takes Python numbers: 'f' 'd' '?' 'i' 'u'; 0 */
+} Field;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer mem;           /* the segment's mapping, kept mapped while this lives */
+    Py_buffer busy_buf;      /* HeaderLock.busy: 1 while a Python thread here holds the lock */
+    int closed;              /* close() was called: the memory goes when no call is inside */
+    char *base;
+    int64_t *lanes_tab, *res_tab, *ctrl;
+    char *rows;
+    Py_ssize_t row_stride, lanes, lc, n_res;
+    double inv_lc;           /* 1.0 / lc (slot_of) */
+    int nfields;
+    Field *fields;
+    PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout, *format_error;
+    Py_ssize_t inside;       /* calls running now (one may sleep, or call back into Python) */
+    /* this process: set by configure() (again after a fork) */
+    int64_t pid;
+    double ctime;
+    int fd;
+    Py_ssize_t default_lane; /* -1: none (the caller claims one) */
+    double timeout;
+    Py_buffer prefaulted;    /* a byte per lane: 1 once this handle mapped its pages */
+    Py_ssize_t hint;         /* the reservation entry used last */
+    int64_t *stat_slot;      /* this handle's counters in the segment; NULL: none */
+    int64_t *lane_stats;     /* per lane: last writer and time; NULL: none */
+} Ring;
+
+static int64_t next_token = 0; /* unique per write in this process (with the pid) */
+static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protocol points */
+static long faults = 0;         /* tests only: protection broken on purpose (ring.py) */
+enum { FAULT_NO_STAMP_CHECK = 1, FAULT_NO_WAIT = 2, FAULT_NO_SEGMENT_CHECK = 4 };
+
+/* Call the test hook at `point` ("locked", "reserved", "writing"): -1 if it raised. */
+static int at(const char *point) {
+    if (hook == NULL)
+        return 0;
+    PyObject *r = PyObject_CallFunction(hook, "s", point);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The slot of sequence number s of a lane: lane * lc + s mod lc, inside the lane for
+ * any s (a corrupted table word never makes an address outside the segment). A 64-bit
+ * division costs 40-90 cycles, a few per row of a write or a gather; for 0 <= s < 2**52
+ * a multiplication by 1/lc gives the quotient within 1, and one correction makes it
+ * exact. */
+static inline Py_ssize_t slot_of(Ring *r, Py_ssize_t lane, int64_t s) {
+    int64_t m;
+    if ((uint64_t)s < ((uint64_t)1 << 52)) {
+        m = s - (int64_t)((double)s * r->inv_lc) * r->lc;
+        m += m < 0 ? r->lc : m >= r->lc ? -r->lc : 0;
+    } else {
+        m = s % r->lc;
+        m += m < 0 ? r->lc : 0;
+    }
+    return lane * r->lc + m;
+}
+
+/* -1 with FormatError if `first`, a lane's head, cannot be one: a write of n rows from
+ * it must stay within [0, MAX_SEQ]. */
+static int check_head(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
+    if (first >= 0 && first <= MAX_SEQ - n)
+        return 0;
+    PyErr_Format(r->format_error, "lane %zd's head is %lld, not a sequence number in [0, 2**62): "
+                 "the segment's lane table was not written by shmbuf; nothing was written. Create "
+                 "a new buffer", lane, (long long)first);
+    return -1;
+}
+
+static inline int64_t *stamp_of(Ring *r, Py_ssize_t slot) {
+    return (int64_t *)(r->rows + slot * r->row_stride);
+}
+
+/* memcpy, with the sizes of most small fields inlined (a call per field per row adds up) */
+static inline void copy(char *dst, const char *src, Py_ssize_t n) {
+    switch (n) {
+    case 1: memcpy(dst, src, 1); break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    default: memcpy(dst, src, n);
+    }
+}
+
+/* Sleep without the GIL; then -1 (exception set) on Ctrl-C or a closed handle. */
+static int pause_for(Ring *r, double *delay) {
+    struct timespec ts = {0, (long)(*delay * 1e9)};
+    Py_BEGIN_ALLOW_THREADS
+    nanosleep(&ts, NULL);
+    Py_END_ALLOW_THREADS
+    *delay = *delay * 2 > 1e-3 ? 1e-3 : *delay * 2;
+    if (PyErr_CheckSignals() < 0)
+        return -1;
+    if (r->closed) {
+        PyErr_SetString(PyExc_ValueError, "the buffer handle was closed during the call");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the validation fast path ------------------------------------------------------ */
+
+/* 0 if a method may run with these arguments (ok: their types are as expected), else
+ * -1 with TypeError naming the usage. (A closed handle: GUARDED, in _native.c.) */
+static int usable(Ring *r, int ok, const char *usage) {
+    (void)r;
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "expected %s", usage);
+        return -1;
+    }
+    return 0;
+}
+
+/* The seqlock read of row s (its stamp at `stamp`), in two steps around the copies of
+ * its fields: read_begin acquires the stamp and says whether it names row s published;
+ * read_end fences (no copy load moves past it) and says whether the stamp is unchanged.
+ * A row read between the two, both true, is exactly row s. */
+static inline int read_begin(const int64_t *stamp, int64_t s, int64_t *before) {
+    *before = LOAD_ACQ(stamp);
+    return *before == 2 * s + 2 || (faults & FAULT_NO_STAMP_CHECK);
+}
+
+static inline int read_end(const int64_t *stamp, int64_t before) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return LOAD(stamp) == before || (faults & FAULT_NO_STAMP_CHECK);
+}
+
+/* Touch every row of the windows of `length` rows at first[w] of lane lanes[w] (or
+ * one_lane): a random row of a large ring misses the TLB (4 kB pages), and prefetches
+ * let those page walks overlap instead of waiting one by one. */
+static inline void prefetch_windows(Ring *r, const int64_t *first, const int64_t *lanes,
+                                    Py_ssize_t one_lane, Py_ssize_t n, Py_ssize_t length) {
+    for (Py_ssize_t w = 0; w < n; w++) {
+        Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
+        for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
+            const char *row = (const char *)stamp_of(r, lane * r->lc + at);
+            for (Py_ssize_t b = 0; b < r->row_stride; b += 64)
+                __builtin_prefetch(row + b);
+        }
+    }
+}
