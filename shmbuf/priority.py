@@ -64,12 +64,26 @@ def region_bytes(capacity: int, lanes: int) -> int:
     return 8 * (_HEAD_WORDS + 2 * lanes + 4 * leaves(capacity) + capacity)
 
 
+def _exponent(value: Any, what: str) -> float:
+    """``value`` as a float if it is a finite number >= 0, else ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what}, got {value!r}")
+    return float(value)
+
+
 def check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"priority= is the exponent a of p**a: a finite number >= 0 (0.6 is usual, "
-                         f"0 samples uniformly), got {alpha!r}")
-    return float(alpha)
+    """The priority exponent ``a`` (``priority=``), checked."""
+    return _exponent(alpha, "priority= is the exponent a of p**a: a finite number >= 0 (0.6 is usual, "
+                            "0 samples uniformly)")
+
+
+def check_beta(beta: Any) -> float:
+    """The importance-weight exponent ``b`` (``beta=``; None: :data:`DEFAULT_BETA`), checked."""
+    if beta is None:
+        return DEFAULT_BETA
+    return _exponent(beta, "beta= is the exponent b of the importance weights (N * P(i))**-b: a finite "
+                           "number >= 0 (0.4 is usual, annealed to 1 over training)")
 
 
 def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
@@ -326,7 +340,7 @@ def buffer_sample(buf: "Buffer", n: int, beta: Any, out: Any, timeout: float | N
         raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
     if out is not None:
         raise ValueError("out= is not supported by prioritized sampling")
-    beta = DEFAULT_BETA if beta is None else check_alpha(beta)
+    beta = check_beta(beta)
     if buf._limiter is not None:
         buf._limiter.before_sample(n, buf._t(timeout))
     out = sample(buf, n, beta, buf._t(timeout))

@@ -108,6 +108,11 @@ def test_bad_priorities_are_refused_and_change_nothing(name):
     for bad in (-0.5, float("inf"), "0.6", True):
         with pytest.raises(ValueError, match="exponent"):
             shmbuf.Buffer.create(X, 8, priority=bad, name=name)
+    with shmbuf.Buffer.create(X, 8, priority=0.6, name=name) as buf:  # beta= is named as beta=
+        buf.add({"x": 1})
+        for bad in (-1.0, float("nan"), "0.4", True):
+            with pytest.raises(ValueError, match=r"^beta= is the exponent b of the importance weights"):
+                buf.sample(2, beta=bad)
     her = shmbuf.HER(reward_fn=lambda a, d, i: a[:, 0])
     with pytest.raises(ValueError, match="not supported"):
         shmbuf.EpisodeBuffer.create(helpers.GOALS, 8, priority=0.6, name=name, observations=helpers.GOAL_OBS,

@@ -20,12 +20,6 @@ from typing import Sequence
 from .. import __version__
 
 
-def problem(command: str, name: str, why: str) -> None:
-    """One line on stderr: ``shmbuf COMMAND: NAME: why``."""
-    shown = name if name.isprintable() else repr(name)
-    print(f"shmbuf {command}: {shown}: {why}", file=sys.stderr)
-
-
 def _demo(args: argparse.Namespace) -> int:
     from .. import demo
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..buffer import Buffer
-from . import problem
+from .problem import problem
 from .show import open_or_report
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from .. import persist, segment
-from . import problem
+from .problem import problem
 from .show import describe
 
 

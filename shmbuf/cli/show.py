@@ -15,7 +15,7 @@ from typing import Any
 from .. import procs, segment, weights
 from ..buffer import Buffer
 from ..layout import FLAG_PERSIST, MAGIC
-from . import problem
+from .problem import problem
 
 
 def observe(name: str) -> Buffer:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..layout import normalize_fields
-from ..priority import DEFAULT_BETA, check_alpha
+from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
@@ -208,7 +208,7 @@ class EpisodeBuffer:
             if self._her is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported: set "
                                  "buf.her = None, or use a buffer without priority=")
-            beta = DEFAULT_BETA if beta is None else check_alpha(beta)
+            beta = check_beta(beta)
         if self.core._limiter is not None:
             self.core._limiter.before_sample(n, self.core._t(timeout))
         if self.core._prio is not None:

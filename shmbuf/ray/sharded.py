@@ -25,7 +25,7 @@ import numpy as np
 from .. import segment, validate
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..episodes import EpisodeBuffer
-from ..priority import DEFAULT_BETA, check_alpha, check_values
+from ..priority import check_beta, check_values
 from . import shard as _shard
 from .shard import NAMESPACE
 
@@ -272,7 +272,7 @@ class ShardedBuffer:
         if beta is not None or self._prioritized:
             if not self._prioritized:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
-            beta = DEFAULT_BETA if beta is None else check_alpha(beta)
+            beta = check_beta(beta)
             return self._take("sample", n, (), kwargs, prefetch, timeout, beta)
         return self._take("sample", n, (), kwargs, prefetch, timeout)
 
