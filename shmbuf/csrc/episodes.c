@@ -165,11 +165,7 @@ static PyObject *Ring_reduce_windows_impl(Ring *r, PyObject *const *args, Py_ssi
     }
     if (ts)
         PyEval_RestoreThread(ts);
-    if (bad == 0) {
-        Py_DECREF(result);
-        result = Py_None;
-        Py_INCREF(result);
-    }
+    result = verdicts(result, bad);
 done:
 #undef VIEW
     while (nviews--)

@@ -233,11 +233,7 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
     }
     if (ts)
         PyEval_RestoreThread(ts);
-    if (bad == 0) {
-        Py_DECREF(result);
-        result = Py_None;
-        Py_INCREF(result);
-    }
+    result = verdicts(result, bad);
 done:
     PyMem_Free(todo);
     if (outs != NULL) {

@@ -161,6 +161,15 @@ static int usable(Ring *r, int ok, const char *usage) {
     return 0;
 }
 
+/* A gather's answer (gather, reduce_windows): None if every window counted (no `bad`
+ * one), else the verdict bytes (1: the window counts). */
+static PyObject *verdicts(PyObject *bytes, Py_ssize_t bad) {
+    if (bad)
+        return bytes;
+    Py_DECREF(bytes);
+    Py_RETURN_NONE;
+}
+
 /* The seqlock read of row s (its stamp at `stamp`), in two steps around the copies of
  * its fields: read_begin acquires the stamp and says whether it names row s published;
  * read_end fences (no copy load moves past it) and says whether the stamp is unchanged.
