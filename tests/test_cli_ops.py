@@ -172,9 +172,22 @@ def test_watch_redraws_in_a_real_terminal_until_ctrl_c(name):
                 buf.add({"x": 1})  # a change a later redraw shows
                 added = True
         os.kill(pid, signal.SIGINT)
-        _, status = os.waitpid(pid, 0)
+        # keep reading until it has exited: a child writing to a terminal nobody reads
+        # blocks once the terminal's buffer is full (its last frames, its exit's flush)
+        done, deadline = 0, time.monotonic() + 30
+        while not done and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:  # EIO: its side of the terminal is closed
+                    pass
+            done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         os.close(fd)
         text = out.decode(errors="replace")
+        assert done, f"shmbuf watch did not exit within 30 s of Ctrl-C; it wrote: {text[-2000:]!r}"
         assert text.count("\x1b[H\x1b[J") >= 2, text
         assert f"{name}: 7 of 64 rows" in text and f"{name}: 8 of 64 rows" in text
         assert "inserts/s" in text and "Traceback" not in text
