@@ -157,7 +157,10 @@ def test_watch_redraws_in_a_real_terminal_until_ctrl_c(name):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 64, name=name) as buf:
         buf.extend({"x": np.arange(7)})
         pid, fd = pty.fork()
-        if pid == 0:  # the child: shmbuf watch on the terminal
+        if pid == 0:  # the child: shmbuf watch on the terminal, Ctrl-C as in a shell
+            # (a background job of a non-interactive shell starts with SIGINT ignored, and
+            # passes that on through exec: Python would then never raise KeyboardInterrupt)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(sys.executable, [sys.executable, "-m", "shmbuf", "watch", name, "--interval", "0.1"])
         out, added = b"", False
         deadline = time.monotonic() + 60
