@@ -13,15 +13,15 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 stamp="$VIRTUAL_ENV/.shmbuf-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-    || [ shmbuf/_native.c -nt "$stamp" ] || [ -n "$(find shmbuf/csrc -newer "$stamp" 2>/dev/null)" ] \
+    || [ shmbuf/core/_native.c -nt "$stamp" ] || [ -n "$(find shmbuf/core/csrc -newer "$stamp" 2>/dev/null)" ] \
     || ! python -c "import shmbuf" 2>/dev/null; then
   echo "scripts: installing shmbuf and its test dependencies into $VIRTUAL_ENV" >&2
-  # builds the C extension shmbuf._native where a C compiler is present
+  # builds the C extension shmbuf.core._native where a C compiler is present
   python -m pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
   python -c "import shmbuf, pytest, pytest_timeout"
-  if python -c "import shmbuf.native as n; raise SystemExit(not n.available())"; then
-    echo "scripts: built the C extension shmbuf._native (the native path)" >&2
+  if python -c "import shmbuf.core.native as n; raise SystemExit(not n.available())"; then
+    echo "scripts: built the C extension shmbuf.core._native (the native path)" >&2
   else
     echo "scripts: no C extension (no C compiler, or its build failed): shmbuf runs its pure-Python path" >&2
   fi

@@ -11,12 +11,12 @@ Example:
 from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
 from .episodes import EpisodeBuffer, EpisodeWriter
 from .her import HER
-from .layout import FormatError
-from .lock import LockTimeout
-from .ratelimit import RateLimit, RateLimitTimeout
-from .ring import WriteTimeout
-from .sampling import SampleTimeout
-from .segment import ShmSpaceError
+from .core.layout import FormatError
+from .core.lock import LockTimeout
+from .core.ratelimit import RateLimit, RateLimitTimeout
+from .core.ring import WriteTimeout
+from .core.sampling import SampleTimeout
+from .core.segment import ShmSpaceError
 from .spaces import fields_from_spaces
 from .weights import Weights
 

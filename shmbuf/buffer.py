@@ -13,14 +13,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import native, procs, sampling, segment, stats, validate
+from .core import native, procs, sampling, segment, validate
+from . import stats
 from . import priority as _priority
 from . import state as _state
-from .layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
-from .lock import HeaderLock
-from .ratelimit import Limiter, RateLimit
-from .ring import Ring, WriteTimeout, check_tables
-from .segment import NotReadyError, Segment
+from .core.layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
+from .core.lock import HeaderLock
+from .core.ratelimit import Limiter, RateLimit
+from .core.ring import Ring, WriteTimeout, check_tables
+from .core.segment import NotReadyError, Segment
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
@@ -340,7 +341,7 @@ class Buffer:
     @property
     def native(self) -> bool:
         """True if this handle writes and samples through the C extension (see
-        :mod:`shmbuf.native`); False on the pure-Python path. Same results either way."""
+        :mod:`shmbuf.core.native`); False on the pure-Python path. Same results either way."""
         return self._native is not None
 
     def _t(self, timeout: float | None) -> float:

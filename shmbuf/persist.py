@@ -57,10 +57,11 @@ import numpy as np
 import psutil
 from numpy.lib import format as npformat
 
-from . import __version__, procs, segment, state
+from .core import procs, segment
+from . import __version__, state
 from . import priority as _priority
-from .layout import CTRL_SAMPLED, Layout, dtype_from_json, normalize_fields
-from .ratelimit import RateLimit
+from .core.layout import CTRL_SAMPLED, Layout, dtype_from_json, normalize_fields
+from .core.ratelimit import RateLimit
 
 if TYPE_CHECKING:
     from .buffer import Buffer

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from . import native, sampling
-from .layout import LANE_BASE, LANE_HEAD
-from .segment import FormatError
+from .core import native, sampling
+from .core.layout import LANE_BASE, LANE_HEAD
+from .core.segment import FormatError
 
 if TYPE_CHECKING:
     from .buffer import Buffer

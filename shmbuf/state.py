@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
-from .ring import Ring
+from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
+from .core.ring import Ring
 
 FORMAT = "shmbuf.Buffer"
 VERSION = 1

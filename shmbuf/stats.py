@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import procs
-from .layout import LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD
+from .core import procs
+from .core.layout import LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD
 
 if TYPE_CHECKING:
     from .buffer import Buffer

@@ -44,8 +44,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .layout import dtype_from_json, normalize_fields
-from .segment import FormatError, Segment
+from .core.layout import dtype_from_json, normalize_fields
+from .core.segment import FormatError, Segment
 
 MAGIC = b"\x93SHMWTS\x01"
 HEADER = 4096

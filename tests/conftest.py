@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from shmbuf import segment
+from shmbuf.core import segment
 
 # The core step of scripts/test does not collect the optional extras' test files: their
 # dependencies may be being installed meanwhile. The reference libraries' tests run only
@@ -55,14 +55,14 @@ def name(request):
 
 
 def pytest_report_header(config):
-    from shmbuf import native
+    from shmbuf.core import native
     return f"shmbuf path: {native.path()} (SHMBUF_PURE_PYTHON=1 selects pure Python)"
 
 
 @pytest.fixture
 def set_hook():
     """``ring.set_hook`` (both paths), reset after the test."""
-    from shmbuf import ring
+    from shmbuf.core import ring
     yield ring.set_hook
     ring.set_hook(None)
 
@@ -73,7 +73,7 @@ def break_protection(monkeypatch):
     on purpose, on both paths (in this process and the children it forks), to prove
     that a stress test would see what it protects against."""
     from helpers import copy_windows_unchecked
-    from shmbuf import native, ring, sampling
+    from shmbuf.core import native, ring, sampling
 
     def brk(what):
         if what == "stamp check":

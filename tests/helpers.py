@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import shmbuf
-from shmbuf import ring
+from shmbuf.core import ring
 
 # Storm rows: every element of every field is derived from (writer, sequence).
 STORM = {"a": ((7,), "int64"), "b": ((3, 5), "float64"), "c": ((), "int32")}
@@ -39,7 +39,7 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
 def copy_windows_unchecked(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
     """``sampling.copy_windows`` without its stamp check (the ``break_protection``
     fixture's "stamp check"): it copies whatever the slots hold."""
-    from shmbuf import sampling
+    from shmbuf.core import sampling
     scatter = None
     if out and isinstance(out[0], list):
         out, scatter = sampling.by_position(ring_, len(first), length, out)
@@ -58,7 +58,7 @@ def copy_windows_unchecked(ring_, lane, first, length, lo, out, per_row=False, s
 def break_stamp_check() -> None:
     """Switch the stamp check off in this process, on both paths (a Ray job's
     ``worker_process_setup_hook``, to show that the cluster storm would see torn rows)."""
-    from shmbuf import native, sampling
+    from shmbuf.core import native, sampling
     sampling.copy_windows = copy_windows_unchecked
     if native.available():
         native._native.set_faults(1)
@@ -803,7 +803,7 @@ def cli(*args: str, timeout: float = 120):
 
 def start_time() -> float:
     """This process's start time, as shmbuf records it."""
-    from shmbuf import procs
+    from shmbuf.core import procs
 
     return procs.identity()[1]
 

@@ -58,7 +58,8 @@ def test_problems_are_one_line_each_and_the_other_names_are_still_handled(name, 
 
 def test_ls_skips_what_is_not_a_buffer_and_what_vanished(name, tmp_path, monkeypatch, capsys):
     import socket
-    from shmbuf import cli as cli_mod, segment
+    from shmbuf.core import segment
+    from shmbuf import cli as cli_mod
 
     base = segment.SHM_DIR + "/" + segment.prefix()
     os.mkdir(base + name + "-dir")  # a directory named like a buffer
@@ -142,7 +143,7 @@ def test_cartpole_terminates_and_resets():
 def test_ls_lists_only_shmbuf_segments_and_damaged_ones_with_their_error(name):
     """Round 2, item 19: other programs' segments and empty files in /dev/shm are not
     listed; a segment with a buffer's magic but a damaged header is, with its error."""
-    from shmbuf import layout, segment
+    from shmbuf.core import layout, segment
 
     base = segment.SHM_DIR + "/" + segment.prefix()
     with open(base + name + "-empty", "wb"), open(base + name + "-other", "wb") as other:

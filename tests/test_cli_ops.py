@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import segment
+from shmbuf.core import segment
 
 pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import shmbuf
-from shmbuf import native
+from shmbuf.core import native
 from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
                      start_hanging_writer, wait_for_file, write_and_hang)
 

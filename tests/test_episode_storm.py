@@ -13,7 +13,7 @@ import time
 
 import shmbuf
 from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer, wait_for_file
-from shmbuf import native, sampling
+from shmbuf.core import native, sampling
 
 
 def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3, lane_capacity: int = 48,

@@ -20,7 +20,8 @@ import pytest
 
 import _posixshmem
 import shmbuf
-from shmbuf import demo, sampling, segment
+from shmbuf.core import sampling, segment
+from shmbuf import demo
 from conftest import shm_path
 from helpers import patch_schema_doc, start_hanging_writer, wait_for_file
 
@@ -73,7 +74,7 @@ def test_attach_waits_while_another_process_is_creating(name):
 
 CREATE_AND_HANG = """
 import os, sys, time, shmbuf
-from shmbuf import segment
+from shmbuf.core import segment
 real = segment._allocate
 def hang(fd, size):
     real(fd, size)
@@ -282,7 +283,7 @@ def test_attach_rejects_every_kind_of_bad_segment_with_a_format_error(name, case
 
 FUZZ = """
 import random, sys, numpy as np, shmbuf
-from shmbuf import layout, segment
+from shmbuf.core import layout, segment
 name, what, seed, image = sys.argv[1], sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.stdin.read())
 rng = random.Random(seed)
 lay = layout.Layout.read(image, name)
@@ -583,7 +584,7 @@ def test_a_head_corrupted_after_attach_is_refused_by_the_write(name):
     in a child, so that a segfault would show."""
     code = f"""
 import numpy as np, shmbuf
-from shmbuf import layout
+from shmbuf.core import layout
 with shmbuf.Buffer.create({{"x": ((4,), "int64")}}, 16, name={name!r}) as b:
     b.extend({{"x": np.ones((3, 4), np.int64)}})
     for bad in (-5, 2**63 - 1):

@@ -210,7 +210,7 @@ def test_another_process_attaches_with_its_own_her(name):
 
 
 def test_bad_configurations_are_refused_before_anything_is_created(name):
-    from shmbuf import segment
+    from shmbuf.core import segment
     for bad, err in [(dict(strategy="later"), ValueError), (dict(ratio=1.5), ValueError),
                      (dict(ratio=float("nan")), ValueError), (dict(ratio=True), ValueError),
                      (dict(reward_fn=None), TypeError)]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import native, segment
+from shmbuf.core import native, segment
 from conftest import MUJOCO, shm_path
 from helpers import start_hanging_writer
 
@@ -369,13 +369,15 @@ def test_the_path_switch_takes_0_and_1_and_refuses_the_rest(name, monkeypatch):
 @pytest.mark.one_path
 def test_the_c_constants_are_those_of_layout_and_stats():
     """The C parts keep their own copies of the segment's table columns and the stats
-    region's words (shmbuf/csrc/ring.h): every one equals its Python definition."""
+    region's words (shmbuf/core/csrc/ring.h): every one equals its Python definition."""
     import pathlib
     import re
 
-    from shmbuf import layout, stats
+    from shmbuf.core import layout
 
-    text = (pathlib.Path(__file__).parents[1] / "shmbuf" / "csrc" / "ring.h").read_text()
+    from shmbuf import stats
+
+    text = (pathlib.Path(__file__).parents[1] / "shmbuf" / "core" / "csrc" / "ring.h").read_text()
     c = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z_]*) = (\d+)\b", text)}
     c["MAX_SEQ"] = eval(re.search(r"#define MAX_SEQ (\(.*\))", text).group(1).replace("(int64_t)", ""))
     python = {name: getattr(layout, name) for name in (

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import persist, segment
+from shmbuf.core import segment
+from shmbuf import persist
 
 import helpers
 

@@ -117,7 +117,7 @@ def test_bad_priorities_are_refused_and_change_nothing(name):
     with pytest.raises(ValueError, match="not supported"):
         shmbuf.EpisodeBuffer.create(helpers.GOALS, 8, priority=0.6, name=name, observations=helpers.GOAL_OBS,
                                     her=her)
-    assert name not in shmbuf.segment.list_names()
+    assert name not in shmbuf.core.segment.list_names()
 
 
 def test_an_update_for_an_overwritten_row_is_dropped(name):

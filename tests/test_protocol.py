@@ -14,7 +14,7 @@ import time
 import pytest
 
 import shmbuf
-from shmbuf import ring
+from shmbuf.core import ring
 from helpers import add_through_interrupts, start_hanging_writer, wait_for_file
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import native as native_path
-from shmbuf import segment
+from shmbuf.core import native as native_path
+from shmbuf.core import segment
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf.layout import normalize_fields
+from shmbuf.core.layout import normalize_fields
 
 
 def test_accepts_shapes_and_dtypes():

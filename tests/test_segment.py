@@ -13,7 +13,8 @@ import pytest
 
 import shmbuf
 from helpers import patch_schema_doc
-from shmbuf import layout, stats, segment
+from shmbuf.core import layout, segment
+from shmbuf import stats
 
 from conftest import MUJOCO, shm_path
 
@@ -149,7 +150,7 @@ def test_fallocate_failure_is_reported_not_sigbus(name, monkeypatch):
 
 SMALL_SHM = textwrap.dedent("""
     import os, numpy as np, shmbuf
-    from shmbuf import segment
+    from shmbuf.core import segment
     assert segment.free_bytes() <= 2 << 20, segment.free_bytes()
     try:
         shmbuf.Buffer.create({"x": ((1024,), "float64")}, 1000, name="small")  # 8 MB

@@ -14,7 +14,7 @@ import pytest
 
 import shmbuf
 from helpers import hang_at, wait_for_file
-from shmbuf import sampling
+from shmbuf.core import sampling
 
 pytestmark = pytest.mark.timeout(120)
 

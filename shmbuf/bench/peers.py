@@ -130,7 +130,7 @@ class ShmbufSystem(System):
         with _path(pure):
             self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0,
                                             name=f"bench-{os.getpid()}-{wl.name}-{self.name}")
-        assert self.buf.native is not pure or not shmbuf.native.available()
+        assert self.buf.native is not pure or not shmbuf.core.native.available()
         self.bytes = self.buf._layout.total_size
 
     def fill(self, data: Batch) -> None:

@@ -139,7 +139,7 @@ def counter_cost(rounds: int) -> dict[str, list[float]]:
     """Microseconds of add (1 row) and sample (256 rows), mujoco, on one buffer whose
     counters are switched off (no slot in C, a no-op in Python) and on again, in random
     order round by round (one buffer: no difference of placement in memory)."""
-    from .. import native
+    from ..core import native
 
     fields = WORKLOADS["mujoco"].fields
     out: dict[str, list[float]] = {f"{op} ({k})": [] for op in ("add", "sample") for k in ("on", "off")}
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     where = args.dir or tempfile.gettempdir()
     rounds = 2 if args.quick else 5
-    print(f"shmbuf {shmbuf.__version__}, {'native' if shmbuf.native.available() else 'pure-Python'} path, "
+    print(f"shmbuf {shmbuf.__version__}, {'native' if shmbuf.core.native.available() else 'pure-Python'} path, "
           f"saves to {where}\n")
     print("| workload | rows | MB | save GB/s | np.save GB/s | save / np.save | load GB/s | np.load GB/s | load / np.load |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

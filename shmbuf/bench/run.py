@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 
 import shmbuf
-from shmbuf import segment
+from shmbuf.core import segment
 
 from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)

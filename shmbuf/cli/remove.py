@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .. import persist, segment
+from ..core import segment
+from .. import persist
 from .problem import problem
 from .show import describe
 

@@ -12,9 +12,10 @@ import sys
 import time
 from typing import Any
 
-from .. import procs, segment, weights
+from ..core import procs, segment
+from .. import weights
 from ..buffer import Buffer
-from ..layout import FLAG_PERSIST, MAGIC
+from ..core.layout import FLAG_PERSIST, MAGIC
 from .problem import problem
 
 

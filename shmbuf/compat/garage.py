@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import buffer as core
-from .. import sampling
+from ..core import sampling
 from . import _cast
 from ._shared import Lazy
 

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
-from ..layout import normalize_fields
+from ..core.layout import normalize_fields
 from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan

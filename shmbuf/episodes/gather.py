@@ -1,7 +1,7 @@
 """Copying named fields of chosen rows out of an episode buffer, stamp-checked.
 
 Every sampler of the package reads rows through :func:`rows`, which calls the core's
-:func:`shmbuf.sampling.copy_windows` (the one torn-read check of the library) with
+:func:`shmbuf.core.sampling.copy_windows` (the one torn-read check of the library) with
 only the fields it needs, and :func:`stacks`, which builds frame stacks out of single
 stored frames with the same check.
 """
@@ -12,9 +12,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import sampling
-from ..ring import Ring
-from ..layout import LANE_HEAD
+from ..core import sampling
+from ..core.ring import Ring
+from ..core.layout import LANE_HEAD
 from .rows import FINAL
 
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import sampling
-from ..layout import LANE_HEAD
+from ..core import sampling
+from ..core.layout import LANE_HEAD
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .transitions import _NONE_YET

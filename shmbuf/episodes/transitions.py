@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import sampling
+from ..core import sampling
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 

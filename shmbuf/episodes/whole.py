@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from .. import sampling
-from ..layout import LANE_BASE
-from ..ring import Ring
+from ..core import sampling
+from ..core.layout import LANE_BASE
+from ..core.ring import Ring
 from .rows import FINAL, TERMINATED, TRUNCATED
 
 if TYPE_CHECKING:

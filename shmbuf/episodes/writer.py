@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ..layout import LANE_EPISODES, LANE_HEAD
+from ..core.layout import LANE_EPISODES, LANE_HEAD
 from .rows import FINAL, TERMINATED, TRUNCATED, flags_of
 
 _BOOL = np.dtype(np.bool_)

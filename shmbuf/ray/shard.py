@@ -33,7 +33,7 @@ import numpy as np
 from .. import priority
 from ..buffer import Buffer
 from ..episodes import EpisodeBuffer
-from ..layout import normalize_fields
+from ..core.layout import normalize_fields
 
 NAMESPACE = "shmbuf"
 """The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import segment, validate
+from ..core import segment, validate
 from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
 from ..episodes import EpisodeBuffer
 from ..priority import check_beta, check_values

@@ -8,8 +8,8 @@ extension (``0``, or unset: the native path; read when a handle is created or
 attached; any other value is refused).
 
 Example:
-    >>> import shmbuf.native
-    >>> shmbuf.native.path() in ("native", "python")
+    >>> import shmbuf.core.native
+    >>> shmbuf.core.native.path() in ("native", "python")
     True
 """
 

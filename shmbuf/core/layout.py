@@ -71,7 +71,7 @@ LANE_OWN_START, LANE_OWN_COUNT = 4, 5  # the write in flight of the lane's owner
 LANE_EPISODES = 6  # the number of the lane's newest episode (shmbuf.episodes numbers them)
 RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
-CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.ratelimit)
+CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.core.ratelimit)
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
 CONTROL_WORDS = 16
 

@@ -195,7 +195,7 @@ class Ring:
     """Typed views of one mapped layout, and the write protocol over them.
 
     ``native`` is the C implementation of the hot paths over the same memory (see
-    :mod:`shmbuf.native`), or None for pure Python; :meth:`put` uses it when present.
+    :mod:`shmbuf.core.native`), or None for pure Python; :meth:`put` uses it when present.
     """
 
     def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any = None) -> None:
