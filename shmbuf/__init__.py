@@ -18,8 +18,8 @@ from .core.ring import WriteTimeout
 from .core.sampling import SampleTimeout
 from .core.segment import ShmSpaceError
 from .spaces import fields_from_spaces
+from .version import __version__
 from .weights import Weights
 
 __all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
            "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
-__version__ = "0.1.0"

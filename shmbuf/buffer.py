@@ -3,65 +3,27 @@
 from __future__ import annotations
 
 import json
-import math
-import operator
 import os
 import secrets
 import time
-import weakref
 from typing import Any, Mapping
 
 import numpy as np
 
-from .core import native, procs, sampling, segment, validate
-from . import stats
 from . import priority as _priority
 from . import state as _state
-from .core.layout import CTRL_LOCK_HOLDER, FLAG_PERSIST, LANE_HEAD, Layout
-from .core.lock import HeaderLock
-from .core.ratelimit import Limiter, RateLimit
-from .core.ring import Ring, WriteTimeout, check_tables
-from .core.segment import NotReadyError, Segment
+from . import stats
+from .core import counters, procs, segment, validate
+from .core.batch import Outputs, count
+from .core.engine import Engine, open_segment
+from .core.layout import FLAG_PERSIST, LANE_HEAD, Layout
+from .core.ratelimit import RateLimit
+from .core.segment import Segment
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
 
 Batch = dict[str, np.ndarray]
-
-
-_handles: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for buf in list(_handles):
-        buf._prefaulted[:] = bytes(len(buf._prefaulted))  # fork copies no page-table entries
-        if not buf.closed:
-            buf._counters.slot = memoryview(bytearray(buf._counters.slot)).cast("q")  # the parent's is the parent's
-            buf._counters.claim(buf._lock, 0.0)  # one of our own (or the shared one), never waiting
-            buf._configure()  # a new pid and descriptor, and no lane claim (buf.lane is None)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Closed:
-    """Stands in for the ring of a closed handle: any use says so clearly."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        raise ValueError(f"this handle of buffer {self._name!r} is closed; "
-                         f"attach again with shmbuf.Buffer.attach({self._name!r})")
-
-
-def _finalize(seg: Segment, owner_pid: int | None, fast: Any) -> None:
-    """Close a handle; the creating process (not a forked copy of it) also destroys it."""
-    if fast is not None:
-        fast.close()  # calls after this raise; its memory stays mapped while it lives
-    if owner_pid is not None and owner_pid == os.getpid():
-        seg.unlink()  # only if the name is still ours; drops the tracker entry either way
-    seg.close()
 
 
 class Buffer:
@@ -99,48 +61,14 @@ class Buffer:
     @classmethod
     def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
               timeout: float, counted: bool = True) -> "Buffer":
-        """A handle on a mapped, validated segment. The caller keeps ``seg`` until this
-        returns; from then on the handle owns it (closes it, and unlinks it if ``owner``).
-        ``counted``: claim a slot of the stats region (not for a mere observer)."""
+        """A handle on a mapped, validated segment (see :class:`~shmbuf.core.engine.Engine`)."""
         self = object.__new__(cls)
-        self._seg = seg
-        self._layout = layout
-        self._fields = layout.fields
-        self._schema = validate.Schema(layout.fields)
-        self._names = [f.name for f in layout.fields]
-        self._out_ok: list[Any] = []  # the last out= that passed its check, and its shape
-        self._out_lead: tuple[int, ...] = ()
-        self._timeout = timeout
-        ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
-
-        def note(pid: int) -> None:
-            ctrl[0] = pid
-
-        def describe() -> str:
-            pid = int(ctrl[0])
-            return f"last taken by pid {pid}" if pid else "holder unknown"
-
-        self._lock = HeaderLock(lambda: seg.fd, note, describe)
-        self._prefaulted = bytearray(layout.lanes)  # 1: this handle has mapped the lane's pages
-        self._native = native.make_ring(layout, seg.mmap, self._lock.busy, self._prefaulted,
-                                        procs.is_alive, WriteTimeout, self._lock._timeout)
-        self._ring = Ring(layout, seg.mmap, self._lock, self._native)
-        self._counters = stats.Counters(layout, seg.mmap)
-        self._ring.counters = self._lock.stats = self._counters
-        if counted:
-            self._counters.claim(self._lock, min(timeout, 1.0))
-        rate = layout.meta.get("rate")
-        self._limiter = None if rate is None else Limiter(RateLimit.from_meta(rate), self._ring)
+        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted)
         prio = layout.meta.get("priority")
-        self._prio = None if prio is None else _priority.Trees(self, prio)
-        self._rng = rng
-        self._lane: int | None = None  # the lane this handle claimed
-        self._lane_pid = 0
-        self._configure()
-        owner_pid = os.getpid() if owner else None
-        self._owner_pid = owner_pid
-        self._finalizer = weakref.finalize(self, _finalize, seg, owner_pid, self._native)
-        _handles.add(self)
+        if prio is not None:
+            engine.trees = _priority.Trees(engine, prio)
+        self._native = engine.native  # the hot paths' one check (None: pure Python, or closed)
+        self._outputs = Outputs(layout.fields)
         return self
 
     @classmethod
@@ -189,15 +117,15 @@ class Buffer:
             if not isinstance(rate, RateLimit):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
-        regions = {stats.REGION: stats.region_bytes(_count(lanes, "lanes", 1))}
+        regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if priority is not None:
             meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
             if not isinstance(fields, Mapping) or _priority.FIELD in fields:
                 raise ValueError(f"fields must be a mapping without {_priority.FIELD!r} (a prioritized "
                                  "buffer keeps the priority a writer passes there)")
             fields = {**fields, _priority.FIELD: ((), np.float64)}
-            regions[_priority.REGION] = _priority.region_bytes(_count(capacity, "capacity", 1),
-                                                               _count(lanes, "lanes", 1))
+            regions[_priority.REGION] = _priority.region_bytes(count(capacity, "capacity", 1),
+                                                               count(lanes, "lanes", 1))
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time(), meta, regions)
         seg = Segment.create(name, layout.total_size)
@@ -239,32 +167,8 @@ class Buffer:
         segment.check_name(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
-        deadline = time.monotonic() + timeout
-        delay = 0.001
-        while True:
-            try:
-                seg = Segment.attach(name)
-            except NotReadyError:
-                seg = None
-            if seg is not None:
-                try:
-                    layout = Layout.read(seg.mmap, name)
-                    break
-                except NotReadyError:
-                    seg.close()
-                except BaseException:
-                    seg.close()
-                    raise
-            if time.monotonic() >= deadline:
-                raise NotReadyError(
-                    f"shared-memory segment {name!r} did not become a complete buffer within "
-                    f"{timeout:g} s: its creator is still creating it, or died doing so (then "
-                    f"remove it with `shmbuf rm {name}`)")
-            time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+        seg, layout = open_segment(name, timeout)
         try:
-            seg.ensure_allocated()
-            check_tables(layout, seg.mmap, name)
             return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
         except BaseException:
             seg.close()
@@ -305,7 +209,7 @@ class Buffer:
             raise ValueError("from_data needs at least one row, got 0")
         if capacity is None:
             capacity = n
-        capacity = _count(capacity, "capacity", 1)
+        capacity = count(capacity, "capacity", 1)
         if n > capacity and not truncate_ok:
             raise ValueError(f"{n} rows do not fit in capacity {capacity}; pass truncate_ok=True "
                              f"to keep the last {capacity}")
@@ -324,28 +228,17 @@ class Buffer:
     @property
     def timeout(self) -> float:
         """Default timeout, in seconds, of this handle's blocking calls."""
-        return self._timeout
+        return self.engine.timeout
 
     @timeout.setter
     def timeout(self, value: float) -> None:
-        self._timeout = validate.timeout(value)
-        self._configure()
-
-    def _configure(self) -> None:
-        """Tell the native path this handle's defaults (its lane, its timeout)."""
-        if self._native is not None:
-            c = self._counters
-            native.configure(self._native, self._seg.fd, 0 if self.lanes == 1 else self.lane,
-                             self._timeout, c.offset, c.lanes_offset if c.present else -1)
+        self.engine.timeout = value
 
     @property
     def native(self) -> bool:
         """True if this handle writes and samples through the C extension (see
         :mod:`shmbuf.core.native`); False on the pure-Python path. Same results either way."""
         return self._native is not None
-
-    def _t(self, timeout: float | None) -> float:
-        return self._timeout if timeout is None else validate.timeout(timeout)
 
     @property
     def unlinked(self) -> bool:
@@ -363,49 +256,46 @@ class Buffer:
             True
             >>> buf.close()
         """
-        return not self._seg.is_linked()
+        return not self.engine.seg.is_linked()
 
     @property
     def name(self) -> str:
         """The name other processes attach with."""
-        return self._seg.name
+        return self.engine.name
 
     @property
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """``{name: (shape, dtype)}``, in schema order (a prioritized buffer's hidden
         ``_priority`` left out)."""
-        return {f.name: (f.shape, f.dtype) for f in self._fields if f.name != _priority.FIELD}
-
-    def _stored(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {f.name: (f.shape, f.dtype) for f in self._fields}
+        return {f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name != _priority.FIELD}
 
     @property
     def meta(self) -> dict[str, Any]:
         """The JSON object given to :meth:`create` as ``meta`` (a copy)."""
-        return json.loads(json.dumps(self._layout.meta))
+        return json.loads(json.dumps(self.engine.layout.meta))
 
     @property
     def capacity(self) -> int:
         """Rows the buffer holds when full (all lanes)."""
-        return self._layout.capacity
+        return self.engine.layout.capacity
 
     @property
     def lanes(self) -> int:
-        return self._layout.lanes
+        return self.engine.layout.lanes
 
     @property
     def lane_capacity(self) -> int:
-        return self._layout.lane_capacity
+        return self.engine.layout.lane_capacity
 
     @property
     def nbytes(self) -> int:
         """Bytes of shared memory the buffer takes (rows, stamps, tables, schema)."""
-        return self._layout.total_size
+        return self.engine.layout.total_size
 
     @property
     def persist(self) -> bool:
         """True if the buffer outlives its creator until :meth:`unlink`."""
-        return bool(self._layout.flags & FLAG_PERSIST)
+        return bool(self.engine.layout.flags & FLAG_PERSIST)
 
     @property
     def is_full(self) -> bool:
@@ -415,20 +305,20 @@ class Buffer:
     @property
     def lane(self) -> int | None:
         """The lane this handle has claimed, if any."""
-        return self._lane if self._lane_pid == os.getpid() else None
+        return self.engine.lane
 
     def __len__(self) -> int:
         """Rows currently held: written, or reserved by a writer still writing them."""
-        return self._ring.size()
+        return self.engine.ring.size()
 
     @property
     def total_added(self) -> int:
         """Rows ever added (all lanes, since creation; :meth:`clear` does not reset it)."""
-        return int(self._ring.lane_table[:, LANE_HEAD].sum())
+        return int(self.engine.ring.lane_table[:, LANE_HEAD].sum())
 
     def lane_sizes(self) -> list[int]:
         """Rows currently held in each lane."""
-        lo, head = self._ring.window()
+        lo, head = self.engine.ring.window()
         return [int(x) for x in head - lo]
 
     def __repr__(self) -> str:
@@ -440,7 +330,7 @@ class Buffer:
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self.engine.closed
 
     # -- writing ---------------------------------------------------------------------
 
@@ -456,13 +346,14 @@ class Buffer:
             1
             >>> buf.close()
         """
-        if self._prio is not None or priority is not None:
-            transition = _priority.with_priority(self, transition, priority, None)
+        engine = self.engine
+        if engine.trees is not None or priority is not None:
+            transition = _priority.with_priority(engine, transition, priority, None)
         fast = self._native
-        if fast is not None and self._limiter is None and fast.add(transition, lane, timeout) is None:
+        if fast is not None and engine.gate is None and fast.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
-        arrays, n = self._schema.check_rows(transition, single=True)
-        self._write(arrays, n, lane, timeout)
+        arrays, n = engine.schema.check_rows(transition, single=True)
+        engine.write(arrays, n, lane, timeout)
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
                truncate_ok: bool = False, timeout: float | None = None,
@@ -481,16 +372,17 @@ class Buffer:
             2
             >>> buf.close()
         """
-        if self._prio is not None or priority is not None:
-            batch = _priority.with_priority(self, batch, priority, 0)
+        engine = self.engine
+        if engine.trees is not None or priority is not None:
+            batch = _priority.with_priority(engine, batch, priority, 0)
         fast = self._native
-        if fast is not None and truncate_ok is False and self._limiter is None \
+        if fast is not None and truncate_ok is False and engine.gate is None \
                 and fast.extend(batch, lane, timeout) is None:
             return  # the common case, checked and written in C
-        arrays, n = self._schema.check_rows(batch, single=False)
+        arrays, n = engine.schema.check_rows(batch, single=False)
         if truncate_ok is not False:
             truncate_ok = validate.flag(truncate_ok, "truncate_ok")
-        cap = self._layout.lane_capacity
+        cap = engine.layout.lane_capacity
         if n > cap:
             if not truncate_ok:
                 per = " per lane" if self.lanes > 1 else ""
@@ -501,26 +393,7 @@ class Buffer:
             n = cap
         if n == 1:
             arrays = [a[0] for a in arrays]  # one row is written without its row axis
-        self._write(arrays, n, lane, timeout)
-
-    def _extend_stored(self, batch: Mapping[str, Any], lane: int, timeout: float | None) -> None:
-        """``extend`` of every stored field, hidden ones included (for the layers built
-        on Buffer: an episode writer gives its final rows no priority)."""
-        arrays, n = self._schema.check_rows(batch, single=False)
-        self._write([a[0] for a in arrays] if n == 1 else arrays, n, lane, timeout)
-
-    def _write(self, arrays: list[np.ndarray], n: int, lane: int | None,
-               timeout: float | None) -> None:
-        timeout = self._timeout if timeout is None else validate.timeout(timeout)
-        if self._limiter is not None:
-            self._limiter.before_insert(n, timeout)
-        if lane is None and self._layout.lanes == 1:
-            lane = 0
-        else:
-            lane = self._resolve_lane(lane, timeout)
-        if not self._prefaulted[lane]:
-            self.prefault(lane)
-        self._ring.put(lane, n, arrays, timeout)
+        engine.write(arrays, n, lane, timeout)
 
     def prefault(self, lane: int | None = None) -> None:
         """Map the buffer's pages (one lane's, or all) into this process now.
@@ -531,26 +404,7 @@ class Buffer:
         (about 0.25 s per GB, once); call it for the whole buffer in a learner that
         wants full sampling speed from its first batch. A no-op where unsupported.
         """
-        lanes = range(self.lanes) if lane is None else [lane]
-        lc, layout = self.lane_capacity, self._layout
-        ranges = [(layout.rows_offset + layout.row_stride * i * lc, layout.row_stride * lc) for i in lanes]
-        ranges += [(f.offset + f.row_bytes * i * lc, f.row_bytes * lc) for f in self._fields
-                   for i in lanes if not f.packed]
-        self._seg.populate(ranges)
-        for i in lanes:
-            self._prefaulted[i] = 1
-
-    def _resolve_lane(self, lane: int | None, timeout: float) -> int:
-        if lane is None:
-            if self._layout.lanes == 1:
-                return 0
-            if self.lane is None:
-                self.claim_lane(timeout=timeout)
-            return self._lane  # type: ignore[return-value]
-        if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) \
-                or not 0 <= lane < self._layout.lanes:
-            raise ValueError(f"lane must be an int in [0, {self._layout.lanes}), got {lane!r}")
-        return int(lane)
+        self.engine.prefault(lane)
 
     # -- lanes -----------------------------------------------------------------------
 
@@ -567,24 +421,11 @@ class Buffer:
             0
             >>> buf.close()
         """
-        if self.lane is not None:
-            if lane is None or lane == self._lane:
-                return self._lane  # type: ignore[return-value]
-            raise RuntimeError(f"this handle already claimed lane {self._lane}; release_lane() first")
-        if lane is not None:
-            lane = self._resolve_lane(lane, 0)
-        got = self._ring.claim(lane, self._t(timeout))
-        self._lane, self._lane_pid = got, os.getpid()
-        self._configure()
-        return got
+        return self.engine.claim_lane(lane, self.engine.seconds(timeout))
 
     def release_lane(self, *, timeout: float | None = None) -> None:
         """Give up this handle's lane claim (no-op without one)."""
-        if self.lane is not None:
-            self._ring.release(self._lane, self._t(timeout))  # type: ignore[arg-type]
-        self._lane = None
-        if not self.closed:
-            self._configure()
+        self.engine.release_lane(self.engine.seconds(timeout))
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.
@@ -602,8 +443,7 @@ class Buffer:
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
-        lead = (n,) if length is None else (n, length)
-        return {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
+        return self._outputs.empty((n,) if length is None else (n, length))
 
     def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
                beta: float | None = None) -> Batch:
@@ -622,15 +462,12 @@ class Buffer:
             ((4,), dtype('int64'))
             >>> buf.close()
         """
-        n = _count(n, "n")
-        if self._prio is not None or beta is not None:
-            return _priority.buffer_sample(self, n, beta, out, timeout)
-        out, arrays = self._prepare_out(out, (n,))
-        if self._limiter is not None:
-            self._limiter.before_sample(n, self._t(timeout))
-        sampling.sample_windows(self._ring, self._rng, n, 1, arrays,
-                                self._t(timeout))
-        self._counters.sampled(n)
+        n = count(n, "n")
+        engine = self.engine
+        if engine.trees is not None or beta is not None:
+            return _priority.buffer_sample(engine, n, beta, out, timeout)
+        out, arrays = self._outputs.prepare(out, (n,))
+        engine.sample_windows(n, 1, arrays, timeout)
         return out
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
@@ -649,9 +486,10 @@ class Buffer:
             True
             >>> buf.close()
         """
-        if self._prio is None:
+        engine = self.engine
+        if engine.trees is None:
             raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
-        return _priority.update(self, index, priorities, self._t(timeout))
+        return _priority.update(engine, index, priorities, engine.seconds(timeout))
 
     def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
                          timeout: float | None = None, lane: int | None = None) -> Batch:
@@ -669,42 +507,14 @@ class Buffer:
             (2, 3)
             >>> buf.close()
         """
-        batch = _count(batch, "batch")
-        length = _count(length, "length", 1)
-        out, arrays = self._prepare_out(out, (batch, length))
+        batch = count(batch, "batch")
+        length = count(length, "length", 1)
+        out, arrays = self._outputs.prepare(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
-        if self._limiter is not None:
-            self._limiter.before_sample(batch, self._t(timeout))
-        if lane is not None:
-            lane = self._resolve_lane(lane, 0)
-        sampling.sample_windows(self._ring, self._rng, batch, length, flat,
-                                self._t(timeout), lane)
-        self._counters.sampled(batch * length)
-        if self._prio is not None:
+        self.engine.sample_windows(batch, length, flat, timeout, lane)
+        if self.engine.trees is not None:
             out.pop(_priority.FIELD, None)  # (kept by shmbuf)
         return out
-
-    def _prepare_out(self, out: Batch | None, lead: tuple[int, ...]) -> tuple[Batch, list[np.ndarray]]:
-        """``out`` (made if None, checked if new) and its arrays in field order."""
-        if out is None:
-            try:
-                out = {f.name: np.empty(lead + f.shape, f.dtype) for f in self._fields}
-            except (ValueError, MemoryError):
-                rows = math.prod(lead)
-                raise ValueError(
-                    f"cannot allocate a batch of {rows:,} rows ({rows * self._layout.row_bytes:,} "
-                    "bytes); ask for fewer rows per call") from None
-            return out, list(out.values())
-        try:
-            arrays = [out[k] for k in self._names]
-        except (KeyError, TypeError):
-            arrays = []
-        key = [out, *arrays]
-        if lead != self._out_lead or len(key) != len(self._out_ok) \
-                or not all(map(operator.is_, key, self._out_ok)):
-            validate.check_out(self._fields, out, lead)
-            self._out_ok, self._out_lead = key, lead
-        return out, arrays
 
     # -- state -----------------------------------------------------------------------
 
@@ -717,7 +527,7 @@ class Buffer:
             0
             >>> buf.close()
         """
-        self._ring.clear(self._t(timeout))
+        self.engine.ring.clear(self.engine.seconds(timeout))
 
     def stats(self) -> dict[str, Any]:
         """Counters of the buffer, kept by every handle of every process in the segment
@@ -734,7 +544,7 @@ class Buffer:
             (4, 1, 3)
             >>> buf.close()
         """
-        return stats.read(self)
+        return stats.read(self.engine)
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.
@@ -752,8 +562,8 @@ class Buffer:
             True
             >>> a.close(); b.close()
         """
-        return _state.snapshot(self._ring, self._stored(), self._rng.bit_generator.state,
-                               self._t(timeout))
+        e = self.engine
+        return _state.snapshot(e.ring, e.layout.stored(), e.rng.bit_generator.state, e.seconds(timeout))
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -763,9 +573,10 @@ class Buffer:
         lock, after letting the writes in flight finish. Rows get new sequence numbers
         (``total_added`` grows); ``len()``, the rows and the samples are as saved.
         """
-        checked = _state.check(state, self._layout, self._stored())
-        _state.restore(self._ring, checked, self._t(timeout))
-        self._rng = checked["rng"]
+        e = self.engine
+        checked = _state.check(state, e.layout, e.layout.stored())
+        _state.restore(e.ring, checked, e.seconds(timeout))
+        e.rng = checked["rng"]
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False,
              progress: bool | None = None, timeout: float | None = None) -> dict[str, Any]:
@@ -793,8 +604,8 @@ class Buffer:
         """
         from . import persist
 
-        return persist.save(self, path, overwrite=validate.flag(overwrite, "overwrite"),
-                            progress=progress, timeout=self._t(timeout))
+        return persist.save(self.engine, path, overwrite=validate.flag(overwrite, "overwrite"),
+                            progress=progress, timeout=self.engine.seconds(timeout))
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, name: str | None = None, persist: bool = False,
@@ -826,16 +637,8 @@ class Buffer:
 
         Arrays returned by :meth:`sample` are copies and stay valid.
         """
-        if not self._finalizer.alive:
-            return
-        try:
-            self.release_lane(timeout=1.0)
-        except (TimeoutError, OSError, ValueError):
-            pass  # the kernel and the liveness check free it anyway
-        self._counters.release()
-        self._ring = _Closed(self.name)  # type: ignore[assignment]
-        self._native = None  # calls go to _ring, which says it is closed
-        self._finalizer()
+        self._native = None  # calls go to the engine's ring, which says it is closed
+        self.engine.close()
 
     def unlink(self) -> None:
         """Destroy the buffer's name now, from any handle; a second call is harmless.
@@ -843,7 +646,7 @@ class Buffer:
         Processes that have it attached keep working on it until they close; nobody
         can attach any more.
         """
-        self._seg.unlink()
+        self.engine.seg.unlink()
 
     def __enter__(self) -> "Buffer":
         return self
@@ -853,19 +656,11 @@ class Buffer:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickles as its name: unpickling attaches (in any process, any start method)."""
-        return (_attach, (self.name, self._timeout))
+        return (_attach, (self.name, self.engine.timeout))
 
 
 def _attach(name: str, timeout: float) -> Buffer:
     return Buffer.attach(name, timeout=timeout)
-
-
-def _count(value: Any, what: str, minimum: int = 0) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{what} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class LaneWriter:

@@ -46,11 +46,11 @@ def _keys(ebuf: "EpisodeBuffer", action: str) -> dict[str, str]:
     obs = ebuf.observations
     keys = {o: "observations" if len(obs) == 1 else f"observations/{o}" for o in obs}
     keys.update({"next_" + o: "next_" + k for o, k in keys.items()})
-    if action in ebuf._user:
+    if action in ebuf.user_fields:
         keys[action] = "actions"
     if ebuf.reward is not None:
         keys[ebuf.reward] = "rewards"
-    for name in ebuf._user:
+    for name in ebuf.user_fields:
         keys.setdefault(name, f"fields/{name}")
     return keys
 
@@ -92,7 +92,7 @@ def _write(h5py: Any, path: Any, ebuf: "EpisodeBuffer", episodes: list, keys: di
            action: str, compression: Any) -> None:
     with h5py.File(os.fspath(path), "w") as f:
         f.attrs.update({"format": FORMAT, "version": VERSION, "observations": list(ebuf.observations),
-                        "action": action if action in ebuf._user else "", "reward": ebuf.reward or ""})
+                        "action": action if action in ebuf.user_fields else "", "reward": ebuf.reward or ""})
         for name, key in keys.items():
             shape, dtype = ebuf.core.fields[name[5:] if name.startswith("next_") else name]
             data = np.concatenate([e[name] for e in episodes]) if episodes else np.empty((0,) + shape, dtype)

@@ -28,14 +28,13 @@ creator passes it to ``create``, other processes to ``attach``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .episodes import gather
+from .episodes.parts import Episodes
 
-if TYPE_CHECKING:
-    from .episodes.buffer import EpisodeBuffer
 
 STRATEGIES = ("future", "final", "episode")
 _ROUNDS = 4  # reads of a goal before a transition keeps its own (its episode is being evicted)
@@ -106,11 +105,11 @@ class HER:
         if frame_stack != 1:
             raise ValueError("HER does not relabel stacked observations: use frame_stack=1")
 
-    def relabel(self, ebuf: "EpisodeBuffer", batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def relabel(self, ebuf: Episodes, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Relabel ``batch`` (drawn by the transition sampler with where each step is)
         in place; returns it without the position keys."""
         lane, seq, start = batch.pop("_lane"), batch.pop("_seq"), batch.pop("_start")
-        rng = ebuf.core._rng
+        rng = ebuf.engine.rng
         whole, frac = divmod(float(self.ratio) * len(seq), 1.0)
         k = int(whole) + (rng.random() < frac if frac else 0)
         if k == 0:
@@ -135,20 +134,20 @@ class HER:
         return batch
 
 
-def _goals(ebuf: "EpisodeBuffer", her: HER, lane: np.ndarray, seq: np.ndarray, start: np.ndarray,
+def _goals(ebuf: Episodes, her: HER, lane: np.ndarray, seq: np.ndarray, start: np.ndarray,
            out: np.ndarray) -> np.ndarray:
     """Draw a goal row for each transition (step ``seq`` of ``lane``, its episode
     starting at ``start``) and copy its achieved goal into ``out``. Returns the mask of
     the transitions that got one: a goal row that was not an intact row of the
     episode when copied (overwritten since the search) is drawn again, a few times."""
-    ring, rng = ebuf.core._ring, ebuf.core._rng
+    ring, rng = ebuf.engine.ring, ebuf.engine.rng
     got = np.zeros(len(seq), bool)
     todo = slice(None)  # then the indices of the transitions still without a goal
     for _ in range(_ROUNDS):
         ln, s, t = lane[todo], start[todo], seq[todo]
         # the episode's last row (final, or newest published): row t + 1 is of it (the
         # transition's next row, read with the check)
-        last = ebuf._episode_ends().last_rows(ln, t + 1, s)
+        last = ebuf.episode_ends().last_rows(ln, t + 1, s)
         first = {"future": t + 1, "final": last}.get(her.strategy)
         if first is None:  # "episode": from its first step's next row on, the ones still there
             first = np.maximum(s + 1, ring.window()[0][ln])  # (above last: no row, nothing got)

@@ -51,20 +51,19 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import psutil
 from numpy.lib import format as npformat
 
-from .core import procs, segment
-from . import __version__, state
 from . import priority as _priority
-from .core.layout import CTRL_SAMPLED, Layout, dtype_from_json, normalize_fields
+from . import state
+from .core import procs, segment
+from .core.engine import Engine
+from .core.layout import CTRL_SAMPLED, FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
 from .core.ratelimit import RateLimit
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
+from .version import __version__
 
 FORMAT = "shmbuf-save"
 FORMAT_VERSION = 1
@@ -112,11 +111,11 @@ def _field_file(i: int) -> str:
     return f"field-{i:03d}.npy"
 
 
-def _leaves(buf: "Buffer", timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
+def _leaves(engine: Engine, timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
     """A prioritized buffer's leaves ``p**a`` and leaf sequence numbers, each leaf read
     together with its sequence number (seqlock, chunk by chunk; a chunk that keeps
     changing is read under the lock), and the largest priority set."""
-    trees = buf._prio
+    trees = engine.trees
     cap, P = trees.capacity, trees.P
     leaf, seq = np.empty(cap), np.empty(cap, np.int64)
     chunk = 1 << 15
@@ -194,9 +193,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
+def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
          progress: bool | None = None, timeout: float) -> dict[str, Any]:
-    """Save ``buf`` (a live :class:`~shmbuf.Buffer`) into the directory ``path``; see
+    """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
     the module docstring. Returns a summary: path, rows kept, rows left out (being
     written or overwritten during the save), bytes and seconds."""
     t0 = time.monotonic()
@@ -208,20 +207,20 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
     pid, ctime = procs.identity()
     tmp = parent / f".{dest.name}.shmbuf-tmp-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
     tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
-    ring, layout = buf._ring, buf._layout
+    ring, layout = engine.ring, engine.layout
     try:
-        leaves = _leaves(buf, timeout) if buf._prio is not None else None
+        leaves = _leaves(engine, timeout) if engine.trees is not None else None
         pos = state.positions(ring, timeout)  # (after the leaves: rows newer than them are synced anew)
         sampled = int(ring.control[CTRL_SAMPLED])
         heads, bases = pos[:, 0], pos[:, 1]
-        fields = buf._stored()
+        fields = engine.layout.stored()
         files, data = {}, {}
         try:
             for i, (name, (shape, dtype)) in enumerate(fields.items()):
                 files[name] = _field_file(i)
                 data[name] = _NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
             stamps = np.empty(layout.capacity, np.int64)
-            bar = Progress(f"shmbuf save {buf.name}", layout.capacity * (layout.row_bytes + 8), progress)
+            bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
             kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
             bar.close()
         finally:
@@ -235,18 +234,18 @@ def save(buf: "Buffer", path: str | os.PathLike, *, overwrite: bool = False,
             rows = stamps // 2 - 1  # (a saved row's sequence number)
             with private_file(tmp / PRIORITY_FILE) as f:
                 np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
-        lo = state._windows(heads, bases, layout.lane_capacity)
+        lo = state.windows(heads, bases, layout.lane_capacity)
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
-            "kind": buf._layout.meta.get("kind", "buffer"), "name": buf.name,
-            "capacity": layout.capacity, "lanes": layout.lanes, "persist": buf.persist,
+            "kind": engine.layout.meta.get("kind", "buffer"), "name": engine.name,
+            "capacity": layout.capacity, "lanes": layout.lanes, "persist": bool(engine.layout.flags & FLAG_PERSIST),
             "fields": [{"name": k, "dtype": npformat.dtype_to_descr(np.dtype(d)), "shape": list(s),
                         "file": files[k]} for k, (s, d) in fields.items()],
             "meta": layout.meta,
             "lanes_state": {"head": heads.tolist(), "base": bases.tolist(),
                             "episodes": pos[:, 2].tolist()},
             "sampled": sampled, "max_priority": max_priority,
-            "rng": buf._rng.bit_generator.state,
+            "rng": engine.rng.bit_generator.state,
             "rows": kept, "rows_left_out": int((heads - lo).sum()) - kept,
             "saved_at": time.time(),
         }
@@ -465,7 +464,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
-         restore_rng: bool, seed: Any, timeout: float, progress: bool | None) -> "Buffer":
+         restore_rng: bool, seed: Any, timeout: float, progress: bool | None) -> Any:
     """A new buffer (``cls``: Buffer) holding what ``save`` wrote at ``path``; see the
     module docstring."""
     got = read(path)
@@ -505,28 +504,28 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
                      name=got["name"] if name is None else name, persist=persist, seed=seed,
                      timeout=timeout, meta=meta, **kwargs)
     try:
-        if buf._stored() != got["fields"]:  # (cannot happen: create makes the same layout)
+        if buf.engine.layout.stored() != got["fields"]:  # (cannot happen: create makes the same layout)
             raise _bad(got["path"], "the buffer made from it has another schema")
-        lay = buf._layout
+        lay = buf.engine.layout
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
-            state.restore(buf._ring, checked, timeout, progress=bar)
+            state.restore(buf.engine.ring, checked, timeout, progress=bar)
         else:
             readers = {k: _NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
-                state.restore(buf._ring, {**checked, "data": readers}, timeout, progress=bar)
+                state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar)
             finally:
                 for r in readers.values():
                     r.close()
         bar.close()
-        with buf._lock.hold(timeout):
-            buf._ring.control[CTRL_SAMPLED] = got["sampled"]
+        with buf.engine.lock.hold(timeout):
+            buf.engine.ring.control[CTRL_SAMPLED] = got["sampled"]
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
             _restore_leaves(buf, leaf, checked["stamps"], float(got["max_priority"]), timeout)
         if restore_rng:
-            buf._rng = checked["rng"]
+            buf.engine.rng = checked["rng"]
     except BaseException:
         buf.unlink()
         buf.close()
@@ -538,12 +537,12 @@ def _restore_leaves(buf: "Buffer", leaf: np.ndarray, stamps: np.ndarray, top: fl
                     timeout: float) -> None:
     """The saved rows' leaves into the trees; rows saved before they were synced get
     theirs from their ``_priority`` at the next sync, as they would have."""
-    trees = buf._prio
+    trees = buf.engine.trees
     rows = stamps // 2 - 1
     set_ = np.flatnonzero((stamps > 0) & ~np.isnan(leaf))
     with trees.change(timeout):
         trees.headf[_priority.H_MAX] = top
         trees.seq[set_] = rows[set_] + 1
         trees.set(set_, leaf[set_])
-        trees.synced[:, 1] = buf._ring.lane_table[:, 1]  # base seen: the loaded bases
-        trees.synced[:, 0] = buf._ring.lane_table[:, 1]  # the rest synced from the base up
+        trees.synced[:, 1] = buf.engine.ring.lane_table[:, 1]  # base seen: the loaded bases
+        trees.synced[:, 0] = buf.engine.ring.lane_table[:, 1]  # the rest synced from the base up

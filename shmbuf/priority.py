@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from .core import native, sampling
 from .core.layout import LANE_BASE, LANE_HEAD
+from .core.engine import Engine
 from .core.segment import FormatError
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
 
 REGION = "priority"
 FIELD = "_priority"
@@ -103,19 +101,19 @@ def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
 class Trees:
     """Views on a buffer's priority region, and the operations on them."""
 
-    def __init__(self, buf: "Buffer", meta: Any) -> None:
-        layout, mem = buf._layout, buf._seg.mmap
+    def __init__(self, engine: Engine, meta: Any) -> None:
+        layout, mem = engine.layout, engine.seg.mmap
         off, size = layout.regions.get(REGION, (0, 0))
         field = {f.name: f for f in layout.fields}.get(FIELD)
         try:
             alpha = check_alpha(meta.get("alpha") if isinstance(meta, dict) else None)
         except ValueError as exc:
-            raise FormatError(f"buffer {buf.name!r}: bad priority settings: {exc}") from None
+            raise FormatError(f"buffer {engine.name!r}: bad priority settings: {exc}") from None
         if size != region_bytes(layout.capacity, layout.lanes) or field is None \
                 or (field.shape, field.dtype) != ((), np.dtype(np.float64)):
-            raise FormatError(f"buffer {buf.name!r} is prioritized but its priority region ({size} bytes) "
+            raise FormatError(f"buffer {engine.name!r} is prioritized but its priority region ({size} bytes) "
                               f"or field ({field}) is not the one its capacity and lanes need")
-        self.alpha, self.ring, self.lock = alpha, buf._ring, buf._lock
+        self.alpha, self.ring, self.lock = alpha, engine.ring, engine.lock
         self.capacity, self.lanes, self.lc = layout.capacity, layout.lanes, layout.lane_capacity
         self.P = P = leaves(layout.capacity)
         self.head = np.ndarray((_HEAD_WORDS,), np.int64, mem, off)
@@ -126,8 +124,8 @@ class Trees:
         self.sum = np.ndarray((2 * P,), np.float64, mem, off)
         self.min = np.ndarray((2 * P,), np.float64, mem, off + 16 * P)
         self.seq = np.ndarray((layout.capacity,), np.int64, mem, off + 32 * P)
-        self.prio = buf._ring.arrays[FIELD]
-        self._native = native._native if buf._native is not None else None
+        self.prio = engine.ring.arrays[FIELD]
+        self._native = native.extension() if engine.native is not None else None
 
     # -- changing the trees (under the lock) ----------------------------------------
 
@@ -309,10 +307,10 @@ def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # -- the Buffer operations ---------------------------------------------------------
 
-def with_priority(buf: "Buffer", data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
+def with_priority(engine: Engine, data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
     """``data`` (of ``add``: ``axis`` None, or ``extend``: 0) with the hidden priority
     field (0: the largest priority ever set)."""
-    if buf._prio is None:
+    if engine.trees is None:
         raise ValueError("priority= is for a prioritized buffer: create it with priority=<exponent>")
     if not isinstance(data, Mapping):
         raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
@@ -334,49 +332,49 @@ def with_priority(buf: "Buffer", data: Any, priority: Any, axis: int | None) -> 
     return {**data, FIELD: p}
 
 
-def buffer_sample(buf: "Buffer", n: int, beta: Any, out: Any, timeout: float | None) -> dict[str, np.ndarray]:
+def buffer_sample(engine: Engine, n: int, beta: Any, out: Any, timeout: float | None) -> dict[str, np.ndarray]:
     """``Buffer.sample`` of a prioritized buffer (or with ``beta=``: an error if not)."""
-    if buf._prio is None:
+    if engine.trees is None:
         raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
     if out is not None:
         raise ValueError("out= is not supported by prioritized sampling")
     beta = check_beta(beta)
-    if buf._limiter is not None:
-        buf._limiter.before_sample(n, buf._t(timeout))
-    out = sample(buf, n, beta, buf._t(timeout))
-    buf._counters.sampled(n)
+    if engine.gate is not None:
+        engine.gate.before_sample(n, engine.seconds(timeout))
+    out = sample(engine, n, beta, engine.seconds(timeout))
+    engine.counters.sampled(n)
     return out
 
 
-def sample(buf: "Buffer", n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
+def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
     """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module)."""
-    trees: Trees = buf._prio
-    fields = [f for f in buf._fields if f.name != FIELD]
+    trees: Trees = engine.trees
+    fields = [f for f in engine.fields if f.name != FIELD]
     deadline = time.monotonic() + timeout
-    out, slots, p, seq, low, ok = _round(buf, trees, fields, n, deadline, timeout)
+    out, slots, p, seq, low, ok = _round(engine, trees, fields, n, deadline, timeout)
     if ok is not None and not ok.all():  # rows overwritten since the draw (or rounding): again
-        out, slots, p, seq, low = _again(buf, trees, fields, out, slots, p, seq, low, ok, deadline, timeout)
+        out, slots, p, seq, low = _again(engine, trees, fields, out, slots, p, seq, low, ok, deadline, timeout)
     out["weight"] = np.power(low / p, beta)
     out["index"] = np.stack([slots, seq], axis=1)
     return out
 
 
-def _round(buf: "Buffer", trees: Trees, fields: list, m: int, deadline: float, timeout: float) -> tuple:
+def _round(engine: Engine, trees: Trees, fields: list, m: int, deadline: float, timeout: float) -> tuple:
     """Sync, draw ``m`` rows by priority and copy them: (rows, slots, leaves, sequence
     numbers, the smallest leaf, the mask of the good ones or None for all)."""
     with trees.change(max(0.0, deadline - time.monotonic())):
         trees.sync()
-    slots, p, seq, low = trees.draw(buf._rng, m, deadline, timeout)
+    slots, p, seq, low = trees.draw(engine.rng, m, deadline, timeout)
     drawn = (p > 0) & (seq >= 0)  # (rounding may reach an empty leaf)
     np.maximum(seq, 0, out=seq)
     got = {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
-    ok = sampling.copy_windows(buf._ring, slots // trees.lc, seq, 1, None, [got.get(f.name) for f in buf._fields])
+    ok = sampling.copy_windows(engine.ring, slots // trees.lc, seq, 1, None, [got.get(f.name) for f in engine.fields])
     if drawn.all():
         return got, slots, p, seq, low, ok
     return got, slots, p, seq, low, drawn if ok is None else drawn & ok
 
 
-def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarray, p: np.ndarray,
+def _again(engine: Engine, trees: Trees, fields: list, out: dict, slots: np.ndarray, p: np.ndarray,
            seq: np.ndarray, low: float, ok: np.ndarray, deadline: float, timeout: float) -> tuple:
     """Draw again for the rows that were not good, until all are (or the deadline)."""
     todo = np.flatnonzero(~ok)
@@ -384,7 +382,7 @@ def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarr
         if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(f"could not draw {len(todo)} intact rows by priority within "
                                          f"{timeout:g} s")
-        got, s2, p2, q2, low2, ok2 = _round(buf, trees, fields, len(todo), deadline, timeout)
+        got, s2, p2, q2, low2, ok2 = _round(engine, trees, fields, len(todo), deadline, timeout)
         low = min(low, low2)  # (every weight <= 1, whichever version of the trees it was drawn from)
         ok2 = np.ones(len(todo), bool) if ok2 is None else ok2
         fill = todo[ok2]
@@ -395,25 +393,25 @@ def _again(buf: "Buffer", trees: Trees, fields: list, out: dict, slots: np.ndarr
     return out, slots, p, seq, low
 
 
-def leaf_values(buf: "Buffer", slots: np.ndarray) -> np.ndarray:
+def leaf_values(engine: Engine, slots: np.ndarray) -> np.ndarray:
     """The ``p**a`` the trees hold now for ``slots`` (no lock: read right after a
     sample, by the only process that changes the trees, they are the values drawn)."""
-    trees: Trees = buf._prio
+    trees: Trees = engine.trees
     return trees.sum[trees.P + np.asarray(slots, np.int64)]
 
 
-def totals(buf: "Buffer", timeout: float) -> tuple[float, float]:
+def totals(engine: Engine, timeout: float) -> tuple[float, float]:
     """The buffer's priority mass ``sum p**a`` and smallest ``p**a`` (0.0, 0.0 if
     empty), its newest rows included (synced first): what a sampler over several buffers
     (``shmbuf.ray``) draws its per-buffer counts and weights by."""
-    trees: Trees = buf._prio
+    trees: Trees = engine.trees
     with trees.change(timeout):
         trees.sync()
         return float(trees.sum[1]), float(trees.min[1])
 
 
-def update(buf: "Buffer", index: Any, priorities: Any, timeout: float) -> int:
-    trees: Trees = buf._prio
+def update(engine: Engine, index: Any, priorities: Any, timeout: float) -> int:
+    trees: Trees = engine.trees
     idx = np.asarray(index)
     if idx.ndim != 2 or idx.shape[1] != 2 or idx.dtype.kind not in "iu":
         raise ValueError(f"index must be the (n, 2) integer array sample() returned as 'index' (slot, row), "

@@ -32,7 +32,7 @@ FORMAT = "shmbuf.Buffer"
 VERSION = 1
 
 
-def _windows(heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
+def windows(heads: np.ndarray, bases: np.ndarray, lc: int) -> np.ndarray:
     """Per lane, the lowest sequence number that counts (see ``Ring.window``)."""
     return np.maximum(np.minimum(bases, heads), heads - lc)
 
@@ -53,7 +53,7 @@ def _in_window(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray, lc: int
     lane's window ``lo .. head``."""
     lane = _div(first_slot + np.arange(len(stamps)), lc)
     seq = (stamps >> 1) - 1
-    lo = _windows(heads, bases, lc)
+    lo = windows(heads, bases, lc)
     return (stamps > 0) & ((stamps & 1) == 0) & (seq >= lo[lane]) & (seq < heads[lane])
 
 
@@ -248,7 +248,7 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
         ring.lane_table[:, LANE_OWN_COUNT] = 0
         ring.lane_table[:, LANE_CLAIM_PID] = 0
         now = ring.lane_table[:, LANE_HEAD].copy()
-        lo = _windows(checked["heads"], checked["bases"], lc)
+        lo = windows(checked["heads"], checked["bases"], lc)
         shift = -(-np.maximum(now - lo, 0) // lc) * lc  # per lane: past every number used
         stamps = checked["stamps"]
         lane = np.arange(len(stamps)) // lc

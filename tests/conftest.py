@@ -84,10 +84,10 @@ def break_protection(monkeypatch):
             monkeypatch.setattr(ring.Ring, "_wait_for_older", lambda self, *a: None)
             bits = 2
         if native.available():
-            native._native.set_faults(bits)
+            native.extension().set_faults(bits)
     yield brk
     if native.available():
-        native._native.set_faults(0)
+        native.extension().set_faults(0)
 
 
 MUJOCO = {"obs": ((17,), "float32"), "action": ((6,), "float32"),

@@ -61,7 +61,7 @@ def break_stamp_check() -> None:
     from shmbuf.core import native, sampling
     sampling.copy_windows = copy_windows_unchecked
     if native.available():
-        native._native.set_faults(1)
+        native.extension().set_faults(1)
 
 
 def storm_writer(name: str, writer: int, chunk: int, seconds: float, ready, stop, results,

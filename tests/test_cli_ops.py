@@ -94,12 +94,12 @@ def test_stats_count_in_every_process(name):
             assert s["batches_sampled"] == 2 and s["rows_sampled"] == 7
             (me,) = s["processes"]  # two handles, one process: one line
             assert me["pid"] == os.getpid() and me["alive"] and me["writes"] == 2
-            assert other._counters.index == buf._counters.index > 0  # one slot, the process's
+            assert other.engine.counters.index == buf.engine.counters.index > 0  # one slot, the process's
         s = buf.stats()  # a closed handle's counts are kept (in its process's slot)
         assert s["batches_sampled"] == 2 and s["processes"][0]["batches_sampled"] == 2
         for _ in range(100):  # handles opened and dropped, never closed: no slot more
             shmbuf.Buffer.attach(name).sample(1)
-        assert sum(1 for i in range(1, 64) if buf._counters.slots[i, 0]) == 1
+        assert sum(1 for i in range(1, 64) if buf.engine.counters.slots[i, 0]) == 1
 
 
 def test_gc_removes_only_provably_orphaned_buffers(name):
@@ -204,11 +204,11 @@ def test_slots_of_dead_processes_are_reclaimed_and_their_counts_kept(name):
                           text=True, check=True)
     dead_pid = int(dead.stdout)
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
-        c = buf._counters
+        c = buf.engine.counters
         for i in range(1, 64):  # every slot: a dead process that sampled 5 batches (this one's too)
             c.slots[i, 0], c.slots[i, 2] = dead_pid, 5
         with shmbuf.Buffer.attach(name) as other:
-            assert other._counters.index > 0  # a dead one's slot, taken
+            assert other.engine.counters.index > 0  # a dead one's slot, taken
             assert int(c.slots[0, 2]) == 5  # its counts folded into the retired slot
             assert buf.stats()["batches_sampled"] == 63 * 5
         live_pid = os.getppid()  # every slot held by a live process (another one)
@@ -216,7 +216,7 @@ def test_slots_of_dead_processes_are_reclaimed_and_their_counts_kept(name):
             c.slots[i, 0] = live_pid
             c.slots_f[i, 1] = psutil.Process(live_pid).create_time()
         with shmbuf.Buffer.attach(name) as third:
-            assert third._counters.index == 0  # the shared slot
+            assert third.engine.counters.index == 0  # the shared slot
             third.add({"x": 1})
             assert int(c.slots[0, 7]) == 1  # its write, counted there
 

@@ -62,7 +62,7 @@ def test_state_dict_round_trip_gives_identical_samples(name):
         a.add(step(t))
     a.sample(4, 2)
     sd = a.state_dict()
-    assert sd["_buffer"]["data"]["reward"] is not a._core._ring.arrays["reward"]  # copies
+    assert sd["_buffer"]["data"]["reward"] is not a._core.engine.ring.arrays["reward"]  # copies
     expected = [a.sample(6, 3)["reward"].tolist() for _ in range(3)]
     b = SequentialBuffer(8, seed=99, name=name + "b")
     b.load_state_dict(sd)

@@ -284,7 +284,7 @@ def test_full_reservation_table_of_dead_writers_is_reclaimed(name):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(30)
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
-        res = buf._ring.res
+        res = buf.engine.ring.res
         res[:, 0] = dead.pid  # every entry held by a process that has exited
         res[:, 2] = 0
         res[:, 3] = 10**6  # far ahead: overlaps nothing anyone waits for

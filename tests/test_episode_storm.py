@@ -87,10 +87,10 @@ def test_the_storm_sees_episodes_mixed_when_the_boundary_check_is_off(name, monk
         return real(ring_, lane, first, length, lo, out, per_row)
     monkeypatch.setattr(sampling, "copy_windows", no_boundary)  # the pure-Python path
     if native.available():
-        native._native.set_faults(4)  # the native path's segment check (this process only)
+        native.extension().set_faults(4)  # the native path's segment check (this process only)
     try:
         checked, errors, _ = episode_storm(name, seconds=1.5)
     finally:
         if native.available():
-            native._native.set_faults(0)
+            native.extension().set_faults(0)
     assert errors["transition"] > 0 and errors["n-step"] > 0, (errors, checked)

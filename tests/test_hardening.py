@@ -34,7 +34,7 @@ def _fds() -> set[str]:
 
 def _image(fields=X, capacity=8) -> bytes:
     with shmbuf.Buffer.create(fields, capacity) as buf:
-        return bytes(buf._seg.mmap[:buf._layout.total_size])
+        return bytes(buf.engine.seg.mmap[:buf.engine.layout.total_size])
 
 
 # -- create / attach ------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_an_old_creator_exiting_leaves_a_recreated_name_alone(name, tmp_path):
 
 
 def _inode_after_fork(buf, conn):
-    conn.send(os.fstat(buf._seg.fd).st_ino)
+    conn.send(os.fstat(buf.engine.seg.fd).st_ino)
 
 
 def test_a_handle_keeps_its_segment_when_the_name_is_recreated(name):
@@ -163,8 +163,8 @@ def test_a_handle_keeps_its_segment_when_the_name_is_recreated(name):
     first.unlink()
     new = shmbuf.Buffer.create(X, 8, name=name)
     try:
-        ino = os.fstat(first._seg.fd).st_ino
-        assert os.fstat(old._seg.fd).st_ino == ino != os.fstat(new._seg.fd).st_ino
+        ino = os.fstat(first.engine.seg.fd).st_ino
+        assert os.fstat(old.engine.seg.fd).st_ino == ino != os.fstat(new.engine.seg.fd).st_ino
         assert old.unlinked and not new.unlinked
         a, b = mp.get_context("fork").Pipe()
         p = mp.get_context("fork").Process(target=_inode_after_fork, args=(old, b))
@@ -197,7 +197,7 @@ def test_attach_allocates_a_sparse_segment_or_refuses_it(name, monkeypatch):
             with pytest.raises(shmbuf.FormatError, match="sparse.*SIGBUS"):
                 shmbuf.Buffer.attach(name)
         with shmbuf.Buffer.attach(name) as buf:  # fallocate works: attach allocates it
-            st = os.fstat(buf._seg.fd)
+            st = os.fstat(buf.engine.seg.fd)
             assert st.st_blocks * 512 >= st.st_size
             buf.add({"x": 1})
             assert buf.sample(3)["x"].tolist() == [1, 1, 1]
@@ -210,7 +210,7 @@ def test_create_without_fallocate_writes_every_page(name, monkeypatch):
         raise OSError(errno.EOPNOTSUPP, "not supported")
     monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
     with shmbuf.Buffer.create({"x": ((1000,), "float64")}, 300, name=name) as buf:
-        st = os.fstat(buf._seg.fd)
+        st = os.fstat(buf.engine.seg.fd)
         assert st.st_blocks * 512 >= st.st_size
 
 
@@ -220,7 +220,7 @@ def _with_schema(edit, header=None):
     """A real segment image whose schema is edited (a long-named third field, dropped
     first, leaves room) and whose header is patched."""
     with shmbuf.Buffer.create({"x": ((4,), "int64"), "y": ((), "float32"), "p" * 300: ((), "u1")}, 64) as buf:
-        raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
+        raw = bytearray(buf.engine.seg.mmap[:buf.engine.layout.total_size])
     patch_schema_doc(raw, lambda doc: edit(doc.update(fields=doc["fields"][:2]) or doc["fields"]))
     if header:
         header(raw)
@@ -342,7 +342,7 @@ def test_fuzzed_headers_never_crash_the_interpreter(name):
 # -- state_dict / load_state_dict ------------------------------------------------------
 
 def _contents(buf):
-    r = buf._ring
+    r = buf.engine.ring
     return r.stamps.copy(), r.lane_table.copy(), {k: a.copy() for k, a in r.arrays.items()}
 
 
@@ -367,10 +367,10 @@ def test_restore_renumbers_so_no_stamp_from_before_comes_back(name):
     """A sampler overlapping a restore of the same state must see changed stamps."""
     with shmbuf.Buffer.from_data({"x": np.arange(8)}, capacity=8, seed=0, name=name) as buf:
         st = buf.state_dict()
-        old = set(buf._ring.stamps.tolist()) - {0}
+        old = set(buf.engine.ring.stamps.tolist()) - {0}
         before = buf.sample(20)["x"]
         buf.load_state_dict(st)
-        assert not old & set(buf._ring.stamps.tolist())
+        assert not old & set(buf.engine.ring.stamps.tolist())
         assert len(buf) == 8 and buf.sample(20)["x"].tolist() == before.tolist()
 
 
@@ -432,12 +432,12 @@ def test_sequences_never_join_rows_from_both_sides_of_a_clear(name, monkeypatch)
         buf.extend({"x": np.arange(8)})
         buf.clear()
         buf.extend({"x": np.arange(8, 12)})
-        real, calls = buf._ring.window_lists, []
+        real, calls = buf.engine.ring.window_lists, []
 
         def stale():  # a window read across the clear: the old base with the new head
             calls.append(1)
             return ([0], [12]) if len(calls) == 1 else real()
-        monkeypatch.setattr(buf._ring, "window_lists", stale)
+        monkeypatch.setattr(buf.engine.ring, "window_lists", stale)
         got = buf.sample_sequences(300, 3)["x"]
         assert set(got.ravel().tolist()) <= set(range(8, 12)), got
 
@@ -446,7 +446,7 @@ def test_an_emptied_buffer_is_not_blamed_on_dead_writers(name):
     with shmbuf.Buffer.from_data({"x": np.arange(4)}, seed=0) as buf:
         buf.clear()
         with pytest.raises(ValueError, match="empty buffer"):
-            sampling._pool_or_raise(buf._ring, 1, time.monotonic() + 1)
+            sampling._pool_or_raise(buf.engine.ring, 1, time.monotonic() + 1)
 
 
 # -- arguments ---------------------------------------------------------------------------
@@ -488,7 +488,7 @@ def test_lossy_and_bad_values_are_refused_and_change_nothing(name):
                 buf.extend({k: np.array([v, v]) for k, v in dict(row, **bad).items()})
         buf.add(dict(row, h=np.inf, f=np.nan))  # inf and NaN are values, not overflows
         buf.add(dict(row, tag=1.5, u=12))  # (numbers whose text fits: stored as that text)
-        assert buf._ring.arrays["tag"][2] == b"1.5" and buf._ring.arrays["u"][2] == "12"
+        assert buf.engine.ring.arrays["tag"][2] == b"1.5" and buf.engine.ring.arrays["u"][2] == "12"
         assert len(buf) == 3
         for kw in ({"timeout": "x"}, {"timeout": -1.0}):
             with pytest.raises((TypeError, ValueError)):
@@ -572,7 +572,7 @@ def test_corrupt_lane_and_reservation_tables_never_crash(name):
     (the pure path). In a child, so that a segfault shows as a failed exit."""
     with shmbuf.Buffer.create({"x": ((4,), "int64"), "y": ((), "float32")}, 64, lanes=2, name=name) as b:
         b.extend({"x": np.ones((30, 4), np.int64), "y": np.ones(30, np.float32)}, lane=0)
-        image = bytes(b._seg.mmap)
+        image = bytes(b.engine.seg.mmap)
     for seed in (0, 1):
         outcomes = _fuzz(name, "tables", seed, image)
         assert outcomes.get("FormatError", 0) > 50 and outcomes.get("ok", 0) > 10, outcomes
@@ -588,15 +588,15 @@ from shmbuf.core import layout
 with shmbuf.Buffer.create({{"x": ((4,), "int64")}}, 16, name={name!r}) as b:
     b.extend({{"x": np.ones((3, 4), np.int64)}})
     for bad in (-5, 2**63 - 1):
-        b._ring.lane_table[0, layout.LANE_HEAD] = bad
+        b.engine.ring.lane_table[0, layout.LANE_HEAD] = bad
         try:
             b.add({{"x": np.zeros(4, np.int64)}})
         except shmbuf.FormatError as exc:
             assert "lane 0" in str(exc) and str(bad) in str(exc), exc
         else:
             raise AssertionError("written")
-        assert b._ring.lane_table[0, layout.LANE_HEAD] == bad and (b._ring.stamps[3:] == 0).all()
-    b._ring.lane_table[0, layout.LANE_HEAD] = 3
+        assert b.engine.ring.lane_table[0, layout.LANE_HEAD] == bad and (b.engine.ring.stamps[3:] == 0).all()
+    b.engine.ring.lane_table[0, layout.LANE_HEAD] = 3
 print("fine")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -609,11 +609,11 @@ def test_attach_refuses_impossible_table_words(name):
     for what, (column, value, match) in cases.items():
         with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name) as b:
             b.extend({"x": np.arange(5)})
-            b._ring.lane_table[0, column] = value
+            b.engine.ring.lane_table[0, column] = value
             with pytest.raises(shmbuf.FormatError, match=re.escape(match)):
                 shmbuf.Buffer.attach(name, timeout=0.1)
     with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name) as b:
-        b._ring.res[7, :6] = [os.getpid(), 0, 4, 0, 1, 1]  # a reservation of lane 4 of a 1-lane buffer
+        b.engine.ring.res[7, :6] = [os.getpid(), 0, 4, 0, 1, 1]  # a reservation of lane 4 of a 1-lane buffer
         with pytest.raises(shmbuf.FormatError, match="lane of reservation 7 holds 4"):
             shmbuf.Buffer.attach(name, timeout=0.1)
 
@@ -625,14 +625,14 @@ def test_a_refused_sample_leaves_the_generator_as_it_was(name):
     took its random numbers before finding that no window existed)."""
     def state(b):
         core = getattr(b, "core", b)
-        return json.dumps(core._rng.bit_generator.state, sort_keys=True, default=str)
+        return json.dumps(core.engine.rng.bit_generator.state, sort_keys=True, default=str)
 
     with shmbuf.Buffer.create({"x": ((), "int64")}, 16, lanes=2, name=name, seed=3) as b, \
             shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name + "-p", seed=3, priority=0.6) as p, \
             shmbuf.EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16,
                                         name=name + "-e", seed=3) as e:
-        b._rng.integers(0, 10, 3, dtype=np.int32)  # (a buffered 32-bit half: kept too)
-        assert b._rng.bit_generator.state["has_uint32"] == 1
+        b.engine.rng.integers(0, 10, 3, dtype=np.int32)  # (a buffered 32-bit half: kept too)
+        assert b.engine.rng.bit_generator.state["has_uint32"] == 1
         calls = [(b, lambda: b.sample(4)), (b, lambda: b.sample_sequences(2, 3)),
                  (p, lambda: p.sample(4)), (e, lambda: e.sample(4)), (e, lambda: e.sample_trajectories(2, 3))]
         for handle, call in calls:

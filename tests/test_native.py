@@ -48,7 +48,7 @@ def test_both_paths_store_the_same_bytes_and_draw_the_same_samples(name, monkeyp
                 buf.extend({k: np.stack([r[k] for r in INPUTS * 4]).astype(MUJOCO[k][1])
                             for k in MUJOCO}, lane=lane)
                 buf.extend({k: np.asarray([r[k] for r in INPUTS]) for k in MUJOCO}, lane=lane)
-        ra, rb = a._ring, b._ring
+        ra, rb = a.engine.ring, b.engine.ring
         assert np.array_equal(ra.stamps, rb.stamps) and np.array_equal(ra.lane_table, rb.lane_table)
         for k in MUJOCO:
             assert np.array_equal(ra.arrays[k], rb.arrays[k]), k
@@ -82,7 +82,7 @@ def test_both_paths_refuse_the_same_input_and_write_nothing(name, monkeypatch, b
             with pytest.raises((error, ValueError)):
                 buf.extend({k: [v] for k, v in bad.items()})
             buf.close()
-        assert len(owner) == 0 and not owner._ring.stamps.any()
+        assert len(owner) == 0 and not owner.engine.ring.stamps.any()
 
 
 @needs_native
@@ -110,7 +110,7 @@ def test_both_paths_agree_on_huge_sequence_numbers(name, monkeypatch, start):
     made = [shmbuf.Buffer.create({"t": ((), "int64")}, 7, name=f"{name}-{i}") for i in range(2)]
     try:
         for buf in made:  # as if 2**52 rows had been written (a restore renumbers this far)
-            buf._ring.lane_table[0, :2] = start
+            buf.engine.ring.lane_table[0, :2] = start
         a, b = (_handle(f"{name}-{i}", pure=bool(i), monkeypatch=monkeypatch, seed=3) for i in range(2))
         for buf in (a, b):
             for t in range(3):
@@ -118,9 +118,9 @@ def test_both_paths_agree_on_huge_sequence_numbers(name, monkeypatch, start):
             buf.extend({"t": np.arange(3, 10)})  # laps the ring twice, crossing 2**52
             buf.extend({"t": np.arange(10, 17)})
             buf.add({"t": 17})
-        assert np.array_equal(a._ring.stamps, b._ring.stamps)
-        assert np.array_equal(a._ring.arrays["t"], b._ring.arrays["t"])
-        assert sorted(a._ring.arrays["t"].tolist()) == list(range(11, 18))
+        assert np.array_equal(a.engine.ring.stamps, b.engine.ring.stamps)
+        assert np.array_equal(a.engine.ring.arrays["t"], b.engine.ring.arrays["t"])
+        assert sorted(a.engine.ring.arrays["t"].tolist()) == list(range(11, 18))
         for buf in (a, b):
             assert set(buf.sample(300)["t"].tolist()) == set(range(11, 18))
             assert (np.diff(buf.sample_sequences(20, 3)["t"], axis=1) == 1).all()
@@ -170,7 +170,7 @@ def test_an_owner_writes_while_the_header_lock_is_held(name):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf, \
             shmbuf.Buffer.attach(name) as other:
         buf.claim_lane(0)
-        with other._lock.hold(5):
+        with other.engine.lock.hold(5):
             buf.add({"x": 1})
             buf.extend({"x": np.arange(3)})
             with pytest.raises(shmbuf.LockTimeout):
@@ -183,7 +183,7 @@ def test_a_dead_owners_half_written_rows_are_never_sampled_and_its_lane_is_claim
         buf.claim_lane(1)  # the writer below gets lane 0
         proc = start_hanging_writer(name, "writing", tmp_path, rows=3)  # claims lane 0, stops mid-copy
         try:
-            lt = buf._ring.lane_table
+            lt = buf.engine.ring.lane_table
             assert lt[0, 2] == proc.pid and lt[0, 5] == 3  # claimed, a write of 3 rows in flight
             with pytest.raises(RuntimeError, match="claimed by live process"):
                 buf.add({"x": 5}, lane=0)
@@ -206,8 +206,8 @@ def test_release_waits_for_nothing_and_the_lane_is_shared_again(name):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, lanes=2, name=name) as buf:
         with buf.writer(0) as w:
             w.extend({"x": np.arange(3)})
-            assert buf._ring.lane_table[0, 2] == os.getpid()
-        assert buf._ring.lane_table[0, 2] == 0
+            assert buf.engine.ring.lane_table[0, 2] == os.getpid()
+        assert buf.engine.ring.lane_table[0, 2] == 0
         buf.add({"x": 3}, lane=0)
         assert buf.lane_sizes() == [4, 0]
 
@@ -245,7 +245,7 @@ def test_both_paths_write_and_sample_the_same_episodes(name, monkeypatch):
             with h.writer(envs=3) as w:
                 for step, (term, trunc) in zip(steps, ends):
                     w.add(step, terminated=term, truncated=trunc)
-        ra, rb = handles[0].core._ring, handles[1].core._ring
+        ra, rb = handles[0].engine.ring, handles[1].engine.ring
         assert np.array_equal(ra.stamps, rb.stamps) and np.array_equal(ra.lane_table, rb.lane_table)
         for k in ra.arrays:
             assert np.array_equal(ra.arrays[k], rb.arrays[k]), k
@@ -300,7 +300,7 @@ def test_both_paths_relabel_the_same_goals(name, monkeypatch):
                 for k in got[0]:
                     assert np.array_equal(got[0][k], got[1][k]), (strategy, k)
             # the search itself, from every row of every lane
-            ring, pure_ring = handles[0].core._ring, handles[1].core._ring
+            ring, pure_ring = handles[0].engine.ring, handles[1].engine.ring
             lo, head = ring.window()
             lane = np.concatenate([np.full(head[i] - lo[i], i) for i in range(3)])
             end = np.concatenate([np.arange(lo[i], head[i]) for i in range(3)])
@@ -340,7 +340,7 @@ def test_both_paths_keep_the_same_priority_trees_and_draw_the_same_rows(name, mo
                 h.update_priorities(got[-1]["index"], new)
             for k in got[0]:
                 assert np.array_equal(got[0][k], got[1][k]), k
-        ta, tb = handles[0]._prio, handles[1]._prio
+        ta, tb = handles[0].engine.trees, handles[1].engine.trees
         assert np.array_equal(ta.sum, tb.sum) and np.array_equal(ta.min, tb.min)
         assert np.array_equal(ta.seq, tb.seq)
         for h in handles:
@@ -358,7 +358,7 @@ def test_the_path_switch_takes_0_and_1_and_refuses_the_rest(name, monkeypatch):
         monkeypatch.setenv("SHMBUF_PURE_PYTHON", value)
         assert native.path() == path
         with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name) as b:
-            assert (b._native is not None) == (path == "native")
+            assert (b.engine.native is not None) == (path == "native")
     for value in ("yes", "true", "2", " 1"):
         monkeypatch.setenv("SHMBUF_PURE_PYTHON", value)
         with pytest.raises(ValueError, match="expected 1 .* or 0"):
@@ -375,7 +375,7 @@ def test_the_c_constants_are_those_of_layout_and_stats():
 
     from shmbuf.core import layout
 
-    from shmbuf import stats
+    from shmbuf.core import counters as stats
 
     text = (pathlib.Path(__file__).parents[1] / "shmbuf" / "core" / "csrc" / "ring.h").read_text()
     c = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z_]*) = (\d+)\b", text)}

@@ -37,7 +37,7 @@ def test_buffer_round_trip_same_rows_order_and_samples(name, tmp_path):
             got = [b.sample(10)["t"].tolist() for _ in range(3)] + [b.sample_sequences(4, 3)["t"].tolist()]
             assert got == expected
             assert b.fields == a.fields and b.lane_sizes() == a.lane_sizes() and b.total_added == a.total_added
-            assert (b._ring.stamps == a._ring.stamps).all()  # same slots, same sequence numbers
+            assert (b.engine.ring.stamps == a.engine.ring.stamps).all()  # same slots, same sequence numbers
             assert b.sample(5)["ok"].dtype == np.bool_
             b.add({"x": [0, 0], "t": 100, "ok": True}, lane=0)  # writes go on after the saved rows
             assert b.sample_sequences(1, 8)["t"].shape == (1, 8)
@@ -324,8 +324,8 @@ def test_a_loaded_lane_holds_exactly_the_published_rows_consecutively(name, tmp_
     with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
         assert len(b) == 14 and b.lane_sizes() == [14]
         assert b.sample_sequences(3, 14)["x"].tolist() == [list(range(14))] * 3
-        stamps = b._ring.stamps[:14]
-        assert (stamps == 2 * np.arange(14) + 2).all() and (b._ring.stamps[14:] == 0).all()
+        stamps = b.engine.ring.stamps[:14]
+        assert (stamps == 2 * np.arange(14) + 2).all() and (b.engine.ring.stamps[14:] == 0).all()
         assert b.state_dict()["heads"].tolist() == [14]
 
 

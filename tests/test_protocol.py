@@ -84,15 +84,15 @@ def test_ctrl_c_at_any_point_of_a_write_leaves_nothing_held(name, point, monkeyp
         if point == "note":
             if buf.native:
                 pytest.skip("the native path takes the lock without running Python code")
-            monkeypatch.setattr(buf._lock, "_note", lambda pid: interrupt("note"))
+            monkeypatch.setattr(buf.engine.lock, "_note", lambda pid: interrupt("note"))
         else:
             set_hook(interrupt)
         with pytest.raises(KeyboardInterrupt):
             buf.add({"x": 666, "y": 666})
         monkeypatch.undo()
         set_hook(None)
-        assert (buf._ring.res_pid == 0).all(), "the interrupted write kept its reservation"
-        probe = os.open("/proc/self/fd/%d" % other._seg.fd, os.O_RDWR)
+        assert (buf.engine.ring.res_pid == 0).all(), "the interrupted write kept its reservation"
+        probe = os.open("/proc/self/fd/%d" % other.engine.seg.fd, os.O_RDWR)
         try:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
             fcntl.flock(probe, fcntl.LOCK_UN)
@@ -126,11 +126,11 @@ def test_a_second_ctrl_c_inside_the_cleanup_of_a_write_blocks_nobody(name, monke
             buf.add({"x": 666})
         set_hook(None)
         monkeypatch.undo()
-        assert (buf._ring.res_pid != 0).sum() == 1  # the leftover
+        assert (buf.engine.ring.res_pid != 0).sum() == 1  # the leftover
         for i in range(10):  # laps the 4-slot ring over its rows, twice
             buf.add({"x": i}, timeout=1)
         assert 666 not in buf.sample(200)["x"]
-        assert (buf._ring.res_pid == 0).all()  # freed by the writer that met it
+        assert (buf.engine.ring.res_pid == 0).all()  # freed by the writer that met it
 
 
 def test_real_sigint_storm_never_leaves_the_buffer_locked_or_reserved(name, tmp_path):

@@ -84,12 +84,12 @@ def test_a_fast_learner_is_held_to_the_ratio_of_real_writers(name):
                 buf.sample(32, timeout=0.05)
             except shmbuf.RateLimitTimeout:
                 pass
-            inserted, sampled = buf._limiter.counts()
+            inserted, sampled = buf.engine.gate.counts()
             seen.append(inserted * spi - sampled)
         written = [results.get(timeout=30) for _ in procs]
         for p in procs:
             p.join(30)
-        inserted, sampled = buf._limiter.counts()
+        inserted, sampled = buf.engine.gate.counts()
         assert sampled > 0 and min(written) > 0
         assert inserted == sum(written)
         # the learner never ran ahead of the writers, the writers never more than a

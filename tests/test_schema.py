@@ -55,13 +55,13 @@ def test_arrays_are_aligned(name):
     fields = {"a": ((3,), "int8"), "b": ((), "float64"), "c": ((5,), "int16"),
               "big": ((1200,), "uint8")}
     with shmbuf.Buffer.create(fields, 7, name=name) as buf:
-        arrays = buf._ring.arrays
-        assert buf._ring.stamps.ctypes.data % 64 == 0 and arrays["big"].ctypes.data % 64 == 0
-        assert not buf._layout.fields[3].packed and all(f.packed for f in buf._layout.fields[:3])
-        for arr in list(arrays.values()) + [buf._ring.stamps]:
+        arrays = buf.engine.ring.arrays
+        assert buf.engine.ring.stamps.ctypes.data % 64 == 0 and arrays["big"].ctypes.data % 64 == 0
+        assert not buf.engine.layout.fields[3].packed and all(f.packed for f in buf.engine.layout.fields[:3])
+        for arr in list(arrays.values()) + [buf.engine.ring.stamps]:
             assert arr.ctypes.data % arr.dtype.alignment == 0
             assert arr.strides[0] % arr.dtype.alignment == 0
-        assert buf._layout.total_size <= buf._seg.size  # logical size stored; OS rounds up
+        assert buf.engine.layout.total_size <= buf.engine.seg.size  # logical size stored; OS rounds up
 
 
 def test_meta_is_kept_with_the_schema_and_checked(name):

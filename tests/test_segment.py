@@ -14,7 +14,7 @@ import pytest
 import shmbuf
 from helpers import patch_schema_doc
 from shmbuf.core import layout, segment
-from shmbuf import stats
+from shmbuf.core import counters as stats
 
 from conftest import MUJOCO, shm_path
 
@@ -85,7 +85,7 @@ def assert_rejected(name: str, data: bytes, match: str, **attach_kwargs) -> None
 def real_header(patch) -> bytes:
     """The bytes of a real buffer's segment, changed by ``patch(bytearray)``."""
     with shmbuf.Buffer.create({"x": ((4,), "int64")}, 64) as buf:
-        raw = bytearray(buf._seg.mmap[:buf._layout.total_size])
+        raw = bytearray(buf.engine.seg.mmap[:buf.engine.layout.total_size])
     patch(raw)
     return bytes(raw)
 

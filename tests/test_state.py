@@ -17,7 +17,7 @@ def test_state_dict_round_trip_gives_identical_samples(name):
             a.add({"x": [i, -i], "t": i}, lane=i % 2)
         a.sample(3)
         state = a.state_dict()
-        assert state["data"]["t"] is not a._ring.arrays["t"]  # a copy, not a view
+        assert state["data"]["t"] is not a.engine.ring.arrays["t"]  # a copy, not a view
         expected = [a.sample(10)["t"].tolist() for _ in range(3)] + [a.sample_sequences(4, 3)["t"].tolist()]
         with shmbuf.Buffer.create(fields, 16, lanes=2, name=name + "b", seed=99) as b:
             b.load_state_dict(state)
@@ -56,7 +56,7 @@ def test_from_data_follows_imitation_code(name):
     with shmbuf.Buffer.from_data(data, name=name) as buf:
         assert buf.capacity == 6 and buf.is_full
         assert buf.fields == {"a": ((), np.dtype("int16")), "b": ((2,), np.dtype("float32"))}
-        assert buf._ring.arrays["a"] is not data["a"]
+        assert buf.engine.ring.arrays["a"] is not data["a"]
     with pytest.raises(ValueError, match="truncate_ok=True"):
         shmbuf.Buffer.from_data(data, capacity=4, name=name)
     with shmbuf.Buffer.from_data(data, capacity=4, truncate_ok=True, name=name) as buf:

@@ -57,7 +57,7 @@ def test_the_tail_wrapped_over_after_the_window_copy_is_never_summed_short(name,
     the new episode): 7 and 6 for steps 0 and 1 of the first episode, never 1 and 2."""
     with shmbuf.EpisodeBuffer.create(F, 4, name=name, seed=0) as buf:
         buf.add_episode(_episode(0, [1, 2, 4]), terminated=True)
-        ring = buf.core._ring
+        ring = buf.engine.ring
 
         def wrap(ok):
             buf.add_episode(_episode(100, [10, 20, 40]), terminated=True)  # rows 4-7: all four slots
@@ -110,7 +110,7 @@ def test_padding_is_only_ever_at_the_front(name, monkeypatch):
     never a hole in the middle of the mask (1 1 1 0 1 1 1 1)."""
     with shmbuf.EpisodeBuffer.create(F, 16, name=name, seed=0) as buf:
         buf.add_episode(_episode(0, list(range(1, 16))), terminated=True)  # rows 0-15
-        ring = buf.core._ring
+        ring = buf.engine.ring
 
         def torn_then_evicted(ok):
             ok[3] = False  # row 6 of the window 3..10
@@ -130,7 +130,7 @@ def test_a_torn_row_inside_the_window_redraws_it(name, monkeypatch):
     evicted: the window is drawn again, never returned with that row as padding."""
     with shmbuf.EpisodeBuffer.create(F, 16, name=name, seed=0) as buf:
         buf.add_episode(_episode(0, list(range(1, 10))), terminated=True)  # rows 0-9
-        ring = buf.core._ring
+        ring = buf.engine.ring
         calls = []
 
         def torn(ok):

@@ -22,7 +22,7 @@ def test_fifo_overwrites_oldest(name):
         assert len(buf) == 4 and buf.is_full
         assert contents(buf)["x"].tolist() == [[2, 3, 4, 5]]
         # physical layout as in imitation's verified example: [4, 5, 2, 3]
-        assert buf._ring.arrays["x"].tolist() == [4, 5, 2, 3]
+        assert buf.engine.ring.arrays["x"].tolist() == [4, 5, 2, 3]
         for v in range(6, 20):
             buf.add({"x": v})
         assert contents(buf)["x"].tolist() == [[16, 17, 18, 19]]
@@ -34,7 +34,7 @@ def test_truncate_ok_keeps_last_capacity_rows(name):
         buf.extend({"x": np.arange(3, 6)})
         buf.extend({"x": np.arange(100, 110)}, truncate_ok=True)
         assert contents(buf)["x"].tolist() == [[106, 107, 108, 109]]
-        assert buf._ring.arrays["x"].tolist() == [108, 109, 106, 107]  # imitation's example
+        assert buf.engine.ring.arrays["x"].tolist() == [108, 109, 106, 107]  # imitation's example
         with pytest.raises(ValueError, match="truncate_ok=True"):
             buf.extend({"x": np.arange(5)})
         assert contents(buf)["x"].tolist() == [[106, 107, 108, 109]]
@@ -100,15 +100,15 @@ def test_bad_extend_changes_nothing(name, batch, exc, match):
         good = {"obs": np.ones((3, 17)), "action": np.ones((3, 6)), "reward": np.arange(3.0),
                 "done": np.array([False, False, True])}
         buf.extend(good)
-        before = {k: v.copy() for k, v in buf._ring.arrays.items()}
-        stamps = buf._ring.stamps.copy()
+        before = {k: v.copy() for k, v in buf.engine.ring.arrays.items()}
+        stamps = buf.engine.ring.stamps.copy()
         with pytest.raises(exc, match=match):
             buf.extend(batch)
         assert len(buf) == 3
-        assert np.array_equal(buf._ring.stamps, stamps)
+        assert np.array_equal(buf.engine.ring.stamps, stamps)
         for k, v in before.items():
-            assert np.array_equal(buf._ring.arrays[k], v)
-        assert not buf._ring.res_pid.any(), "a failed call left a reservation behind"
+            assert np.array_equal(buf.engine.ring.arrays[k], v)
+        assert not buf.engine.ring.res_pid.any(), "a failed call left a reservation behind"
 
 
 @pytest.mark.parametrize("row, match", [
@@ -122,7 +122,7 @@ def test_bad_add_changes_nothing(name, row, match):
     with shmbuf.Buffer.create(MUJOCO, 8, name=name) as buf:
         with pytest.raises((ValueError, TypeError), match=match):
             buf.add(row)
-        assert len(buf) == 0 and not buf._ring.stamps.any()
+        assert len(buf) == 0 and not buf.engine.ring.stamps.any()
 
 
 def test_bad_lane(name):
@@ -145,8 +145,8 @@ def test_interrupted_write_is_abandoned_not_published(name, set_hook):
         with pytest.raises(KeyboardInterrupt):
             buf.extend({"x": np.arange(3, 5), "y": np.arange(3, 5)})
         set_hook(None)
-        assert buf._ring.stamps[3:5].tolist() == [0, 0]
-        assert not buf._ring.res_pid.any()
+        assert buf.engine.ring.stamps[3:5].tolist() == [0, 0]
+        assert not buf.engine.ring.res_pid.any()
         assert set(buf.sample(200)["x"].tolist()) == {0, 1, 2}
         buf.extend({"x": np.arange(5, 8), "y": np.arange(5, 8)})
         assert set(buf.sample(400)["x"].tolist()) == {0, 1, 2, 5, 6, 7}
@@ -162,7 +162,7 @@ def test_prefault_maps_the_pages_once(name):
         other.add({"x": np.ones(1024, np.uint8)}, lane=1)  # the first write maps lane 1
         grown = me.memory_info().rss - rss
         assert 30 << 20 < grown < 40 << 20, grown  # half of 64 MiB
-        assert list(other._prefaulted) == [0, 1]
+        assert list(other.engine.prefaulted) == [0, 1]
         other.prefault()  # now all of it
         assert me.memory_info().rss - rss > 60 << 20
         other.close()

@@ -131,7 +131,7 @@ class ShmbufSystem(System):
             self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0,
                                             name=f"bench-{os.getpid()}-{wl.name}-{self.name}")
         assert self.buf.native is not pure or not shmbuf.core.native.available()
-        self.bytes = self.buf._layout.total_size
+        self.bytes = self.buf.engine.layout.total_size
 
     def fill(self, data: Batch) -> None:
         n = len(next(iter(data.values())))

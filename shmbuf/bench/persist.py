@@ -44,7 +44,7 @@ def throughput(workload: str, rows: int, rounds: int, where: str) -> dict[str, l
     out: dict[str, list[float]] = {"save": [], "np.save": [], "load": [], "np.load": []}
     with shmbuf.Buffer.create(fields, rows) as buf:
         _fill(buf, fields)
-        copies = {k: a.copy() for k, a in buf._ring.arrays.items()}  # private arrays for numpy
+        copies = {k: a.copy() for k, a in buf.engine.ring.arrays.items()}  # private arrays for numpy
         nbytes = sum(a.nbytes for a in copies.values()) + 8 * rows
         for i in range(rounds):
             d = tempfile.mkdtemp(dir=where)
@@ -55,7 +55,7 @@ def throughput(workload: str, rows: int, rounds: int, where: str) -> dict[str, l
                     os.mkdir(os.path.join(d, "n"))
                     for k, a in copies.items():
                         np.save(os.path.join(d, "n", k + ".npy"), a)
-                    np.save(os.path.join(d, "n", "stamps.npy"), buf._ring.stamps)
+                    np.save(os.path.join(d, "n", "stamps.npy"), buf.engine.ring.stamps)
                     for f in os.listdir(os.path.join(d, "n")):  # as durable as save (fsync)
                         fd = os.open(os.path.join(d, "n", f), os.O_RDONLY)
                         os.fsync(fd)
@@ -145,13 +145,13 @@ def counter_cost(rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {f"{op} ({k})": [] for op in ("add", "sample") for k in ("on", "off")}
     with shmbuf.Buffer.create(fields, 100_000, seed=0) as b:
         _fill(b, fields)
-        real = b._counters
+        real = b.engine.counters
 
         def switch(on: bool) -> None:
             c = real if on else _NoCounters()
-            b._counters, b._ring.counters, b._lock.stats = c, real if on else None, real if on else None
-            if b._native is not None:
-                native.configure(b._native, b._seg.fd, 0, b.timeout, c.offset,
+            b.engine.counters, b.engine.ring.counters, b.engine.lock.stats = c, real if on else None, real if on else None
+            if b.engine.native is not None:
+                native.configure(b.engine.native, b.engine.seg.fd, 0, b.timeout, c.offset,
                                  real.lanes_offset if on else -1)
         row = {k: np.zeros(tuple(s), d) for k, (s, d) in fields.items()}
         order = np.random.default_rng(0)

@@ -361,7 +361,7 @@ def _timed(fn: Any) -> float:
 
 def _contend(name: str, seconds: float, barrier: Any, results: Any) -> None:
     buf = shmbuf.Buffer.attach(name)
-    lk = buf._lock
+    lk = buf.engine.lock
     barrier.wait(60)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -377,7 +377,7 @@ def pieces(r: Results, cfg: Config) -> None:
     """What the lock and the torn-read check cost."""
     seconds = 0.3 if cfg.quick else 1.0
     with shmbuf.Buffer.create({"x": ((), np.int64)}, 64, name=f"bench-lock-{os.getpid()}") as buf:
-        lk = buf._lock
+        lk = buf.engine.lock
         def pair() -> None:
             lk.acquire(1.0)
             lk.release()
@@ -406,7 +406,7 @@ def _check_cost(wl: Workload, seconds: float) -> float:
         block = {"x": np.zeros(step, np.int8)}
         for _ in range(wl.capacity // step + 1):
             buf.extend(block)
-        stamps, rng, cap = buf._ring.stamps, np.random.default_rng(0), wl.capacity
+        stamps, rng, cap = buf.engine.ring.stamps, np.random.default_rng(0), wl.capacity
 
         def check() -> None:
             flat = rng.integers(0, cap, BATCH)

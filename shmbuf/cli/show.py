@@ -45,7 +45,7 @@ def describe(name: str) -> dict[str, Any]:
                 pass
         return {"name": name, "error": " ".join(str(exc).split())}
     with buf:
-        lay = buf._layout
+        lay = buf.engine.layout
         alive = procs.is_alive(lay.creator_pid, lay.creator_ctime)
         s = buf.stats()
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}

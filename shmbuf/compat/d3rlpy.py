@@ -59,7 +59,7 @@ from typing import Any, BinaryIO, Callable, Optional, Sequence
 import numpy as np
 
 from ..episodes import EpisodeBuffer
-from ._shared import Shared
+from .shared import Shared
 
 DEFAULT_LIMIT = 1_000_000  # an InfiniteBuffer's rows when neither its episodes nor limit= say
 VERSION = "2.1"  # d3rlpy's dump format
@@ -420,7 +420,7 @@ class ReplayBuffer(Shared):
     def _room(self, rows: int) -> None:
         """An InfiniteBuffer never evicts: refuse rows that do not fit (before writing)."""
         if self._config["kind"] == "infinite":
-            writer, sizes = self._ebuf._own_writer(), self._core.lane_sizes()
+            writer, sizes = self._ebuf.own_writer(), self._core.lane_sizes()
             lane = writer.lanes[0] if writer.lanes else int(np.argmin(sizes))
             if sizes[lane] + rows > self._ebuf.lane_capacity:
                 raise ValueError(f"the InfiniteBuffer is full ({self._ebuf.lane_capacity} rows, and it never "

@@ -39,8 +39,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from . import _cast
-from ._shared import Lazy
+from . import cast
+from .shared import Lazy
 
 class _Fishy(Lazy):
     _validate_keys = True
@@ -59,7 +59,8 @@ class SequentialBuffer(_Fishy):
     ``SequentialBuffer``), in shared memory once the first step fixes the schema."""
 
     KIND = "fishyrl.SequentialBuffer"
-    reset = Lazy._end  # fishyrl's name: forget every key and step (the segment ends)
+    def reset(self) -> None:  # fishyrl's name: forget every key and step (the segment ends)
+        self._end()
 
     def __init__(self, capacity: int, validate_keys: bool = True, seed: Optional[int] = None, *,
                  name: Optional[str] = None, persist: bool = False) -> None:
@@ -105,7 +106,7 @@ class SequentialBuffer(_Fishy):
             except ValueError:
                 raise ValueError(f"Key '{k}': a value of shape {values[k].shape} does not fit the "
                                  f"buffer's {shape}") from None
-            row[k] = _cast.into(v, dtype, k)
+            row[k] = cast.into(v, dtype, k)
         buf.add(row)
 
     # -- reading -------------------------------------------------------------------------
@@ -139,7 +140,7 @@ class SequentialBuffer(_Fishy):
         self._restore(inner)
         self._rng.bit_generator.state = state_dict["_rng"]
         if self._core is not None:
-            self._core._rng = self._rng  # (the restore gave the segment a generator of its own)
+            self._core.engine.rng = self._rng  # (the restore gave the segment a generator of its own)
 
 
 class IndependentVectorizedBuffer(_Fishy):
@@ -161,7 +162,8 @@ class IndependentVectorizedBuffer(_Fishy):
     """
 
     KIND = "fishyrl.IndependentVectorizedBuffer"
-    reset = Lazy._end
+    def reset(self) -> None:
+        self._end()
 
     def __init__(self, num_buffers: int, *buffer_args: Any, buffer_class: type = SequentialBuffer,
                  seed: Optional[int] = None, name: Optional[str] = None, persist: bool = False,
@@ -199,7 +201,7 @@ class IndependentVectorizedBuffer(_Fishy):
         if short:
             raise ValueError(f"keys {short} have fewer rows than the {len(lanes)} envs they go to "
                              "(a leading env axis is expected)")
-        rows = {k: [_cast.into(np.broadcast_to(values[k][j], shape), dtype, k) for j in range(len(lanes))]
+        rows = {k: [cast.into(np.broadcast_to(values[k][j], shape), dtype, k) for j in range(len(lanes))]
                 for k, (shape, dtype) in fields.items()}  # (all checked before anything is written)
         for j, lane in enumerate(lanes):
             buf.add({k: rows[k][j] for k in fields}, lane=lane)

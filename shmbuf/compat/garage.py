@@ -48,9 +48,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import buffer as core
+from ..core.batch import count
 from ..core import sampling
-from . import _cast
-from ._shared import Lazy
+from . import cast
+from .shared import Lazy
 
 _STEP, _LEN = "_step", "_len"  # each row's step in its path, and the path's length
 _GOAL = ("observation", "achieved_goal", "desired_goal")
@@ -64,7 +65,7 @@ class PathBuffer(Lazy):
 
     def __init__(self, capacity_in_transitions: int, env_spec: Any = None, *, seed: Any = None,
                  name: Optional[str] = None, persist: bool = False) -> None:
-        self._capacity = core._count(capacity_in_transitions, "capacity_in_transitions", 1)
+        self._capacity = count(capacity_in_transitions, "capacity_in_transitions", 1)
         self._env_spec = env_spec
         self._rng = self._seed = np.random.default_rng(seed)
         self._name, self._persist = name, persist
@@ -84,7 +85,8 @@ class PathBuffer(Lazy):
         self._rng, self._core = rng, handle
         return self
 
-    clear = Lazy._end
+    def clear(self) -> None:
+        self._end()
 
     @property
     def n_transitions_stored(self) -> int:
@@ -149,7 +151,7 @@ class PathBuffer(Lazy):
         if fields and new:
             raise ValueError(f"keys {new} are new: a buffer in shared memory keeps the keys of its first path "
                              f"({[k for k in fields if not k.startswith('_')]}); clear() first to change them")
-        return {k: _cast.into(a, fields[k][1], k) for k, a in arrays.items()} if fields else arrays
+        return {k: cast.into(a, fields[k][1], k) for k, a in arrays.items()} if fields else arrays
 
     def _write(self, paths: Sequence[Mapping[str, np.ndarray]]) -> None:
         """Write checked paths, in order, in one reservation (the oldest rows go)."""
@@ -183,7 +185,7 @@ class PathBuffer(Lazy):
         """One path, uniformly over the paths none of whose rows is evicted, in order:
         ``{key: (path_len, flat_dim)}``. ``ValueError`` if there is none."""
         buf = self._buf()
-        ring = buf._ring
+        ring = buf.engine.ring
         lc = ring.lane_capacity
         deadline = time.monotonic() + buf.timeout
         while time.monotonic() < deadline:
@@ -224,7 +226,7 @@ class PathBuffer(Lazy):
             handle.unlink()
             handle.close()
             raise ValueError(f"{str(path)!r} holds a save of a {handle.meta.get('kind')!r}, not of a {cls.KIND}")
-        return cls._wrap(handle, handle._rng, reward_fn=reward_fn)
+        return cls._wrap(handle, handle.engine.rng, reward_fn=reward_fn)
 
 
 class HERReplayBuffer(PathBuffer):
@@ -313,7 +315,7 @@ class HERReplayBuffer(PathBuffer):
         her["next_observations"] = self._flat({**{k: v[idx] for k, v in nxt.items()}, "desired_goal": goal})
         her["rewards"] = np.array(rewards).reshape(len(idx), -1)
         her["terminals"] = np.zeros_like(original["terminals"][idx])
-        her = {k: _cast.into(a, original[k].dtype, k) for k, a in her.items()}
+        her = {k: cast.into(a, original[k].dtype, k) for k, a in her.items()}
         if her["rewards"].shape[1:] != original["rewards"].shape[1:]:
             raise ValueError(f"reward_fn returned {her['rewards'].shape[1]} values per transition; the path's "
                              f"rewards have {original['rewards'].shape[1]}")
@@ -378,8 +380,8 @@ class ReplayBuffer(Lazy):
 
     def __init__(self, env_spec: Any, size_in_transitions: int, time_horizon: int, *, seed: Any = None,
                  name: Optional[str] = None, persist: bool = False) -> None:
-        self._size = core._count(size_in_transitions, "size_in_transitions", 1)
-        self._horizon = core._count(time_horizon, "time_horizon", 1)
+        self._size = count(size_in_transitions, "size_in_transitions", 1)
+        self._horizon = count(time_horizon, "time_horizon", 1)
         self._capacity = self._size // self._horizon
         if self._capacity < 1:
             raise ValueError(f"size_in_transitions={size_in_transitions} holds no episode of "
@@ -432,7 +434,7 @@ class ReplayBuffer(Lazy):
         missing = sorted(set(buf.fields) ^ set(episode))
         if missing:
             raise ValueError(f"keys {missing} are not the buffer's ({sorted(buf.fields)})")
-        buf.extend({k: _cast.into(a, buf.fields[k][1], k) for k, a in episode.items()}, truncate_ok=True)
+        buf.extend({k: cast.into(a, buf.fields[k][1], k) for k, a in episode.items()}, truncate_ok=True)
 
     @property
     def full(self) -> bool:

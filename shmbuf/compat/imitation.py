@@ -34,8 +34,8 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from .. import buffer as core
-from . import _cast
-from ._shared import Shared
+from . import cast
+from .shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
 
@@ -106,7 +106,7 @@ class Buffer(Shared):
             if a.shape[1:] != self.sample_shapes[k]:
                 raise ValueError(f"Wrong data shape for {k}: expected {self.sample_shapes[k]} per row, "
                                  f"got {a.shape[1:]}")
-        self._core.extend({k: _cast.into(a, self._dtypes[k], k) for k, a in arrays.items()})
+        self._core.extend({k: cast.into(a, self._dtypes[k], k) for k, a in arrays.items()})
 
     def sample(self, n_samples: int) -> Mapping[str, np.ndarray]:
         """``n_samples`` rows drawn uniformly with replacement: ``{k: (n_samples,) +

@@ -42,7 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import buffer as core
-from ._shared import Shared
+from .shared import Shared
 
 KIND = "velora.ReplayBuffer"
 FIELDS = ("states", "actions", "rewards", "next_states", "dones", "hiddens")
@@ -205,7 +205,7 @@ class ReplayBuffer(Shared):
         buf = cls(cap, int(metadata["state_dim"]), int(metadata["action_dim"]), int(metadata["hidden_dim"]),
                   device=metadata.get("device") or "cpu", **kwargs)
         try:
-            fields = buf._core._stored()
+            fields = buf._core.engine.layout.stored()
             for k, (shape, _) in fields.items():
                 if k not in arrays or arrays[k].shape != (cap,) + shape:
                     raise ValueError(f"{state_path}: {k!r} must be float32 {(cap,) + shape}, got "
@@ -218,7 +218,7 @@ class ReplayBuffer(Shared):
             buf._core.load_state_dict({
                 "format": "shmbuf.Buffer", "version": 1, "fields": fields, "capacity": cap, "lanes": 1,
                 "heads": np.array([head]), "bases": np.array([0]), "stamps": stamps,
-                "data": {k: arrays[k] for k in fields}, "rng": buf._core._rng.bit_generator.state})
+                "data": {k: arrays[k] for k in fields}, "rng": buf._core.engine.rng.bit_generator.state})
         except BaseException:
             buf.unlink()
             buf.close()

@@ -21,7 +21,7 @@
  * waiting (for the lock, or for an older writer of the same slots).
  *
  * One translation unit in parts, by concern (read them in this order):
- *   csrc/ring.h      the constants (layout.py, stats.py), the Ring's state, the shared
+ *   csrc/ring.h      the constants (layout.py, counters.py), the Ring's state, the shared
  *                    steps: slot of a sequence number, the seqlock read, prefetching
  *   csrc/lock.c      the header lock
  *   csrc/write.c     reserving, waiting for older writers, stamping, copying, publishing

@@ -232,6 +232,10 @@ class Layout:
     def row_bytes(self) -> int:
         return sum(f.row_bytes for f in self.fields)
 
+    def stored(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """``{name: (shape, dtype)}`` of every stored field, hidden ones included."""
+        return {f.name: (f.shape, f.dtype) for f in self.fields}
+
     @classmethod
     def plan(cls, fields: Mapping[str, Any], capacity: int, lanes: int = 1, flags: int = 0,
              creator: tuple[int, float] = (0, 0.0), created_at: float = 0.0,

@@ -64,7 +64,7 @@ class HeaderLock:
         self._note = note_holder
         self._describe = describe_holder
         self._pid = os.getpid()
-        self._thread_lock = threading.RLock()  # never re-entered: RLock for _is_owned()
+        self.thread_lock = threading.RLock()  # never re-entered: RLock for its owner test
         self.held_fd = -1
         # 1 while a thread of this process holds or is taking the lock: the native path
         # (which holds the GIL from its flock to its unlock) must not take the flock of
@@ -75,11 +75,11 @@ class HeaderLock:
 
     def acquire(self, timeout: float) -> None:
         """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""
-        tl = self._thread_lock
+        tl = self.thread_lock
         fd = -1
         try:
             if not tl.acquire(False) and not tl.acquire(timeout=min(max(timeout, 0.0), 1e9)):
-                raise self._timeout(timeout)
+                raise self.timeout_error(timeout)
             self.busy[0] = 1
             self.held_fd = fd = self.fileno()
             if fd < 0:
@@ -118,7 +118,7 @@ class HeaderLock:
             spins += 1
             if spins > 64:
                 if time.monotonic() >= deadline:
-                    raise self._timeout(timeout)
+                    raise self.timeout_error(timeout)
                 if spins > 128:
                     time.sleep(delay)
                     delay = min(delay * 2, 1e-3)
@@ -137,14 +137,14 @@ class HeaderLock:
             fcntl.flock(self.held_fd, fcntl.LOCK_UN)
         finally:
             self.busy[0] = 0
-            self._thread_lock.release()
+            self.thread_lock.release()
 
     def hold(self, timeout: float) -> "_Held":
         """Context manager: ``with lock.hold(timeout): ...`` (acquired on entry, so no
         interrupt can fall between taking the lock and the ``with`` owning it)."""
         return _Held(self, timeout)
 
-    def _timeout(self, timeout: float) -> LockTimeout:
+    def timeout_error(self, timeout: float) -> LockTimeout:
         who = f" ({self._describe()})" if self._describe is not None else ""
         return LockTimeout(
             f"could not take the buffer's header lock within {timeout:g} s{who}. The lock is "
@@ -153,8 +153,8 @@ class HeaderLock:
             "a debugger); pass a larger timeout= or find the holder"
         )
 
-    def _after_fork_in_child(self) -> None:
-        self._thread_lock = threading.RLock()
+    def after_fork_in_child(self) -> None:
+        self.thread_lock = threading.RLock()
         self.held_fd = -1
         self.busy[0] = 0
         self._pid = os.getpid()
@@ -176,7 +176,7 @@ class _Held:
 
 def _reset_all_in_child() -> None:
     for lock in list(_live):
-        lock._after_fork_in_child()
+        lock.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_reset_all_in_child)

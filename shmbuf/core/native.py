@@ -30,6 +30,11 @@ except ImportError:  # not built: no compiler at install time
     _native = None
 
 
+def extension() -> Any:
+    """The C extension module (its functions: the priority trees'), or None."""
+    return _native
+
+
 def available() -> bool:
     """True if the extension was built and imports."""
     return _native is not None

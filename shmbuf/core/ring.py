@@ -80,7 +80,7 @@ def set_hook(hook: Callable[[str], None] | None) -> None:
     HOOK = hook
     from . import native
     if native.available():
-        native._native.set_hook(hook)
+        native.extension().set_hook(hook)
 
 
 _SUM_CHECK = 4096  # rows: int64 sums of stamps cannot overflow below ~1e15 rows written
@@ -124,15 +124,15 @@ class _RLock:
     """``threading.RLock`` that can be weakly referenced, and is new in a forked child."""
 
     def __init__(self) -> None:
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         lock = threading.RLock()
         self.acquire, self.release = lock.acquire, lock.release
-        self._is_owned = lock._is_owned  # type: ignore[attr-defined]
+        self.is_owned = lock._is_owned  # type: ignore[attr-defined]  # (RLock's own test)
 
 
-os.register_at_fork(after_in_child=lambda: [lk._reset() for lk in list(_OWN_LOCKS.values())])
+os.register_at_fork(after_in_child=lambda: [lk.reset() for lk in list(_OWN_LOCKS.values())])
 
 
 def _owners(res: np.ndarray, entries: Any) -> list[tuple[int, float]]:
@@ -276,7 +276,7 @@ class Ring:
                     self._put(lane, n, sources, timeout, True)
                     return
                 finally:
-                    if lk._is_owned():  # type: ignore[attr-defined]
+                    if lk.is_owned():
                         lk.release()
             if self._put(lane, n, sources, timeout, False):
                 return
@@ -327,7 +327,7 @@ class Ring:
                         fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
                     finally:
                         lock.busy[0] = 0
-                        lock._thread_lock.release()
+                        lock.thread_lock.release()
             if HOOK is not None:
                 HOOK("reserved")
             lc = self.lane_capacity

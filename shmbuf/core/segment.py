@@ -333,7 +333,7 @@ class Segment:
             pass  # numpy views are still alive; the mapping goes when they do
         self.mmap = None
 
-    def _after_fork_in_child(self) -> None:
+    def after_fork_in_child(self) -> None:
         """Replace the inherited descriptor (an open file description shared with the
         parent, and with it any flock on it) by a new one on the same segment."""
         self._tracked = False  # the parent's registration; a forked copy never owns it
@@ -356,7 +356,7 @@ class Segment:
 
 def _reopen_all_in_child() -> None:
     for seg in list(_live):
-        seg._after_fork_in_child()
+        seg.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_reopen_all_in_child)

@@ -6,7 +6,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
+from ..buffer import DEFAULT_TIMEOUT, Buffer
+from ..core.batch import count
 from ..core.layout import normalize_fields
 from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
@@ -37,19 +38,19 @@ class EpisodeBuffer:
             raise ValueError(f"buffer {core.name!r} is not an episode buffer (it was made by "
                              "shmbuf.Buffer.create); attach it with shmbuf.Buffer.attach")
         self.core = core
+        self.engine = core.engine
         self.observations: list[str] = list(meta["observations"])
         self.reward: str | None = meta.get("reward")
         self.frame_stack: int = int(meta.get("frame_stack", 1))
-        self._rows = StepRows(core.fields, self.observations)
-        self._user = {k: v for k, v in core.fields.items() if k not in SYSTEM}
+        self.step_rows = StepRows(core.fields, self.observations)
+        self.user_fields = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
-        self._rejected = 0.0  # the fraction of candidates transitions.sample last saw rejected
-        self._plans: dict[int, Any] = {}  # transitions.sample's, per n_step
-        self._index = whole.Index(core.lanes)  # sample_episodes' complete episodes
+        self.transitions = transitions.Sampler()  # the transition sampler's state
+        self.episode_index = whole.Index(core.lanes)  # sample_episodes' complete episodes
         # observation fields read apart from the rest of a row (not once per step of
         # an n-step window): frames to stack, and anything larger than a packed row
-        packed = {f.name: f.packed for f in core._layout.fields}
-        self._apart = [o for o in self.observations if self.frame_stack > 1 or not packed[o]]
+        packed = {f.name: f.packed for f in core.engine.layout.fields}
+        self.apart = [o for o in self.observations if self.frame_stack > 1 or not packed[o]]
         self._her = None
         self.her = her
         self._ends: gather.Ends | None = None  # where ended episodes end (made on first use)
@@ -144,14 +145,14 @@ class EpisodeBuffer:
         if her is not None:
             if not callable(getattr(her, "relabel", None)):
                 raise TypeError(f"her must be a shmbuf.HER (or None), got {type(her).__name__}")
-            her.check(self._user, self.observations, self.reward, self.frame_stack)
-            if self.core._prio is not None:
+            her.check(self.user_fields, self.observations, self.reward, self.frame_stack)
+            if self.engine.trees is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported")
         self._her = her
 
-    def _episode_ends(self) -> "gather.Ends":
+    def episode_ends(self) -> "gather.Ends":
         if self._ends is None:
-            self._ends = gather.Ends(self.core._ring)
+            self._ends = gather.Ends(self.engine.ring)
         return self._ends
 
     # -- writing ---------------------------------------------------------------------
@@ -164,14 +165,14 @@ class EpisodeBuffer:
     def add(self, step: Mapping[str, Any], *, terminated: Any, truncated: Any,
             timeout: float | None = None) -> None:
         """Add one step of one env, through this handle's own one-env writer."""
-        self._own_writer().add(step, terminated=terminated, truncated=truncated, timeout=timeout)
+        self.own_writer().add(step, terminated=terminated, truncated=truncated, timeout=timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     timeout: float | None = None) -> None:
         """Write a whole episode; see :meth:`EpisodeWriter.add_episode`."""
-        self._own_writer().add_episode(episode, terminated=terminated, timeout=timeout)
+        self.own_writer().add_episode(episode, terminated=terminated, timeout=timeout)
 
-    def _own_writer(self) -> EpisodeWriter:
+    def own_writer(self) -> EpisodeWriter:
         if self._writer is None:
             self._writer = EpisodeWriter(self, None, None)
         return self._writer
@@ -191,9 +192,9 @@ class EpisodeBuffer:
         and come with ``weight`` (exponent ``beta``, default 0.4) and ``index`` for
         :meth:`update_priorities`, n-step ones included."""
         if type(n) is not int or n < 0:
-            n = _count(n, "n")
+            n = count(n, "n")
         if n_step != 1:
-            n_step = _count(n_step, "n_step", 1)
+            n_step = count(n_step, "n_step", 1)
             if self.reward is None:
                 raise ValueError("n-step returns need a reward field: create the buffer with reward=<field name>")
             if n_step + 1 > self.lane_capacity:
@@ -201,18 +202,18 @@ class EpisodeBuffer:
                                  f"({self.lane_capacity})")
             gamma = float(gamma)
         if timeout is not None:
-            timeout = self.core._t(timeout)  # checked now; None: the handle's, looked up if needed
-        if self.core._prio is not None or beta is not None:
-            if self.core._prio is None:
+            timeout = self.engine.seconds(timeout)  # checked now; None: the handle's, looked up if needed
+        if self.engine.trees is not None or beta is not None:
+            if self.engine.trees is None:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
             if self._her is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported: set "
                                  "buf.her = None, or use a buffer without priority=")
             beta = check_beta(beta)
-        if self.core._limiter is not None:
-            self.core._limiter.before_sample(n, self.core._t(timeout))
-        if self.core._prio is not None:
-            batch = transitions.sample_by_priority(self, n, n_step, gamma, beta, self.core._t(timeout))
+        if self.engine.gate is not None:
+            self.engine.gate.before_sample(n, self.engine.seconds(timeout))
+        if self.engine.trees is not None:
+            batch = transitions.sample_by_priority(self, n, n_step, gamma, beta, self.engine.seconds(timeout))
         elif self._her is not None:
             if n_step != 1:
                 raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
@@ -221,7 +222,7 @@ class EpisodeBuffer:
             batch = self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
         else:
             batch = transitions.sample(self, n, n_step, gamma, timeout)
-        self.core._counters.sampled(n)
+        self.engine.counters.sampled(n)
         return batch
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
@@ -248,12 +249,12 @@ class EpisodeBuffer:
             ([0.0, 0.0, 5.0], [False, False, True], [0.0, 0.0, 2.0])
             >>> buf.close()
         """
-        batch = _count(batch, "batch")
-        length = _count(length, "length", 1)
-        if self.core._limiter is not None:
-            self.core._limiter.before_sample(batch, self.core._t(timeout))
-        out = trajectories.sample(self, batch, length, self.core._t(timeout))
-        self.core._counters.sampled(batch)
+        batch = count(batch, "batch")
+        length = count(length, "length", 1)
+        if self.engine.gate is not None:
+            self.engine.gate.before_sample(batch, self.engine.seconds(timeout))
+        out = trajectories.sample(self, batch, length, self.engine.seconds(timeout))
+        self.engine.counters.sampled(batch)
         return out
 
     def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
@@ -270,11 +271,11 @@ class EpisodeBuffer:
             ([1.0, 2.0], [False, True])
             >>> buf.close()
         """
-        n = _count(n, "n")
-        if self.core._limiter is not None:
-            self.core._limiter.before_sample(n, self.core._t(timeout))
-        episodes = whole.sample(self, n, self.core._t(timeout))
-        self.core._counters.sampled(n)
+        n = count(n, "n")
+        if self.engine.gate is not None:
+            self.engine.gate.before_sample(n, self.engine.seconds(timeout))
+        episodes = whole.sample(self, n, self.engine.seconds(timeout))
+        self.engine.counters.sampled(n)
         return episodes
 
     def episodes(self) -> Iterator[dict[str, np.ndarray]]:
@@ -315,7 +316,7 @@ class EpisodeBuffer:
 
     def _lanes(self) -> list[tuple[int, int, int]]:
         """Per lane: rows, episodes with rows, episodes with a transition (raw reads)."""
-        ring = self.core._ring
+        ring = self.engine.ring
         lo, head = ring.window_lists()
         eps, starts, flags = ring.arrays["_episode"], ring.arrays["_start"], ring.arrays["_flags"]
         lc = ring.lane_capacity
@@ -362,7 +363,7 @@ class EpisodeBuffer:
     def fields(self) -> dict[str, Any]:
         """The user's fields (without the system fields): ``{name: (shape, dtype)}``, the
         observation fields as stored (single frames with ``frame_stack``)."""
-        return dict(self._user)
+        return dict(self.user_fields)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -379,7 +380,7 @@ class EpisodeBuffer:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickles as its name, like a core Buffer: unpickling attaches (in any process,
         any start method); writers are not carried over (a process makes its own)."""
-        return (_attach, (self.name, self.core._timeout))
+        return (_attach, (self.name, self.engine.timeout))
 
     def __repr__(self) -> str:
         return (f"<shmbuf.EpisodeBuffer {self.name!r} {len(self)}/{self.capacity} rows, "

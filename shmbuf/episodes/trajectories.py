@@ -32,7 +32,6 @@ step for an episode that has ended, the newest step written so far for one in pr
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,13 +39,12 @@ from ..core import sampling
 from ..core.layout import LANE_HEAD
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
-from .transitions import _NONE_YET
-
-if TYPE_CHECKING:
-    from .buffer import EpisodeBuffer
+from .transitions import NONE_YET
+from .parts import Episodes
 
 
-def sample(ebuf: "EpisodeBuffer", batch: int, length: int, timeout: float) -> dict[str, np.ndarray]:
+
+def sample(ebuf: Episodes, batch: int, length: int, timeout: float) -> dict[str, np.ndarray]:
     """``batch`` trajectories of ``length`` steps: every field ``(batch, length, ...)``
     and ``mask``, ``timestep`` (1-based), ``returns_to_go``, ``terminated``,
     ``truncated``."""
@@ -64,9 +62,9 @@ def sample(ebuf: "EpisodeBuffer", batch: int, length: int, timeout: float) -> di
     return out
 
 
-def _empty(ebuf: "EpisodeBuffer", n: int, length: int) -> dict[str, np.ndarray]:
-    out = {name: np.empty((n, length) + shape, dtype) for name, (shape, dtype) in ebuf._user.items()}
-    rtg = np.dtype(ebuf._user[ebuf.reward][1]) if ebuf.reward else np.dtype(np.float64)
+def _empty(ebuf: Episodes, n: int, length: int) -> dict[str, np.ndarray]:
+    out = {name: np.empty((n, length) + shape, dtype) for name, (shape, dtype) in ebuf.user_fields.items()}
+    rtg = np.dtype(ebuf.user_fields[ebuf.reward][1]) if ebuf.reward else np.dtype(np.float64)
     out["returns_to_go"] = np.empty((n, length), rtg if rtg.kind == "f" else np.float64)
     out["timestep"] = np.empty((n, length), np.int64)
     out["mask"] = np.empty((n, length), bool)
@@ -75,22 +73,22 @@ def _empty(ebuf: "EpisodeBuffer", n: int, length: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.ndarray:
+def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int) -> np.ndarray:
     """Draw ``len(out)`` trajectories into ``out``; returns the mask of the ones proven
     intact (the others are drawn again)."""
-    ring, rng = ebuf.core._ring, ebuf.core._rng
+    ring, rng = ebuf.engine.ring, ebuf.engine.rng
     m = len(out["mask"])
     try:
         lane, end, _ = sampling.draw_windows(ring, rng, m, 2, None)
     except ValueError:
         if ring.size() == 0:
             raise
-        raise ValueError(_NONE_YET) from None
+        raise ValueError(NONE_YET) from None
     if type(lane) is not np.ndarray:
         lane = np.full(m, lane, np.int64)
     # 1. The window, row by row through the checked read: fields, episode, flags
     seq = end[:, None] - np.arange(length - 1, -1, -1)
-    want = {name: a.reshape((m * length,) + a.shape[2:]) for name, a in out.items() if name in ebuf._user}
+    want = {name: a.reshape((m * length,) + a.shape[2:]) for name, a in out.items() if name in ebuf.user_fields}
     starts, flags = np.empty((m, length), np.int64), np.empty((m, length), np.uint8)
     want.update(_start=starts.reshape(-1), _flags=flags.reshape(-1))
     ok = gather.rows(ring, lane.repeat(length), np.maximum(seq, 0).ravel(), want).reshape(m, length)
@@ -111,7 +109,7 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
         valid &= ~(failed & (seq >= lo[:, None])).any(axis=1)
         mask &= seq > np.where(failed, seq, -1).max(axis=1)[:, None]
     for name, a in out.items():
-        if name in ebuf._user:
+        if name in ebuf.user_fields:
             a[~mask] = 0
     out["mask"][:] = mask
     out["timestep"][:] = np.where(mask, seq - start[:, None] + 1, 0)
@@ -126,19 +124,19 @@ def _fill(ebuf: "EpisodeBuffer", out: dict[str, np.ndarray], length: int) -> np.
     return valid
 
 
-def _tail(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray, start: np.ndarray,
+def _tail(ebuf: Episodes, lane: np.ndarray, end: np.ndarray, start: np.ndarray,
           valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For the windows of ``valid``: the sum of the rewards of rows ``end + 1`` to their
     episode's last row, and a mask of the windows for which it is proven to be the whole
     rest of the episode (see the module docstring). Other windows: 0 and False."""
-    ring = ebuf.core._ring
+    ring = ebuf.engine.ring
     m = len(end)
     after, known = np.zeros(m), np.zeros(m, bool)
     which = np.flatnonzero(valid)
     if not len(which):
         return after, known
     ln, e, s = lane[which], end[which], start[which]
-    last = ebuf._episode_ends().last_rows(ln, e, s)  # a guide: proven below
+    last = ebuf.episode_ends().last_rows(ln, e, s)  # a guide: proven below
     # the row after the last: its stamp read before the tail is copied
     lc = ring.lane_capacity
     nxt = last + 1
@@ -147,7 +145,7 @@ def _tail(ebuf: "EpisodeBuffer", lane: np.ndarray, end: np.ndarray, start: np.nd
     span = count + 1  # and the row after them, read through the check too
     rows = np.repeat(np.arange(len(which)), span)
     seq = np.repeat(e + 1 - np.cumsum(span) + span, span) + np.arange(int(span.sum()))
-    rew = np.empty(len(seq), ebuf._user[ebuf.reward][1])
+    rew = np.empty(len(seq), ebuf.user_fields[ebuf.reward][1])
     starts, flags = np.empty(len(seq), np.int64), np.empty(len(seq), np.uint8)
     ok = gather.rows(ring, ln[rows], seq, {ebuf.reward: rew, "_start": starts, "_flags": flags})
     after_last = seq == nxt[rows]

@@ -12,42 +12,51 @@ the candidate, which is drawn again.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..core import sampling
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
+from .parts import Episodes
 
-if TYPE_CHECKING:
-    from .buffer import EpisodeBuffer
 
 _ROUNDS_BEFORE_SCAN = 8
-_NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one once its next step "
+NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one once its next step "
              "or its end is written")
+
+
+class Sampler:
+    """What the transition sampler keeps between calls: its plans (per n-step and
+    relabelling) and the fraction of candidates it last saw rejected (it draws that
+    many more)."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[int, bool], _Plan] = {}
+        self.rejected = 0.0
 
 
 class _Plan:
     """What a handle's transition sampler reads, worked out once per ``n_step``: the
     output arrays, and which field goes where in the core's per-position gather."""
 
-    def __init__(self, ebuf: "EpisodeBuffer", n_step: int, where: bool) -> None:
+    def __init__(self, ebuf: Episodes, n_step: int, where: bool) -> None:
         k = ebuf.frame_stack
         self.n, self.k, self.reward, self.where = n_step, k, ebuf.reward, where
         self.specs = [(name, ((k,) if k > 1 and name in ebuf.observations else ()) + shape, dtype)
-                      for name, (shape, dtype) in ebuf._user.items()]
+                      for name, (shape, dtype) in ebuf.user_fields.items()]
         self.specs += [("next_" + o, shape, dtype) for o, shape, dtype in self.specs if o in ebuf.observations]
         self.specs += [("terminated", (), np.bool_), ("truncated", (), np.bool_)]
         if n_step > 1:
             self.specs.append(("steps", (), np.int64))
         if where:  # where each transition's step is: its lane, row and episode's first row
             self.specs += [("_lane", (), np.int64), ("_seq", (), np.int64), ("_start", (), np.int64)]
-        self.apart = ebuf._apart  # gathered on their own (frames to stack, large rows)
+        self.apart = ebuf.apart  # gathered on their own (frames to stack, large rows)
         self.obs = [o for o in ebuf.observations if o not in self.apart]
-        index = ebuf.core._ring.index
+        index = ebuf.engine.ring.index
         self.width = len(index)
-        self.first = [(index[name], name) for name in ebuf._user if name not in self.apart]
+        self.first = [(index[name], name) for name in ebuf.user_fields if name not in self.apart]
         self.flags, self.start, self.reward_at = index["_flags"], index["_start"], index.get(ebuf.reward)
         self.next = [(index[o], "next_" + o) for o in self.obs]
 
@@ -61,7 +70,7 @@ class _Plan:
         return {name: np.empty((n,) + shape, dtype) for name, shape, dtype in self.specs}
 
 
-def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
+def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
            timeout: float | None, where: bool = False) -> dict[str, np.ndarray]:
     """``n`` transitions: the step's fields, ``next_<obs>``, ``terminated``, ``truncated``
     and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
@@ -73,28 +82,28 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
     rejected: final rows, rows still waiting for their next observation), so that a
     second draw is rare: the first ``n`` that are transitions are kept, which in an
     i.i.d. stream of candidates are i.i.d. too."""
-    plan = ebuf._plans.get((n_step, where))
+    plan = ebuf.transitions.plans.get((n_step, where))
     if plan is None:
-        plan = ebuf._plans[n_step, where] = _Plan(ebuf, n_step, where)
+        plan = ebuf.transitions.plans[n_step, where] = _Plan(ebuf, n_step, where)
     if n == 0:
         return plan.empty(0)
-    out = plan.empty(n + int(n * ebuf._rejected) + 4)
+    out = plan.empty(n + int(n * ebuf.transitions.rejected) + 4)
     valid = _fill(ebuf, plan, out, gamma)
     if valid is None or valid[:n].all():
         return {key: a[:n] for key, a in out.items()}
-    ebuf._rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
+    ebuf.transitions.rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
     bad = np.flatnonzero(~valid[:n])
     spare = np.flatnonzero(valid[n:])[:len(bad)] + n
     for a in out.values():
         a[bad[:len(spare)]] = a[spare]
     bad = bad[len(spare):]
-    timeout = ebuf.core._t(timeout)
+    timeout = ebuf.engine.seconds(timeout)
     deadline = time.monotonic() + timeout
     rounds = 0
     while len(bad):  # draw again for the candidates that were not transitions (or torn)
         rounds += 1
         if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(_NONE_YET)
+            raise ValueError(NONE_YET)
         if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(
                 f"could not draw {len(bad)} transitions within {timeout:g} s" +
@@ -110,12 +119,12 @@ def sample(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
     return {key: a[:n] for key, a in out.items()}
 
 
-def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma: float,
+def _fill(ebuf: Episodes, plan: _Plan, out: dict[str, np.ndarray], gamma: float,
           drawn: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
     """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows (or take the
     ``drawn`` (lanes, rows)) and copy them into ``out``; returns the mask of those that
     are intact transitions (None: all)."""
-    ring, rng = ebuf.core._ring, ebuf.core._rng
+    ring, rng = ebuf.engine.ring, ebuf.engine.rng
     m, n, k = len(out["terminated"]), plan.n, plan.k
     if drawn is not None:
         lane, t = drawn
@@ -125,7 +134,7 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
         except ValueError:
             if ring.size() == 0:
                 raise  # "empty buffer"
-            raise ValueError(_NONE_YET) from None  # no lane holds two rows
+            raise ValueError(NONE_YET) from None  # no lane holds two rows
     # 1. Rows t .. t+n, one window per candidate, each position into arrays of its own:
     #    row t's fields straight into the output, then what the rows after it are read
     #    for (the large observations apart: 2.). The gather's filters keep rows of t's
@@ -179,15 +188,15 @@ def _fill(ebuf: "EpisodeBuffer", plan: _Plan, out: dict[str, np.ndarray], gamma:
     return valid
 
 
-def sample_by_priority(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float, beta: float,
+def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: float,
                        timeout: float) -> dict[str, np.ndarray]:
     """``n`` transitions drawn by the priority of their step (see :mod:`shmbuf.priority`:
     final rows have none; a drawn step that is not a transition yet, the newest of an
     episode in progress, is drawn again), with ``weight`` and ``index``."""
-    trees = ebuf.core._prio
-    plan = ebuf._plans.get((n_step, False))
+    trees = ebuf.engine.trees
+    plan = ebuf.transitions.plans.get((n_step, False))
     if plan is None:
-        plan = ebuf._plans[n_step, False] = _Plan(ebuf, n_step, False)
+        plan = ebuf.transitions.plans[n_step, False] = _Plan(ebuf, n_step, False)
     out = plan.empty(n)
     leaf, index = np.empty(n), np.empty((n, 2), np.int64)
     todo, low, rounds = np.arange(n), np.inf, 0
@@ -195,13 +204,13 @@ def sample_by_priority(ebuf: "EpisodeBuffer", n: int, n_step: int, gamma: float,
     while len(todo):
         rounds += 1
         if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(_NONE_YET)
+            raise ValueError(NONE_YET)
         if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(f"could not draw {len(todo)} transitions by priority within {timeout:g} s")
         m = len(todo)
         with trees.change(max(0.0, deadline - time.monotonic())):
             trees.sync()
-        slots, p, seq, least = trees.draw(ebuf.core._rng, m, deadline, timeout)
+        slots, p, seq, least = trees.draw(ebuf.engine.rng, m, deadline, timeout)
         low = min(low, least)
         ok = (p > 0) & (seq >= 0)
         np.maximum(seq, 0, out=seq)
@@ -281,9 +290,9 @@ def _n_step(plan: _Plan, out: dict[str, np.ndarray], flags: np.ndarray, rews: np
     return valid, last
 
 
-def _any_transition(ebuf: "EpisodeBuffer") -> bool:
+def _any_transition(ebuf: Episodes) -> bool:
     """Whether any published pair of rows is a transition (an exact scan; rare)."""
-    ring = ebuf.core._ring
+    ring = ebuf.engine.ring
     lo, head = ring.window()
     lc = ring.lane_capacity
     for lane in range(ring.lanes):

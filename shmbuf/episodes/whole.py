@@ -10,7 +10,7 @@ then copied in one window whose every row is stamp-checked and of that episode.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -18,9 +18,8 @@ from ..core import sampling
 from ..core.layout import LANE_BASE
 from ..core.ring import Ring
 from .rows import FINAL, TERMINATED, TRUNCATED
+from .parts import Episodes
 
-if TYPE_CHECKING:
-    from .buffer import EpisodeBuffer
 
 _NONE = ("the buffer holds no complete episode: one that has ended (its final observation written) "
          "and whose first step is not evicted yet")
@@ -86,11 +85,11 @@ def _walk(ring: Ring, lane: int, lo: int, head: int, stop: int) -> tuple[list[tu
     return found, max(stop, frontier)
 
 
-def sample(ebuf: "EpisodeBuffer", n: int, timeout: float) -> list[dict[str, np.ndarray]]:
+def sample(ebuf: Episodes, n: int, timeout: float) -> list[dict[str, np.ndarray]]:
     """``n`` whole episodes, uniformly over the complete ones, with replacement: each a
     dict of ``(T, ...)`` arrays (the fields, ``next_<obs>``, ``terminated``,
     ``truncated``)."""
-    ring, rng = ebuf.core._ring, ebuf.core._rng
+    ring, rng = ebuf.engine.ring, ebuf.engine.rng
     out: list[dict[str, np.ndarray] | None] = [None] * n
     deadline = time.monotonic() + timeout
     while True:
@@ -99,20 +98,20 @@ def sample(ebuf: "EpisodeBuffer", n: int, timeout: float) -> list[dict[str, np.n
             return out  # type: ignore[return-value]
         if time.monotonic() >= deadline:
             raise sampling.SampleTimeout(f"could not copy {len(todo)} intact episodes within {timeout:g} s")
-        lanes, first, last = ebuf._index.complete(ring)
+        lanes, first, last = ebuf.episode_index.complete(ring)
         if not len(lanes):
             raise ValueError(_NONE)
         for i, j in zip(todo, rng.integers(0, len(lanes), len(todo))):
             out[i] = _copy(ebuf, int(lanes[j]), int(first[j]), int(last[j]))
 
 
-def _copy(ebuf: "EpisodeBuffer", lane: int, first: int, last: int) -> dict[str, np.ndarray] | None:
+def _copy(ebuf: Episodes, lane: int, first: int, last: int) -> dict[str, np.ndarray] | None:
     """The episode in rows ``first .. last`` (its final row) of ``lane``, or None if a row
     was not intact or not of one episode (evicted or overwritten meanwhile)."""
-    ring = ebuf.core._ring
+    ring = ebuf.engine.ring
     rows = last - first + 1
     got = {f.name: np.empty((rows,) + f.shape, f.dtype) for f in ring.layout.fields
-           if f.name in ebuf._user or f.name == "_flags"}
+           if f.name in ebuf.user_fields or f.name == "_flags"}
     ok = sampling.copy_windows(ring, lane, np.array([first], np.int64), rows, None,
                                [got.get(f.name) for f in ring.layout.fields], same="_start")
     flags = got.pop("_flags")
@@ -126,10 +125,10 @@ def _copy(ebuf: "EpisodeBuffer", lane: int, first: int, last: int) -> dict[str, 
     return episode
 
 
-def every(ebuf: "EpisodeBuffer") -> Iterator[dict[str, np.ndarray]]:
+def every(ebuf: Episodes) -> Iterator[dict[str, np.ndarray]]:
     """Every complete episode held now, lane by lane, oldest first (as :func:`sample`
     returns them); episodes evicted or overwritten during the walk are left out."""
-    lanes, first, last = ebuf._index.complete(ebuf.core._ring)
+    lanes, first, last = ebuf.episode_index.complete(ebuf.engine.ring)
     for j in np.lexsort((first, lanes)).tolist():
         episode = _copy(ebuf, int(lanes[j]), int(first[j]), int(last[j]))
         if episode is not None:

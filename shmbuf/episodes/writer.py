@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..core.layout import LANE_EPISODES, LANE_HEAD
 from .rows import FINAL, TERMINATED, TRUNCATED, flags_of
+from .parts import Episodes
 
 _BOOL = np.dtype(np.bool_)
 
-if TYPE_CHECKING:
-    from .buffer import EpisodeBuffer
 
 
 class EpisodeWriter:
@@ -22,14 +21,14 @@ class EpisodeWriter:
     Get one with :meth:`EpisodeBuffer.writer`. Not for several threads at once.
     """
 
-    def __init__(self, buffer: "EpisodeBuffer", envs: int | None, timeout: float | None) -> None:
+    def __init__(self, buffer: Episodes, envs: int | None, timeout: float | None) -> None:
         if envs is not None and (isinstance(envs, bool) or not isinstance(envs, (int, np.integer)) or envs < 1):
             raise ValueError(f"envs must be an int >= 1 (one lane per env), got {envs!r}")
         self.buffer = buffer
         self.envs = 1 if envs is None else int(envs)
         self._axis = envs is not None  # steps come with an env axis
         core = buffer.core
-        ring, t = core._ring, core._t(timeout)
+        ring, t = core.engine.ring, core.engine.seconds(timeout)
         self.lanes: list[int] = []
         try:
             for _ in range(self.envs):
@@ -46,18 +45,18 @@ class EpisodeWriter:
         self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
         self._started = np.zeros(n, bool)  # an episode in progress
         self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
-        self._prio = core._prio is not None  # a prioritized buffer: steps at the largest
+        self._prio = core.engine.trees is not None  # a prioritized buffer: steps at the largest
         if self._prio:                         # priority (0), final rows at none (-1)
             self._sys["_priority"] = np.zeros(n)
         if not self._axis:  # the same memory, as one row without a row axis
             self._sys = {k: v.reshape(()) for k, v in self._sys.items()}
-        self._user = len(buffer._rows.user)
-        self._keys = buffer._rows.keys
+        self.user_fields = len(buffer.step_rows.user)
+        self._keys = buffer.step_rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
-        self._limiter = core._limiter  # a rate limit: writes wait in _put (no fast path)
+        self._limiter = core.engine.gate  # a rate limit: writes wait in _put (no fast path)
         self._going = False  # every env has an episode in progress: add's fast path
-        user = buffer._rows.user
+        user = buffer.step_rows.user
         self._next_specs = [(o, (n,) + user[o][0], user[o][1]) for o in buffer.observations]
         self._zeros = {k: np.zeros((n,) + shape, dtype) for k, (shape, dtype) in user.items()
                        if k not in buffer.observations}  # a final row's other fields
@@ -84,7 +83,7 @@ class EpisodeWriter:
         # (no flag set) in an episode it has started, the values are arrays of the
         # fields' dtypes and shapes (put_rows checks those and returns False otherwise).
         # Nothing in the rows changes from step to step but the values given.
-        if (self._going and type(step) is dict and (len(step) == self._user or step.keys() <= self._keys)
+        if (self._going and type(step) is dict and (len(step) == self.user_fields or step.keys() <= self._keys)
                 and (timeout is None or type(timeout) is float)):
             if not self._axis:
                 if terminated is False and truncated is False \
@@ -137,9 +136,9 @@ class EpisodeWriter:
         n = self.envs if self._axis else None
         term, trunc = flags_of(terminated, truncated, n)
         ended = np.atleast_1d(term | trunc)
-        steps, nexts = self.buffer._rows.split(step, (n,) if n else (), ended)
+        steps, nexts = self.buffer.step_rows.split(step, (n,) if n else (), ended)
         if timeout is not None:
-            timeout = self.buffer.core._t(timeout)
+            timeout = self.buffer.engine.seconds(timeout)
         if not self._axis:  # from here on, every value has the env axis
             steps = {k: v[None] for k, v in steps.items()}
             nexts = {k: v[None] for k, v in nexts.items()}
@@ -166,7 +165,7 @@ class EpisodeWriter:
         """Start an episode in each env of the mask ``envs``: the next number of its
         lane (the lane table keeps the latest) and its head (the lane is ours: nobody
         else moves either)."""
-        table = self.buffer.core._ring.lane_table
+        table = self.buffer.engine.ring.lane_table
         for i in np.flatnonzero(envs).tolist():  # a few at a time: scalars beat fancy indexing
             lane = self.lanes[i]
             self._episode[i] = table[lane, LANE_EPISODES] = table[lane, LANE_EPISODES] + 1
@@ -175,7 +174,7 @@ class EpisodeWriter:
 
     def _unused(self) -> np.ndarray:
         """The envs whose episode was numbered but has no row yet."""
-        heads = self.buffer.core._ring.lane_table[self._lane_array, LANE_HEAD]
+        heads = self.buffer.engine.ring.lane_table[self._lane_array, LANE_HEAD]
         return self._started & (heads == self._start)
 
     def _put(self, lanes: np.ndarray, data: dict[str, np.ndarray], sys: dict[str, np.ndarray],
@@ -184,13 +183,13 @@ class EpisodeWriter:
         ``lanes[i]``: in one native call, or (pure Python, or a lane this handle has
         not mapped yet) one core write per lane."""
         if self._limiter is not None:
-            self._limiter.before_insert(len(lanes), self.buffer.core._t(timeout))
+            self._limiter.before_insert(len(lanes), self.buffer.engine.seconds(timeout))
         if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
             return
         core = self.buffer.core
-        names = list(core._stored())
+        names = list(core.engine.layout.stored())
         for i, lane in enumerate(lanes.tolist()):
-            core._extend_stored({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names}, lane, timeout)
+            core.engine.extend({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names}, lane, timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     env: int = 0, timeout: float | None = None) -> None:
@@ -204,11 +203,11 @@ class EpisodeWriter:
             raise TypeError(f"terminated must be a bool, got {terminated!r}")
         if isinstance(env, bool) or not isinstance(env, (int, np.integer)) or not 0 <= env < self.envs:
             raise ValueError(f"env must be an int in [0, {self.envs}), got {env!r}")
-        steps = int(self.buffer.core._ring.lane_table[self.lanes[env], LANE_HEAD] - self._start[env])
+        steps = int(self.buffer.engine.ring.lane_table[self.lanes[env], LANE_HEAD] - self._start[env])
         if self._started[env] and steps:
             raise ValueError(f"env {env} has an episode in progress ({steps} steps); finish it "
                              "with add(..., terminated=/truncated=) before add_episode")
-        rows = self.buffer._rows
+        rows = self.buffer.step_rows
         if not isinstance(episode, Mapping):
             raise TypeError(f"an episode is a mapping of field names to arrays, got {type(episode).__name__}")
         length = min((len(np.asarray(v)) if np.ndim(v) else 0 for k, v in episode.items() if k in rows.user),
@@ -247,7 +246,7 @@ class EpisodeWriter:
             data["_priority"] = np.zeros(length + 1)
             data["_priority"][-1] = -1.0  # the final row: never drawn
         try:
-            self.buffer.core._extend_stored(data, self.lanes[env], timeout)
+            self.buffer.core.engine.extend(data, self.lanes[env], timeout)
         except BaseException:
             self._started[env] = False
             self._going = False
@@ -260,7 +259,7 @@ class EpisodeWriter:
     def close(self, timeout: float | None = None) -> None:
         """Release the lanes. An episode in progress stays unfinished: its rows are
         transitions where the next observation is known, never a whole episode."""
-        ring, t = self.buffer.core._ring, self.buffer.core._t(timeout)
+        ring, t = self.buffer.engine.ring, self.buffer.engine.seconds(timeout)
         if self.lanes and len(self.lanes) == self.envs:  # numbers not used: given back
             unused = self._unused()
             ring.lane_table[self._lane_array[unused], LANE_EPISODES] -= 1

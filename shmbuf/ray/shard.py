@@ -122,11 +122,11 @@ class Shard:
         b = self.buf
         size = b.transition_count if self.kind == "episodes" else len(b)
         mass = low = 0.0
-        if self.core._prio is not None:
+        if self.core.engine.trees is not None:
             mass, low = priority.totals(self.core, self.core.timeout)
         return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
-                "prioritized": self.core._prio is not None, "native": self.core.native}
+                "prioritized": self.core.engine.trees is not None, "native": self.core.native}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
@@ -141,7 +141,7 @@ class Shard:
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
         batch = getattr(self.buf, method)(n, *args, **kwargs)
-        if self.core._prio is not None and method == "sample":
+        if self.core.engine.trees is not None and method == "sample":
             del batch["weight"]
             batch["p"] = priority.leaf_values(self.core, batch["index"][:, 0])
         return batch, self.info()

@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core import segment, validate
-from ..buffer import DEFAULT_TIMEOUT, Buffer, _count
+from ..buffer import DEFAULT_TIMEOUT, Buffer
+from ..core.batch import count
 from ..episodes import EpisodeBuffer
 from ..priority import check_beta, check_values
 from . import shard as _shard
@@ -159,7 +160,7 @@ class ShardedBuffer:
         """
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        capacity_per_node = _count(capacity_per_node, "capacity_per_node", 1)
+        capacity_per_node = count(capacity_per_node, "capacity_per_node", 1)
         timeout = validate.timeout(timeout)
         persist = validate.flag(persist, "persist")
         nodes = _nodes(ray, nodes)
@@ -268,7 +269,7 @@ class ShardedBuffer:
             ShardsUnavailable: no shard could give its rows within ``timeout``.
             ValueError: every shard is empty; or a shard's own error (bad arguments).
         """
-        n = _count(n, "n")
+        n = count(n, "n")
         if beta is not None or self._prioritized:
             if not self._prioritized:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
@@ -281,7 +282,7 @@ class ShardedBuffer:
         """``batch`` windows of ``length`` consecutive rows of one lane of one shard, as
         :meth:`shmbuf.Buffer.sample_sequences` (the count of each shard by its size);
         ``prefetch`` and faults as in :meth:`sample`."""
-        return self._take("sample_sequences", _count(batch, "batch"), (_count(length, "length", 1),),
+        return self._take("sample_sequences", count(batch, "batch"), (count(length, "length", 1),),
                           kwargs, prefetch, timeout)
 
     def sample_trajectories(self, batch: int, length: int, *, prefetch: int = 0,
@@ -291,13 +292,13 @@ class ShardedBuffer:
         :meth:`sample`."""
         if self._kind != "episodes":
             raise ValueError("sample_trajectories is for a ShardedBuffer created with episodes=True")
-        return self._take("sample_trajectories", _count(batch, "batch"), (_count(length, "length", 1),),
+        return self._take("sample_trajectories", count(batch, "batch"), (count(length, "length", 1),),
                           {}, prefetch, timeout)
 
     def _take(self, method: str, n: int, args: tuple, kwargs: dict[str, Any], prefetch: int,
               timeout: float | None, beta: float | None = None) -> dict[str, np.ndarray]:
         timeout = self._t(timeout)
-        prefetch = _count(prefetch, "prefetch")
+        prefetch = count(prefetch, "prefetch")
         key = (method, n, args, sorted(kwargs.items()))
         if self._inflight and self._inflight[0].key != key:
             self._inflight.clear()  # asked for with other arguments: dropped

@@ -1,0 +1,295 @@
+"""The engine: one handle's parts on one segment, wired once.
+
+An :class:`Engine` owns what a handle needs to speak the protocol: the mapped
+:class:`~shmbuf.core.segment.Segment` and its :class:`~shmbuf.core.layout.Layout`, the
+header lock, the :class:`~shmbuf.core.ring.Ring` (and the C ring of the native path),
+the handle's stats slot, its random generator, its default timeout, its lane claim and
+the rate gate. ``Buffer`` and ``EpisodeBuffer`` are facades over one; every capability
+(priorities, episodes, HER, persistence, stats, weights, torch, the facades of other
+libraries, Ray) works through the attributes and methods below and nothing else.
+
+What a capability may use:
+
+* ``layout``, ``fields``, ``schema``, ``seg``, ``name``: what the segment holds;
+* ``ring`` (lane table, stamps, arrays, ``put``, ``window``), ``native``, ``lock``;
+* ``rng``, ``seconds(timeout)``, ``counters``, ``gate`` (the rate limit, or None);
+* ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
+* the read path: :mod:`shmbuf.core.read` with this engine.
+
+Example:
+    >>> import shmbuf
+    >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4)
+    >>> e = buf.engine
+    >>> e.write([np.arange(2)], 2, None, None); e.ring.size()
+    2
+    >>> buf.close()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from . import native, procs, sampling, validate
+from .counters import Counters
+from .layout import CTRL_LOCK_HOLDER, Layout
+from .lock import HeaderLock
+from .ratelimit import Limiter, RateLimit
+from .ring import Ring, WriteTimeout, check_tables
+from .segment import NotReadyError, Segment
+
+_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_engines):
+        engine.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Closed:
+    """Stands in for the ring of a closed handle: any use says so clearly."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise ValueError(f"this handle of buffer {self.name!r} is closed; "
+                         f"attach again with shmbuf.Buffer.attach({self.name!r})")
+
+
+def _finalize(seg: Segment, owner_pid: int | None, c_ring: Any) -> None:
+    """Close a handle; the creating process (not a forked copy of it) also destroys it."""
+    if c_ring is not None:
+        c_ring.close()  # calls after this raise; its memory stays mapped while it lives
+    if owner_pid is not None and owner_pid == os.getpid():
+        seg.unlink()  # only if the name is still ours; drops the tracker entry either way
+    seg.close()
+
+
+def open_segment(name: str, timeout: float) -> tuple[Segment, Layout]:
+    """Map the segment ``name`` and read its layout, waiting up to ``timeout`` seconds for
+    a buffer that is still being created. The caller owns the segment returned."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            seg = Segment.attach(name)
+        except NotReadyError:
+            seg = None
+        if seg is not None:
+            try:
+                layout = Layout.read(seg.mmap, name)
+                break
+            except NotReadyError:
+                seg.close()
+            except BaseException:
+                seg.close()
+                raise
+        if time.monotonic() >= deadline:
+            raise NotReadyError(
+                f"shared-memory segment {name!r} did not become a complete buffer within "
+                f"{timeout:g} s: its creator is still creating it, or died doing so (then "
+                f"remove it with `shmbuf rm {name}`)")
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
+    try:
+        seg.ensure_allocated()
+        check_tables(layout, seg.mmap, name)
+    except BaseException:
+        seg.close()
+        raise
+    return seg, layout
+
+
+class Engine:
+    """One handle's parts on a mapped, validated segment (see the module's docstring).
+
+    The caller keeps ``seg`` until this returns; from then on the engine owns it (closes
+    it, and unlinks it if ``owner``). ``counted``: claim a slot of the stats region (not
+    for a mere observer such as ``shmbuf ls``).
+    """
+
+    def __init__(self, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
+                 timeout: float, counted: bool = True) -> None:
+        self.seg = seg
+        self.name = seg.name
+        self.layout = layout
+        self.fields = layout.fields
+        self.schema = validate.Schema(layout.fields)
+        self.rng = rng
+        self._timeout = timeout
+        ctrl = np.ndarray((1,), np.int64, seg.mmap, layout.control_offset + 8 * CTRL_LOCK_HOLDER)
+
+        def note(pid: int) -> None:
+            ctrl[0] = pid
+
+        def describe() -> str:
+            pid = int(ctrl[0])
+            return f"last taken by pid {pid}" if pid else "holder unknown"
+
+        self.lock = HeaderLock(lambda: seg.fd, note, describe)
+        self.prefaulted = bytearray(layout.lanes)  # 1: this handle has mapped the lane's pages
+        self.native = native.make_ring(layout, seg.mmap, self.lock.busy, self.prefaulted,
+                                       procs.is_alive, WriteTimeout, self.lock.timeout_error)
+        self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native)
+        self.counters = Counters(layout, seg.mmap)
+        self.ring.counters = self.lock.stats = self.counters
+        if counted:
+            self.counters.claim(self.lock, min(timeout, 1.0))
+        rate = layout.meta.get("rate")
+        self.gate = None if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
+        self.trees: Any = None  # a prioritized buffer's shmbuf.priority.Trees (set by its facade)
+        self._lane: int | None = None  # the lane this handle claimed
+        self._lane_pid = 0
+        self.configure()
+        self.owner_pid = os.getpid() if owner else None
+        self._finalizer = weakref.finalize(self, _finalize, seg, self.owner_pid, self.native)
+        _engines.add(self)
+
+    # -- defaults --------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """The handle's default timeout of blocking calls, in seconds."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = validate.timeout(value)
+        self.configure()
+
+    def seconds(self, timeout: float | None) -> float:
+        """``timeout`` checked, or the handle's default for None."""
+        return self._timeout if timeout is None else validate.timeout(timeout)
+
+    def configure(self) -> None:
+        """Tell the native path this handle's defaults (its lane, its timeout)."""
+        if self.native is not None:
+            c = self.counters
+            native.configure(self.native, self.seg.fd, 0 if self.layout.lanes == 1 else self.lane,
+                             self._timeout, c.offset, c.lanes_offset if c.present else -1)
+
+    def forked(self) -> None:
+        """In a forked child: nothing of the parent's process-bound state is ours."""
+        self.prefaulted[:] = bytes(len(self.prefaulted))  # fork copies no page-table entries
+        if not self.closed:
+            self.counters.slot = memoryview(bytearray(self.counters.slot)).cast("q")  # the parent's is the parent's
+            self.counters.claim(self.lock, 0.0)  # one of our own (or the shared one), never waiting
+            self.configure()  # a new pid and descriptor, and no lane claim (lane is None)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def write(self, arrays: list[np.ndarray], n: int, lane: int | None, timeout: float | None) -> None:
+        """Write ``n`` checked rows (one array per stored field, in field order; without
+        the row axis for ``n == 1``) into ``lane`` (None: the claimed one), through the
+        rate gate."""
+        timeout = self.seconds(timeout)
+        if self.gate is not None:
+            self.gate.before_insert(n, timeout)
+        if lane is None and self.layout.lanes == 1:
+            lane = 0
+        else:
+            lane = self.resolve_lane(lane, timeout)
+        if not self.prefaulted[lane]:
+            self.prefault(lane)
+        self.ring.put(lane, n, arrays, timeout)
+
+    def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
+        """Check and write rows of every stored field, hidden ones included (for the
+        capabilities that keep fields of their own: episodes, priorities)."""
+        arrays, n = self.schema.check_rows(batch, single=False)
+        self.write([a[0] for a in arrays] if n == 1 else arrays, n, lane, timeout)
+
+    def prefault(self, lane: int | None = None) -> None:
+        """Map the pages of one lane (or all) into this process now."""
+        layout = self.layout
+        lanes = range(layout.lanes) if lane is None else [lane]
+        lc = layout.lane_capacity
+        ranges = [(layout.rows_offset + layout.row_stride * i * lc, layout.row_stride * lc) for i in lanes]
+        ranges += [(f.offset + f.row_bytes * i * lc, f.row_bytes * lc) for f in self.fields
+                   for i in lanes if not f.packed]
+        self.seg.populate(ranges)
+        for i in lanes:
+            self.prefaulted[i] = 1
+
+    # -- reading ---------------------------------------------------------------------
+
+    def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
+                       lane: int | None = None) -> None:
+        """Fill ``arrays`` (one per stored field, ``(n * length, *shape)``) with ``n``
+        intact windows drawn uniformly (of ``lane`` only, if given), through the rate
+        gate; counted in the stats."""
+        timeout = self.seconds(timeout)
+        if self.gate is not None:
+            self.gate.before_sample(n, timeout)
+        if lane is not None:
+            lane = self.resolve_lane(lane, 0)
+        sampling.sample_windows(self.ring, self.rng, n, length, arrays, timeout, lane)
+        self.counters.sampled(n * length)
+
+    # -- lanes -----------------------------------------------------------------------
+
+    @property
+    def lane(self) -> int | None:
+        """The lane this handle has claimed (None: none, or claimed by the parent of a fork)."""
+        return self._lane if self._lane_pid == os.getpid() else None
+
+    def resolve_lane(self, lane: int | None, timeout: float) -> int:
+        """``lane`` checked; for None the claimed lane (claimed now if there is none)."""
+        lanes = self.layout.lanes
+        if lane is None:
+            if lanes == 1:
+                return 0
+            if self.lane is None:
+                self.claim_lane(None, timeout)
+            return self._lane  # type: ignore[return-value]
+        if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)) or not 0 <= lane < lanes:
+            raise ValueError(f"lane must be an int in [0, {lanes}), got {lane!r}")
+        return int(lane)
+
+    def claim_lane(self, lane: int | None, timeout: float) -> int:
+        """Claim ``lane`` (None: any free one) for this handle; see ``Buffer.claim_lane``."""
+        if self.lane is not None:
+            if lane is None or lane == self._lane:
+                return self._lane  # type: ignore[return-value]
+            raise RuntimeError(f"this handle already claimed lane {self._lane}; release_lane() first")
+        if lane is not None:
+            lane = self.resolve_lane(lane, 0)
+        got = self.ring.claim(lane, timeout)
+        self._lane, self._lane_pid = got, os.getpid()
+        self.configure()
+        return got
+
+    def release_lane(self, timeout: float) -> None:
+        """Give up this handle's lane claim (no-op without one)."""
+        if self.lane is not None:
+            self.ring.release(self._lane, timeout)
+        self._lane = None
+        if not self.closed:
+            self.configure()
+
+    # -- lifetime --------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Release the lane and the stats slot, then unmap (and unlink, for the owner)."""
+        if self.closed:
+            return
+        try:
+            self.release_lane(1.0)
+        except (TimeoutError, OSError, ValueError):
+            pass  # the kernel and the liveness check free it anyway
+        self.counters.release()
+        self.ring = Closed(self.name)
+        self.native = None  # calls go to the ring, which says it is closed
+        self._finalizer()
