@@ -15,10 +15,10 @@ from .core.layout import FormatError
 from .core.lock import LockTimeout
 from .core.ratelimit import RateLimit, RateLimitTimeout
 from .core.ring import WriteTimeout
-from .core.sampling import SampleTimeout
+from .core.read import SampleTimeout
 from .core.segment import ShmSpaceError
 from .spaces import fields_from_spaces
-from .version import __version__
+from .version import __version__  # noqa: F401
 from .weights import Weights
 
 __all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",

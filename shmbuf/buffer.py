@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -11,22 +10,21 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import priority as _priority
-from . import state as _state
-from . import stats
 from .core import counters, procs, segment, validate
 from .core.batch import Outputs, count
-from .core.engine import Engine, open_segment
-from .core.layout import FLAG_PERSIST, LANE_HEAD, Layout
+from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
+from .lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.LaneWriter)
+from .properties import Properties
+from .snapshots import Snapshots
+from .core.layout import FLAG_PERSIST, Layout
 from .core.ratelimit import RateLimit
 from .core.segment import Segment
 
-DEFAULT_TIMEOUT = 10.0
-"""Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
 
 Batch = dict[str, np.ndarray]
 
 
-class Buffer:
+class Buffer(Properties, Lanes, Snapshots):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -223,115 +221,6 @@ class Buffer:
             raise
         return buf
 
-    # -- properties ------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> float:
-        """Default timeout, in seconds, of this handle's blocking calls."""
-        return self.engine.timeout
-
-    @timeout.setter
-    def timeout(self, value: float) -> None:
-        self.engine.timeout = value
-
-    @property
-    def native(self) -> bool:
-        """True if this handle writes and samples through the C extension (see
-        :mod:`shmbuf.core.native`); False on the pure-Python path. Same results either way."""
-        return self._native is not None
-
-    @property
-    def unlinked(self) -> bool:
-        """True once this buffer's name is gone (its creator closed it or exited, or
-        someone called :meth:`unlink` or ``shmbuf rm``), or names another buffer now.
-
-        The memory stays valid for this handle until it closes, but nobody new can
-        attach: a worker that sees True can stop writing. One system call.
-
-        Example:
-            >>> buf = Buffer.create({"x": ((), "int64")}, 4)
-            >>> buf.unlinked
-            False
-            >>> buf.unlink(); buf.unlinked
-            True
-            >>> buf.close()
-        """
-        return not self.engine.seg.is_linked()
-
-    @property
-    def name(self) -> str:
-        """The name other processes attach with."""
-        return self.engine.name
-
-    @property
-    def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """``{name: (shape, dtype)}``, in schema order (a prioritized buffer's hidden
-        ``_priority`` left out)."""
-        return {f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name != _priority.FIELD}
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        """The JSON object given to :meth:`create` as ``meta`` (a copy)."""
-        return json.loads(json.dumps(self.engine.layout.meta))
-
-    @property
-    def capacity(self) -> int:
-        """Rows the buffer holds when full (all lanes)."""
-        return self.engine.layout.capacity
-
-    @property
-    def lanes(self) -> int:
-        return self.engine.layout.lanes
-
-    @property
-    def lane_capacity(self) -> int:
-        return self.engine.layout.lane_capacity
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of shared memory the buffer takes (rows, stamps, tables, schema)."""
-        return self.engine.layout.total_size
-
-    @property
-    def persist(self) -> bool:
-        """True if the buffer outlives its creator until :meth:`unlink`."""
-        return bool(self.engine.layout.flags & FLAG_PERSIST)
-
-    @property
-    def is_full(self) -> bool:
-        """True when ``len(self) == capacity``."""
-        return len(self) == self.capacity
-
-    @property
-    def lane(self) -> int | None:
-        """The lane this handle has claimed, if any."""
-        return self.engine.lane
-
-    def __len__(self) -> int:
-        """Rows currently held: written, or reserved by a writer still writing them."""
-        return self.engine.ring.size()
-
-    @property
-    def total_added(self) -> int:
-        """Rows ever added (all lanes, since creation; :meth:`clear` does not reset it)."""
-        return int(self.engine.ring.lane_table[:, LANE_HEAD].sum())
-
-    def lane_sizes(self) -> list[int]:
-        """Rows currently held in each lane."""
-        lo, head = self.engine.ring.window()
-        return [int(x) for x in head - lo]
-
-    def __repr__(self) -> str:
-        if self.closed:
-            return f"<shmbuf.Buffer {self.name!r} (closed)>"
-        lanes = f", lanes={self.lanes}" if self.lanes > 1 else ""
-        return (f"<shmbuf.Buffer {self.name!r} {len(self)}/{self.capacity} rows{lanes}, "
-                f"fields={list(self.fields)}>")
-
-    @property
-    def closed(self) -> bool:
-        return self.engine.closed
-
     # -- writing ---------------------------------------------------------------------
 
     def add(self, transition: Mapping[str, Any], *, lane: int | None = None,
@@ -394,50 +283,6 @@ class Buffer:
         if n == 1:
             arrays = [a[0] for a in arrays]  # one row is written without its row axis
         engine.write(arrays, n, lane, timeout)
-
-    def prefault(self, lane: int | None = None) -> None:
-        """Map the buffer's pages (one lane's, or all) into this process now.
-
-        A process touching shared pages for the first time page-faults on each 4 kB
-        page; for large rows that triggers a 3x slow-down until every page was touched
-        once. A handle's first write to a lane does this for that lane by itself
-        (about 0.25 s per GB, once); call it for the whole buffer in a learner that
-        wants full sampling speed from its first batch. A no-op where unsupported.
-        """
-        self.engine.prefault(lane)
-
-    # -- lanes -----------------------------------------------------------------------
-
-    def claim_lane(self, lane: int | None = None, *, timeout: float | None = None) -> int:
-        """Claim a lane for this handle; writes without ``lane=`` then go there.
-
-        Claims are advisory (``add(lane=i)`` writes anywhere) and owned by the
-        process: a lane whose claimer died can be claimed again. Without arguments,
-        a multi-lane buffer's first write claims a lane by itself.
-
-        Example:
-            >>> buf = Buffer.create({"x": ((), "int64")}, 4, lanes=2)
-            >>> buf.claim_lane()
-            0
-            >>> buf.close()
-        """
-        return self.engine.claim_lane(lane, self.engine.seconds(timeout))
-
-    def release_lane(self, *, timeout: float | None = None) -> None:
-        """Give up this handle's lane claim (no-op without one)."""
-        self.engine.release_lane(self.engine.seconds(timeout))
-
-    def writer(self, lane: int | None = None) -> "LaneWriter":
-        """A context manager that claims a lane, writes to it, and releases it.
-
-        Example:
-            >>> buf = Buffer.create({"x": ((), "int64")}, 4, lanes=2)
-            >>> with buf.writer() as w:
-            ...     w.add({"x": 1}); w.lane
-            0
-            >>> buf.close()
-        """
-        return LaneWriter(self, lane)
 
     # -- sampling --------------------------------------------------------------------
 
@@ -516,120 +361,6 @@ class Buffer:
             out.pop(_priority.FIELD, None)  # (kept by shmbuf)
         return out
 
-    # -- state -----------------------------------------------------------------------
-
-    def clear(self, *, timeout: float | None = None) -> None:
-        """Forget every row (all lanes). Safe while writers run: their rows in flight
-        land after the clear and count as new.
-
-        Example:
-            >>> buf = Buffer.from_data({"x": np.arange(3)}); buf.clear(); len(buf)
-            0
-            >>> buf.close()
-        """
-        self.engine.ring.clear(self.engine.seconds(timeout))
-
-    def stats(self) -> dict[str, Any]:
-        """Counters of the buffer, kept by every handle of every process in the segment
-        (no lock on the hot path; see :mod:`shmbuf.stats`): rows held and inserted,
-        batches and rows sampled, torn-read retries, lock acquisitions and seconds
-        waited for the lock, write calls; per process (pid, alive, its counts) and per
-        lane (rows, last writer's pid, whether it is alive, time of the last write,
-        claimer). ``shmbuf stat NAME`` prints the same from a shell.
-
-        Example:
-            >>> buf = Buffer.from_data({"x": np.arange(4)})
-            >>> _ = buf.sample(3); s = buf.stats()
-            >>> s["rows_inserted"], s["batches_sampled"], s["rows_sampled"]
-            (4, 1, 3)
-            >>> buf.close()
-        """
-        return stats.read(self.engine)
-
-    def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
-        """A copy of the contents, positions and this handle's RNG state.
-
-        Safe while other processes write and sample: rows being written or overwritten
-        during the copy are left out (see :mod:`shmbuf.state`).
-        :meth:`load_state_dict` on a buffer with the same fields, capacity and lanes
-        restores it; the following samples are then identical.
-
-        Example:
-            >>> a = Buffer.from_data({"x": np.arange(5)}, seed=1)
-            >>> b = Buffer.create(a.fields, 5)
-            >>> b.load_state_dict(a.state_dict())
-            >>> a.sample(3)["x"].tolist() == b.sample(3)["x"].tolist()
-            True
-            >>> a.close(); b.close()
-        """
-        e = self.engine
-        return _state.snapshot(e.ring, e.layout.stored(), e.rng.bit_generator.state, e.seconds(timeout))
-
-    def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
-        """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
-
-        Samplers in other processes may run meanwhile (they never mix old and restored
-        rows). Writers wait for the restore, up to their timeout: it holds the header
-        lock, after letting the writes in flight finish. Rows get new sequence numbers
-        (``total_added`` grows); ``len()``, the rows and the samples are as saved.
-        """
-        e = self.engine
-        checked = _state.check(state, e.layout, e.layout.stored())
-        _state.restore(e.ring, checked, e.seconds(timeout))
-        e.rng = checked["rng"]
-
-    def save(self, path: str | os.PathLike, *, overwrite: bool = False,
-             progress: bool | None = None, timeout: float | None = None) -> dict[str, Any]:
-        """Save the buffer into the directory ``path`` while others keep writing and
-        sampling (writers wait at most for one header read). No pickle: JSON metadata
-        and one ``.npy`` file an array (format in :mod:`shmbuf.persist`).
-
-        The save holds the rows published when it started that were not overwritten
-        during it, each whole; rows in flight are left out (counted in the summary it
-        returns). It is written to a temporary directory renamed into place at the end,
-        so an interrupted save never leaves a directory that loads. ``overwrite=True``
-        replaces an earlier save. ``progress``: a progress bar on stderr (default: on
-        a terminal).
-
-        Example:
-            >>> import tempfile, os
-            >>> d = os.path.join(tempfile.mkdtemp(), "replay")
-            >>> buf = Buffer.from_data({"x": np.arange(5)}, seed=0)
-            >>> buf.save(d)["rows"]
-            5
-            >>> copy = Buffer.load(d, name=f"{buf.name}-copy")
-            >>> copy.sample(3)["x"].shape
-            (3,)
-            >>> buf.close(); copy.close()
-        """
-        from . import persist
-
-        return persist.save(self.engine, path, overwrite=validate.flag(overwrite, "overwrite"),
-                            progress=progress, timeout=self.engine.seconds(timeout))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, *, name: str | None = None, persist: bool = False,
-             restore_rng: bool = False, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,
-             progress: bool | None = None) -> "Buffer":
-        """Create a buffer in shared memory from a :meth:`save` directory: the same
-        schema, capacity, lanes, rows in the same slots and order, episodes, priorities
-        and rate-limit counters; ``name`` defaults to the saved buffer's name.
-        ``restore_rng=True`` gives the handle the saving handle's RNG state (then it
-        samples what the saved handle would have); else ``seed`` seeds it.
-
-        Everything is checked before anything is created: a missing, truncated or
-        edited file, another format version or a schema that does not match raise
-        ``ValueError`` (``FileNotFoundError`` for no directory) and leave nothing in
-        ``/dev/shm``; a taken name raises ``FileExistsError`` and leaves that buffer
-        alone. An episode buffer's save loads here as its core Buffer; use
-        :meth:`shmbuf.EpisodeBuffer.load` to get an EpisodeBuffer.
-        """
-        from . import persist as _persist
-
-        return _persist.load(cls, path, name=name, persist=validate.flag(persist, "persist"),
-                             restore_rng=validate.flag(restore_rng, "restore_rng"), seed=seed,
-                             timeout=validate.timeout(timeout), progress=progress)
-
     # -- lifetime --------------------------------------------------------------------
 
     def close(self) -> None:
@@ -661,30 +392,3 @@ class Buffer:
 
 def _attach(name: str, timeout: float) -> Buffer:
     return Buffer.attach(name, timeout=timeout)
-
-
-class LaneWriter:
-    """Writes to one claimed lane of a buffer; see :meth:`Buffer.writer`."""
-
-    def __init__(self, buffer: Buffer, lane: int | None) -> None:
-        self.buffer = buffer
-        self._claimed = buffer.lane is None
-        self.lane = buffer.claim_lane(lane)
-
-    def add(self, transition: Mapping[str, Any], *, timeout: float | None = None) -> None:
-        self.buffer.add(transition, lane=self.lane, timeout=timeout)
-
-    def extend(self, batch: Mapping[str, Any], *, truncate_ok: bool = False,
-               timeout: float | None = None) -> None:
-        self.buffer.extend(batch, lane=self.lane, truncate_ok=truncate_ok, timeout=timeout)
-
-    def close(self) -> None:
-        if self._claimed:
-            self.buffer.release_lane()
-            self._claimed = False
-
-    def __enter__(self) -> "LaneWriter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

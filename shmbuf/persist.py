@@ -533,7 +533,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     return buf
 
 
-def _restore_leaves(buf: "Buffer", leaf: np.ndarray, stamps: np.ndarray, top: float,
+def _restore_leaves(buf: Any, leaf: np.ndarray, stamps: np.ndarray, top: float,
                     timeout: float) -> None:
     """The saved rows' leaves into the trees; rows saved before they were synced get
     theirs from their ``_priority`` at the next sync, as they would have."""

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .core import native, sampling
+from .core.read import SampleTimeout, until_filled
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
 from .core.segment import FormatError
@@ -249,7 +250,7 @@ class Trees:
                 if int(self.head[H_VERSION]) == v and total > 0:
                     return slots, p, seq, low
             if time.monotonic() >= deadline:
-                raise sampling.SampleTimeout(
+                raise SampleTimeout(
                     f"the priority trees kept changing (or a process stopped while changing them "
                     f"holds the header lock) for {timeout:g} s")
             if v & 1 and delay >= 1e-3:  # odd for long: its changer may be dead; repair
@@ -339,58 +340,41 @@ def buffer_sample(engine: Engine, n: int, beta: Any, out: Any, timeout: float | 
     if out is not None:
         raise ValueError("out= is not supported by prioritized sampling")
     beta = check_beta(beta)
-    if engine.gate is not None:
-        engine.gate.before_sample(n, engine.seconds(timeout))
-    out = sample(engine, n, beta, engine.seconds(timeout))
-    engine.counters.sampled(n)
-    return out
+    return engine.sample(n, n, timeout, lambda t: sample(engine, n, beta, t))
 
 
 def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
-    """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module)."""
+    """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module),
+    through the read path: rows overwritten since the draw (or an empty leaf reached by
+    rounding) are drawn again."""
     trees: Trees = engine.trees
     fields = [f for f in engine.fields if f.name != FIELD]
+    out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in fields}
+    slots, p, seq = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
+    low = [np.inf]  # the smallest leaf of every version drawn from (every weight <= 1)
     deadline = time.monotonic() + timeout
-    out, slots, p, seq, low, ok = _round(engine, trees, fields, n, deadline, timeout)
-    if ok is not None and not ok.all():  # rows overwritten since the draw (or rounding): again
-        out, slots, p, seq, low = _again(engine, trees, fields, out, slots, p, seq, low, ok, deadline, timeout)
-    out["weight"] = np.power(low / p, beta)
+
+    def fill(todo: np.ndarray) -> np.ndarray | None:
+        m = len(todo)
+        with trees.change(max(0.0, deadline - time.monotonic())):
+            trees.sync()
+        s, leaf, q, least = trees.draw(engine.rng, m, deadline, timeout)
+        low[0] = min(low[0], least)
+        drawn = (leaf > 0) & (q >= 0)  # (rounding may reach an empty leaf)
+        np.maximum(q, 0, out=q)
+        got = out if m == n else {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
+        ok = sampling.copy_windows(engine.ring, s // trees.lc, q, 1, None, [got.get(f.name) for f in engine.fields])
+        ok = drawn if ok is None else drawn & ok
+        if m < n:
+            for k in out:
+                out[k][todo[ok]] = got[k][ok]
+        slots[todo[ok]], p[todo[ok]], seq[todo[ok]] = s[ok], leaf[ok], q[ok]
+        return ok
+
+    until_filled(fill, n, timeout, "rows by priority", deadline=deadline)
+    out["weight"] = np.power(low[0] / p, beta)
     out["index"] = np.stack([slots, seq], axis=1)
     return out
-
-
-def _round(engine: Engine, trees: Trees, fields: list, m: int, deadline: float, timeout: float) -> tuple:
-    """Sync, draw ``m`` rows by priority and copy them: (rows, slots, leaves, sequence
-    numbers, the smallest leaf, the mask of the good ones or None for all)."""
-    with trees.change(max(0.0, deadline - time.monotonic())):
-        trees.sync()
-    slots, p, seq, low = trees.draw(engine.rng, m, deadline, timeout)
-    drawn = (p > 0) & (seq >= 0)  # (rounding may reach an empty leaf)
-    np.maximum(seq, 0, out=seq)
-    got = {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
-    ok = sampling.copy_windows(engine.ring, slots // trees.lc, seq, 1, None, [got.get(f.name) for f in engine.fields])
-    if drawn.all():
-        return got, slots, p, seq, low, ok
-    return got, slots, p, seq, low, drawn if ok is None else drawn & ok
-
-
-def _again(engine: Engine, trees: Trees, fields: list, out: dict, slots: np.ndarray, p: np.ndarray,
-           seq: np.ndarray, low: float, ok: np.ndarray, deadline: float, timeout: float) -> tuple:
-    """Draw again for the rows that were not good, until all are (or the deadline)."""
-    todo = np.flatnonzero(~ok)
-    while len(todo):
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(f"could not draw {len(todo)} intact rows by priority within "
-                                         f"{timeout:g} s")
-        got, s2, p2, q2, low2, ok2 = _round(engine, trees, fields, len(todo), deadline, timeout)
-        low = min(low, low2)  # (every weight <= 1, whichever version of the trees it was drawn from)
-        ok2 = np.ones(len(todo), bool) if ok2 is None else ok2
-        fill = todo[ok2]
-        for k in out:
-            out[k][fill] = got[k][ok2]
-        slots[fill], p[fill], seq[fill] = s2[ok2], p2[ok2], q2[ok2]
-        todo = todo[~ok2]
-    return out, slots, p, seq, low
 
 
 def leaf_values(engine: Engine, slots: np.ndarray) -> np.ndarray:

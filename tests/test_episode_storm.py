@@ -59,7 +59,7 @@ def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3, la
                     for ep in buf.sample_episodes(2):
                         errors["episode"] += episode_storm_errors(ep, "episode")
                         checked["episode"] += 1
-                except (ValueError, sampling.SampleTimeout):
+                except (ValueError, shmbuf.SampleTimeout):
                     continue  # nothing of that kind yet (the first moments)
         finally:
             stop.set()

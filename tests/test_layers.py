@@ -23,6 +23,7 @@ LAYERS = [
     ["shmbuf.stats", "shmbuf.state", "shmbuf.priority", "shmbuf.weights",
      "shmbuf.spaces", "shmbuf.envs"],                                  # capabilities on the engine
     ["shmbuf.persist"],                                                # saving what the parts hold
+    ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots"],         # the parts of Buffer
     ["shmbuf.buffer"],                                                 # the Buffer facade
     ["shmbuf.episodes", "shmbuf.her"],                                 # episodes on Buffer
     ["shmbuf.torch", "shmbuf.hdf5", "shmbuf.demo"],                    # interop

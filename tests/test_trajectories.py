@@ -88,12 +88,12 @@ def test_a_row_being_written_over_an_ended_episode_never_breaks_the_tail_search(
         child.start()
         try:
             wait_for_file(flag, child, "the writer to stop inside its write")
-            with pytest.raises(sampling.SampleTimeout):
+            with pytest.raises(shmbuf.SampleTimeout):
                 buf.sample_trajectories(8, 3, timeout=0.5)
         finally:
             os.kill(child.pid, signal.SIGKILL)
             child.join(30)
-        with pytest.raises(sampling.SampleTimeout):  # its writer is dead: nothing is ever published
+        with pytest.raises(shmbuf.SampleTimeout):  # its writer is dead: nothing is ever published
             buf.sample_trajectories(8, 3, timeout=0.2)
 
 

@@ -42,7 +42,6 @@ Example:
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -50,6 +49,7 @@ import numpy as np
 from .. import buffer as core
 from ..core.batch import count
 from ..core import sampling
+from ..core.read import until_filled
 from . import cast
 from .shared import Lazy
 
@@ -187,8 +187,9 @@ class PathBuffer(Lazy):
         buf = self._buf()
         ring = buf.engine.ring
         lc = ring.lane_capacity
-        deadline = time.monotonic() + buf.timeout
-        while time.monotonic() < deadline:
+        path: dict[str, np.ndarray] = {}
+
+        def fill(todo: np.ndarray) -> np.ndarray:
             lo, head = (x[0] for x in ring.window_lists())
             seq = np.arange(lo, head)
             slot = seq % lc
@@ -200,7 +201,7 @@ class PathBuffer(Lazy):
             whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
             if not whole.any():
                 if ring.window_lists()[1][0] != head:
-                    continue  # written meanwhile (what was read may be of newer rows): look again
+                    return np.zeros(1, bool)  # written meanwhile (what was read may be of newer rows): look again
                 raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet "
                                  "written)")
             j = int(self._rng.integers(whole.sum()))
@@ -208,9 +209,13 @@ class PathBuffer(Lazy):
             got = {f.name: np.empty((n,) + f.shape, f.dtype) for f in ring.layout.fields}
             torn = sampling.copy_windows(ring, 0, np.array([first], np.int64), n, None, list(got.values()))
             if torn is None and (got[_STEP] == np.arange(n)).all() and (got[_LEN] == n).all():
-                del got[_STEP], got[_LEN]
-                return got
-        raise sampling.SampleTimeout(f"could not copy an intact path within {buf.timeout:g} s")
+                path.update(got)
+                return np.ones(1, bool)
+            return np.zeros(1, bool)
+
+        until_filled(fill, 1, buf.timeout, "paths")
+        del path[_STEP], path[_LEN]
+        return path
 
     def save(self, path: Any, **kwargs: Any) -> dict[str, Any]:
         """Save into the directory ``path`` (see :meth:`shmbuf.Buffer.save`)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -39,9 +39,14 @@ from .counters import Counters
 from .layout import CTRL_LOCK_HOLDER, Layout
 from .lock import HeaderLock
 from .ratelimit import Limiter, RateLimit
-from .ring import Ring, WriteTimeout, check_tables
+from .ring import Ring, WriteTimeout
 from .segment import NotReadyError, Segment
+from .tables import check_tables
 
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds any blocking call waits before it raises ``TimeoutError`` (per-call ``timeout=``)."""
 _engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
@@ -221,11 +226,21 @@ class Engine:
 
     # -- reading ---------------------------------------------------------------------
 
+    def sample(self, n: int, rows: int, timeout: float | None, read: Callable[[float], T]) -> T:
+        """``read(timeout)`` (a sampler's call into the read path) for ``n`` items of
+        ``rows`` rows in all, after the rate gate lets ``n`` samples through; counted in
+        the stats. Every sampler of every capability is called this way."""
+        timeout = self.seconds(timeout)
+        if self.gate is not None:
+            self.gate.before_sample(n, timeout)
+        got = read(timeout)
+        self.counters.sampled(rows)
+        return got
+
     def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
                        lane: int | None = None) -> None:
         """Fill ``arrays`` (one per stored field, ``(n * length, *shape)``) with ``n``
-        intact windows drawn uniformly (of ``lane`` only, if given), through the rate
-        gate; counted in the stats."""
+        intact windows drawn uniformly (of ``lane`` only, if given)."""
         timeout = self.seconds(timeout)
         if self.gate is not None:
             self.gate.before_sample(n, timeout)

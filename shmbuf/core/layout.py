@@ -14,26 +14,17 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
     aligned      regions   named blocks of bytes the layers above keep beside the rows
                            (shmbuf.priority's trees), listed in the schema
 
-**Packed rows.** Shared memory uses 4 kB pages here (no transparent huge pages for
-shmem), so a random gather touches one page per field per row. Fields of at most
-:data:`PACK_LIMIT` bytes a row therefore live together in one row of the rows block,
-right after the slot's stamp (largest alignment first, so every value is naturally
-aligned; ``S``, the row stride, is a multiple of 8): sampling a row touches one page
-and a few cache lines, and the stamp that guards it is in the same line. Larger
-fields (image frames) are bandwidth-bound and keep an array of their own.
+**Packed rows.** Fields of at most :data:`PACK_LIMIT` bytes a row live together in
+one row of the rows block, right after the slot's stamp (largest alignment first, so
+every value is naturally aligned; ``S``, the row stride, is a multiple of 8): reading a
+row touches one 4 kB page and a few cache lines, and the stamp that guards it is in the
+same line. Larger fields (image frames) keep an array of their own. A field's schema
+entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to the
+next).
 
-Measured (native path, 256-row samples, 64-row extends, two observation fields and
-three small ones): packing samples 2.1x faster with 68-byte observations (mujoco),
-2.0x with 256 bytes, 1.4x with 1 KB and no faster with 2 KB, while extends get 15-30%
-slower (a copy a row instead of one a field). Packing atari frames samples 1.4x slower.
-Hence 1 KB. A field's
-schema entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to
-the next).
-
-Every block starts on a 64-byte boundary (a cache line; numpy and SIMD like it).
-Spare words in each table keep room for later features (episodes, priorities,
-rate limiting, statistics) without changing the positions of the existing ones;
-any change of meaning bumps ``VERSION``.
+Every block starts on a 64-byte boundary (a cache line). The tables' spare words keep
+room for later features without moving the existing ones; any change of meaning bumps
+``VERSION``.
 """
 
 from __future__ import annotations

@@ -180,3 +180,34 @@ def _reset_all_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_all_in_child)
+
+
+_OWNER_LOCKS: "weakref.WeakValueDictionary[Any, Any]" = weakref.WeakValueDictionary()
+
+
+def owner_lock(lock: HeaderLock) -> Any:
+    """The lock that serialises this process's threads writing a lane it owns (pure-Python
+    path; the native path holds the GIL instead), one per segment for all its handles."""
+    try:
+        ident = os.fstat(lock.fileno()).st_ino
+    except OSError:
+        return ThreadLock()
+    found = _OWNER_LOCKS.get(ident)
+    if found is None:
+        found = _OWNER_LOCKS[ident] = ThreadLock()
+    return found
+
+
+class ThreadLock:
+    """``threading.RLock`` that can be weakly referenced, and is new in a forked child."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        lock = threading.RLock()
+        self.acquire, self.release = lock.acquire, lock.release
+        self.is_owned = lock._is_owned  # type: ignore[attr-defined]  # (RLock's own test)
+
+
+os.register_at_fork(after_in_child=lambda: [lk.reset() for lk in list(_OWNER_LOCKS.values())])

@@ -27,7 +27,7 @@ from typing import Any
 
 from .layout import CTRL_SAMPLED, LANE_HEAD
 from .ring import Ring, WriteTimeout
-from .sampling import SampleTimeout
+from .read import SampleTimeout
 
 
 class RateLimitTimeout(SampleTimeout, WriteTimeout):

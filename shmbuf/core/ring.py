@@ -45,20 +45,19 @@ from __future__ import annotations
 
 import fcntl
 import itertools
-import os
 import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from . import procs
-from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD,
-                     LANE_OWN_COUNT, LANE_OWN_START, MAX_SEQ, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START,
-                     RES_TOKEN, TABLE_WIDTH, Layout)
-from .segment import FormatError
-from .lock import HeaderLock
+from .claims import Claims
+from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
+                     LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
+                     Layout)
+from .lock import HeaderLock, owner_lock
+from .tables import check_head, owners
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 # The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
@@ -104,99 +103,20 @@ def _c_strides(f: Any) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-_OWN_LOCKS: "weakref.WeakValueDictionary[Any, Any]" = weakref.WeakValueDictionary()
-
-
-def _owner_lock(lock: HeaderLock) -> Any:
-    """The lock that serialises this process's threads writing a lane it owns (pure-Python
-    path; the native path holds the GIL instead), one per segment for all its handles."""
-    try:
-        ident = os.fstat(lock.fileno()).st_ino
-    except OSError:
-        return _RLock()
-    found = _OWN_LOCKS.get(ident)
-    if found is None:
-        found = _OWN_LOCKS[ident] = _RLock()
-    return found
-
-
-class _RLock:
-    """``threading.RLock`` that can be weakly referenced, and is new in a forked child."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        lock = threading.RLock()
-        self.acquire, self.release = lock.acquire, lock.release
-        self.is_owned = lock._is_owned  # type: ignore[attr-defined]  # (RLock's own test)
-
-
-os.register_at_fork(after_in_child=lambda: [lk.reset() for lk in list(_OWN_LOCKS.values())])
-
-
-def _owners(res: np.ndarray, entries: Any) -> list[tuple[int, float]]:
-    """(pid, start time) of the writers holding ``entries`` of a reservation-table copy."""
-    ctimes = res.view(np.float64)[:, RES_CTIME]
-    return [(int(res[i, RES_PID]), float(ctimes[i])) for i in entries]
-
-
-def check_tables(layout: Layout, mem: Any, name: str) -> None:
-    """Raise :class:`~shmbuf.FormatError` unless the lane and reservation tables of a
-    mapped segment hold words a shmbuf process can have written (read once, at attach:
-    every number the protocol later computes from them then stays in range).
-
-    Per lane: ``0 <= base <= head <= MAX_SEQ``, a claimer's pid >= 0, an owner's write
-    in flight of 0 to ``lane_capacity`` rows at a sequence number in range; per
-    reservation in use: a lane of the buffer, a start in range, 1 to ``lane_capacity``
-    rows."""
-    lanes = np.ndarray((layout.lanes, TABLE_WIDTH), np.int64, mem, layout.lanes_offset).copy()
-    res = np.ndarray((layout.n_reservations, TABLE_WIDTH), np.int64, mem, layout.reservations_offset).copy()
-    lc = layout.lane_capacity
-
-    def bad(what: str, where: np.ndarray, column: np.ndarray) -> None:
-        if where.any():
-            i = int(np.flatnonzero(where)[0])
-            raise FormatError(f"shared-memory segment {name!r} is not a usable shmbuf buffer: {what} "
-                              f"{i} holds {int(column[i])}, which no shmbuf process writes")
-
-    head, base = lanes[:, LANE_HEAD], lanes[:, LANE_BASE]
-    bad("the head of lane", (head < 0) | (head > MAX_SEQ), head)
-    bad("the base of lane", (base < 0) | (base > head), base)
-    bad("the claimer of lane", lanes[:, LANE_CLAIM_PID] < 0, lanes[:, LANE_CLAIM_PID])
-    count, start = lanes[:, LANE_OWN_COUNT], lanes[:, LANE_OWN_START]
-    bad("the owner's write in flight (rows) of lane", (count < 0) | (count > lc), count)
-    bad("the owner's write in flight (start) of lane", (count > 0) & ((start < 0) | (start > MAX_SEQ)), start)
-    bad("the episode count of lane", lanes[:, LANE_EPISODES] < 0, lanes[:, LANE_EPISODES])
-    pid = res[:, RES_PID]
-    bad("the pid of reservation", pid < 0, pid)
-    used = pid != 0
-    bad("the lane of reservation", used & ((res[:, RES_LANE] < 0) | (res[:, RES_LANE] >= layout.lanes)),
-        res[:, RES_LANE])
-    bad("the start of reservation", used & ((res[:, RES_START] < 0) | (res[:, RES_START] > MAX_SEQ)),
-        res[:, RES_START])
-    bad("the row count of reservation", used & ((res[:, RES_COUNT] < 1) | (res[:, RES_COUNT] > lc)),
-        res[:, RES_COUNT])
-
-
-def _check_head(lane: int, first: int, n: int) -> None:
-    """FormatError if ``first``, a lane's head, cannot be one (the native path's check)."""
-    if not 0 <= first <= MAX_SEQ - n:
-        raise FormatError(f"lane {lane}'s head is {first}, not a sequence number in [0, 2**62): the "
-                          "segment's lane table was not written by shmbuf; nothing was written. Create "
-                          "a new buffer")
 
 
 class WriteTimeout(TimeoutError):
     """A write could not finish in time (another live writer holds the slots)."""
 
 
-class Ring:
+class Ring(Claims):
     """Typed views of one mapped layout, and the write protocol over them.
 
     ``native`` is the C implementation of the hot paths over the same memory (see
     :mod:`shmbuf.core.native`), or None for pure Python; :meth:`put` uses it when present.
     """
+
+    write_timeout = WriteTimeout
 
     def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any = None) -> None:
         self.layout = layout
@@ -221,7 +141,7 @@ class Ring:
         self.index = {f.name: i for i, f in enumerate(layout.fields)}  # field name -> position
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
-        self._own_lock = _owner_lock(lock)
+        self._own_lock = owner_lock(lock)
         self.counters: Any = None  # the handle's shmbuf.stats.Counters (set by Buffer)
 
     # -- lane state ------------------------------------------------------------------
@@ -297,7 +217,7 @@ class Ring:
             # 1. reserve: the entry first, then the head (the commit)
             if owner:
                 first = int(lt[lane, LANE_HEAD])
-                _check_head(lane, first, n)
+                check_head(lane, first, n)
                 lt[lane, LANE_OWN_START] = first
                 lt[lane, LANE_OWN_COUNT] = n
                 lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
@@ -310,7 +230,7 @@ class Ring:
                     if not self._may_share(lane, pid):
                         return False
                     first = int(lt[lane, LANE_HEAD])
-                    _check_head(lane, first, n)
+                    check_head(lane, first, n)
                     entry = self._free_entry()
                     res = self.res
                     res[entry, RES_LANE] = lane
@@ -430,7 +350,7 @@ class Ring:
         free = np.flatnonzero(self.res_pid == 0)
         if len(free) == 0:  # reclaim entries of dead writers
             res, alive = self.res.copy(), procs.Liveness()
-            for i, (pid, ct) in zip(range(len(res)), _owners(res, range(len(res)))):
+            for i, (pid, ct) in zip(range(len(res)), owners(res, range(len(res)))):
                 if not alive(pid, ct):
                     self.res_pid[i] = 0
             free = np.flatnonzero(self.res_pid == 0)
@@ -487,7 +407,7 @@ class Ring:
             if entry >= 0:
                 older[entry] = False
             older &= ~self._leftover(res)
-            blockers = sorted({pid for pid, ct in _owners(res, np.flatnonzero(older)) if alive(pid, ct)})
+            blockers = sorted({pid for pid, ct in owners(res, np.flatnonzero(older)) if alive(pid, ct)})
             if not blockers or self._older_done(first, runs):
                 return
             if time.monotonic() >= deadline:
@@ -514,79 +434,6 @@ class Ring:
                     if self.res_pid[i] == res[i, RES_PID] and self.res[i, RES_TOKEN] == res[i, RES_TOKEN]:
                         self.res_pid[i] = 0
         return gone
-
-    def live_writers_in_flight(self) -> bool:
-        """True if some live process has rows reserved and not yet published."""
-        res = self.res.copy()
-        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
-        if any(procs.is_alive(pid, ct) for pid, ct in _owners(res, live)):
-            return True
-        return any(self.lane_table[i, LANE_OWN_COUNT] != 0 for i in self.live_claims())
-
-    def held(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
-        """Which rows ``(lane, seq)`` a live writer has reserved and not yet finished
-        (published, or abandoned): the only unpublished rows that may still be
-        published. Read the rows' stamps again after this: a row finished between
-        that read and this one is published by then, or never will be."""
-        held = np.zeros(len(seq), bool)
-        res = self.res.copy()
-        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
-        alive = procs.Liveness()
-        for i, (pid, ct) in zip(live.tolist(), _owners(res, live)):
-            if alive(pid, ct):
-                start = res[i, RES_START]
-                held |= (lane == res[i, RES_LANE]) & (seq >= start) & (seq < start + res[i, RES_COUNT])
-        lt = self.lane_table.copy()
-        for i in self.live_claims():
-            start = lt[i, LANE_OWN_START]
-            held |= (lane == i) & (seq >= start) & (seq < start + lt[i, LANE_OWN_COUNT])
-        return held
-
-    def live_claims(self) -> dict[int, int]:
-        """``{lane: pid}`` of the lanes claimed by live processes."""
-        lt = self.lane_table.copy()
-        ctimes = lt.view(np.float64)[:, LANE_CLAIM_CTIME]
-        return {int(i): int(lt[i, LANE_CLAIM_PID]) for i in np.flatnonzero(lt[:, LANE_CLAIM_PID])
-                if procs.is_alive(int(lt[i, LANE_CLAIM_PID]), float(ctimes[i]))}
-
-    # -- lanes -----------------------------------------------------------------------
-
-    def claim(self, lane: int | None, timeout: float) -> int:
-        """Claim a free lane (or the given one) for the calling process: from now on it
-        alone writes that lane, without the lock. A dead claimer's lane is free; what it
-        left half-written keeps stamps that no sampler accepts."""
-        pid, ctime = procs.identity()
-        table, table_f = self.lane_table, self.lane_table_f
-        with self.lock.hold(timeout):
-            candidates = range(self.lanes) if lane is None else [lane]
-            for i in candidates:
-                owner = int(table[i, LANE_CLAIM_PID])
-                if owner == 0 or not procs.is_alive(owner, float(table_f[i, LANE_CLAIM_CTIME])):
-                    table[i, LANE_OWN_COUNT] = 0  # a dead owner's write in flight is dead
-                    table_f[i, LANE_CLAIM_CTIME] = ctime
-                    table[i, LANE_CLAIM_PID] = pid
-                    return i
-        if lane is None:
-            raise RuntimeError(
-                f"all {self.lanes} lanes are claimed by live processes; create the buffer with "
-                "more lanes, or release a lane (Buffer.release_lane) in a writer that is done")
-        raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
-
-    def release(self, lane: int, timeout: float) -> None:
-        """Give up this process's claim of ``lane`` once its write in flight there (of
-        another thread) is published: writers that come next reserve after it."""
-        deadline = time.monotonic() + timeout
-        with self.lock.hold(timeout):
-            if int(self.lane_table[lane, LANE_CLAIM_PID]) != procs.identity()[0]:
-                return
-            delay = 20e-6
-            while self.lane_table[lane, LANE_OWN_COUNT] != 0:
-                if time.monotonic() >= deadline:
-                    raise WriteTimeout(f"release_lane: a write of this process to lane {lane} is "
-                                       f"still in flight after {timeout:g} s")
-                time.sleep(delay)
-                delay = min(2 * delay, 1e-3)
-            self.lane_table[lane, LANE_CLAIM_PID] = 0
 
     def clear(self, timeout: float) -> None:
         """Forget every row. Sequence numbers keep growing, so writers in flight stay safe."""

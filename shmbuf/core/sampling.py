@@ -20,13 +20,10 @@ import numpy as np
 
 from .layout import LANE_BASE, LANE_HEAD
 from .lock import LockTimeout
+from .read import until_filled
 from .ring import Ring
 
 _UNIFORM_ROUNDS = 4
-
-
-class SampleTimeout(TimeoutError):
-    """No published row could be copied in time."""
 
 
 def _check_enough(lo: list[int], head: list[int], length: int) -> None:
@@ -331,43 +328,42 @@ def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any],
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                    out: Sequence[np.ndarray], timeout: float, only: int | None = None) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
-    with ``n`` intact windows (of lane ``only``, if given). ``ValueError`` if the buffer
-    (the lane) holds no such window."""
-    lane, first, lo = draw_windows(ring, rng, n, length, None, only)
+    with ``n`` intact windows (of lane ``only``, if given), through the read path
+    (:func:`shmbuf.core.read.until_filled`). ``ValueError`` if the buffer (the lane)
+    holds no such window. The first few rounds draw uniformly over the lanes' windows;
+    then over the exact set of published windows (a ring mostly reserved by writers
+    that died is still sampled uniformly over what is really there)."""
     if n == 0:
+        draw_windows(ring, rng, n, length, None, only)  # (the errors of an empty buffer)
         return
-    ok = copy_windows(ring, lane, first, length, lo, out)
-    if ok is not None:
-        _redraw(ring, rng, length, out, np.flatnonzero(~ok), time.monotonic() + timeout, timeout, only)
+    shaped = [a.reshape((n, length) + a.shape[1:]) for a in out]
+    deadline = time.monotonic() + timeout
+    state = {"rounds": 0, "delay": 0.0}
 
-
-def _redraw(ring: Ring, rng: np.random.Generator, length: int, out: Sequence[np.ndarray],
-            bad: np.ndarray, deadline: float, timeout: float, only: int | None = None) -> None:
-    """Replace the windows at positions ``bad`` until all of them are intact (of lane
-    ``only``, if given)."""
-    shaped = [a.reshape((-1, length) + a.shape[1:]) for a in out]
-    rounds, delay = 0, 0.0
-    while len(bad):
-        rounds += 1
+    def fill(todo: np.ndarray) -> np.ndarray | None:
+        rounds = state["rounds"]
+        state["rounds"] += 1
         pool = None
         if rounds > _UNIFORM_ROUNDS:
             pool = _pool_or_raise(ring, length, deadline)
             if pool is not None and only is not None:
                 keep = pool[0] == only
                 pool = (pool[0][keep], pool[1][keep]) if keep.any() else None
-        if time.monotonic() >= deadline:
-            raise SampleTimeout(
-                f"could not copy {len(bad)} intact rows within {timeout:g} s: writers overwrite "
-                "the ring faster than it can be read (capacity too small for the write rate?)")
-        if pool is None and rounds > _UNIFORM_ROUNDS:
-            time.sleep(delay)  # rows exist but are all still being written
-            delay = min(max(delay * 2, 20e-6), 1e-3)
-            continue
-        lane, first, lo = draw_windows(ring, rng, len(bad), length, pool, only)
-        tmp = [np.empty((len(bad) * length,) + a.shape[1:], a.dtype) for a in out]
+            if pool is None:  # rows exist but are all still being written
+                time.sleep(state["delay"])
+                state["delay"] = min(max(state["delay"] * 2, 20e-6), 1e-3)
+                return np.zeros(len(todo), bool)
+        lane, first, lo = draw_windows(ring, rng, len(todo), length, pool, only)
+        if rounds == 0:
+            return copy_windows(ring, lane, first, length, lo, out)
+        tmp = [np.empty((len(todo) * length,) + a.shape[1:], a.dtype) for a in out]
         ok = copy_windows(ring, lane, first, length, lo, tmp)
         if ok is None:
-            ok = np.ones(len(bad), bool)
+            ok = np.ones(len(todo), bool)
         for dst, t in zip(shaped, tmp):
-            dst[bad[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
-        bad = bad[~ok]
+            dst[todo[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
+        return ok
+
+    until_filled(fill, n, timeout, "rows", deadline=deadline,
+                 hint=": writers overwrite the ring faster than it can be read (capacity too small "
+                      "for the write rate?)")

@@ -210,20 +210,17 @@ class EpisodeBuffer:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported: set "
                                  "buf.her = None, or use a buffer without priority=")
             beta = check_beta(beta)
-        if self.engine.gate is not None:
-            self.engine.gate.before_sample(n, self.engine.seconds(timeout))
+        if self._her is not None and n_step != 1:
+            raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
+                             "set buf.her = None (an n-step return recomputed for a new goal would need "
+                             "every step's reward recomputed)")
         if self.engine.trees is not None:
-            batch = transitions.sample_by_priority(self, n, n_step, gamma, beta, self.engine.seconds(timeout))
-        elif self._her is not None:
-            if n_step != 1:
-                raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
-                                 "set buf.her = None (an n-step return recomputed for a new goal would need "
-                                 "every step's reward recomputed)")
-            batch = self._her.relabel(self, transitions.sample(self, n, 1, gamma, timeout, where=True))
-        else:
-            batch = transitions.sample(self, n, n_step, gamma, timeout)
-        self.engine.counters.sampled(n)
-        return batch
+            return self.engine.sample(n, n, timeout, lambda t: transitions.sample_by_priority(
+                self, n, n_step, gamma, beta, t))
+        if self._her is not None:
+            return self.engine.sample(n, n, timeout, lambda t: self._her.relabel(
+                self, transitions.sample(self, n, 1, gamma, t, where=True)))
+        return self.engine.sample(n, n, timeout, lambda t: transitions.sample(self, n, n_step, gamma, t))
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled transitions (of their steps), from any process;
@@ -251,11 +248,7 @@ class EpisodeBuffer:
         """
         batch = count(batch, "batch")
         length = count(length, "length", 1)
-        if self.engine.gate is not None:
-            self.engine.gate.before_sample(batch, self.engine.seconds(timeout))
-        out = trajectories.sample(self, batch, length, self.engine.seconds(timeout))
-        self.engine.counters.sampled(batch)
-        return out
+        return self.engine.sample(batch, batch, timeout, lambda t: trajectories.sample(self, batch, length, t))
 
     def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
         """``n`` whole episodes, uniformly over the complete ones (ended, none of their
@@ -272,11 +265,7 @@ class EpisodeBuffer:
             >>> buf.close()
         """
         n = count(n, "n")
-        if self.engine.gate is not None:
-            self.engine.gate.before_sample(n, self.engine.seconds(timeout))
-        episodes = whole.sample(self, n, self.engine.seconds(timeout))
-        self.engine.counters.sampled(n)
-        return episodes
+        return self.engine.sample(n, n, timeout, lambda t: whole.sample(self, n, t))
 
     def episodes(self) -> Iterator[dict[str, np.ndarray]]:
         """Every complete episode held now (ended, first step not evicted), lane by lane,

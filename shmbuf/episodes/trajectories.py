@@ -31,12 +31,12 @@ step for an episode that has ended, the newest step written so far for one in pr
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
 from ..core import sampling
 from ..core.layout import LANE_HEAD
+from ..core.read import until_filled
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .transitions import NONE_YET
@@ -49,16 +49,15 @@ def sample(ebuf: Episodes, batch: int, length: int, timeout: float) -> dict[str,
     and ``mask``, ``timestep`` (1-based), ``returns_to_go``, ``terminated``,
     ``truncated``."""
     out = _empty(ebuf, batch, length)
-    bad = np.arange(batch)
-    deadline = time.monotonic() + timeout
-    while len(bad):
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(f"could not draw {len(bad)} intact trajectories within {timeout:g} s")
-        more = _empty(ebuf, len(bad), length)
+
+    def fill(todo: np.ndarray) -> np.ndarray:
+        more = _empty(ebuf, len(todo), length)
         good = np.flatnonzero(_fill(ebuf, more, length))
         for key, a in out.items():
-            a[bad[:len(good)]] = more[key][good]
-        bad = bad[len(good):]
+            a[todo[:len(good)]] = more[key][good]
+        return np.arange(len(todo)) < len(good)
+
+    until_filled(fill, batch, timeout, "trajectories")
     return out
 
 

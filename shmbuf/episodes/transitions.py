@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core import sampling
+from ..core.read import until_filled
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .parts import Episodes
@@ -88,34 +89,39 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
     if n == 0:
         return plan.empty(0)
     out = plan.empty(n + int(n * ebuf.transitions.rejected) + 4)
-    valid = _fill(ebuf, plan, out, gamma)
-    if valid is None or valid[:n].all():
-        return {key: a[:n] for key, a in out.items()}
-    ebuf.transitions.rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
-    bad = np.flatnonzero(~valid[:n])
-    spare = np.flatnonzero(valid[n:])[:len(bad)] + n
-    for a in out.values():
-        a[bad[:len(spare)]] = a[spare]
-    bad = bad[len(spare):]
-    timeout = ebuf.engine.seconds(timeout)
-    deadline = time.monotonic() + timeout
-    rounds = 0
-    while len(bad):  # draw again for the candidates that were not transitions (or torn)
-        rounds += 1
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(NONE_YET)
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(
-                f"could not draw {len(bad)} transitions within {timeout:g} s" +
-                (f": with n_step={n_step}, the newest steps of an episode in progress wait until "
-                 f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
-        more = plan.empty(2 * len(bad) + 4)
+    head = {key: a[:n] for key, a in out.items()}  # (views)
+    started = False
+
+    def fill(todo: np.ndarray) -> np.ndarray | None:
+        nonlocal started
+        if not started:  # n candidates and a few more, into out
+            started = True
+            valid = _fill(ebuf, plan, out, gamma)
+            if valid is None or valid[:n].all():
+                return None
+            ebuf.transitions.rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
+            ok = valid[:n].copy()
+            bad = np.flatnonzero(~ok)
+            spare = np.flatnonzero(valid[n:])[:len(bad)] + n  # the extra ones that are transitions
+            for a in out.values():
+                a[bad[:len(spare)]] = a[spare]
+            ok[bad[:len(spare)]] = True
+            return ok
+        more = plan.empty(2 * len(todo) + 4)
         got = _fill(ebuf, plan, more, gamma)
         good = np.arange(len(more["steps" if n_step > 1 else "terminated"])) if got is None else np.flatnonzero(got)
-        good = good[:len(bad)]
-        for key, a in out.items():
-            a[bad[:len(good)]] = more[key][good]
-        bad = bad[len(good):]
+        good = good[:len(todo)]
+        for key, a in head.items():
+            a[todo[:len(good)]] = more[key][good]
+        return np.arange(len(todo)) < len(good)
+
+    def check(rounds: int) -> None:
+        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+            raise ValueError(NONE_YET)
+
+    until_filled(fill, n, ebuf.engine.seconds(timeout), "transitions", check=check,
+                 hint=(f": with n_step={n_step}, the newest steps of an episode in progress wait until "
+                       f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
     return {key: a[:n] for key, a in out.items()}
 
 
@@ -199,14 +205,11 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
         plan = ebuf.transitions.plans[n_step, False] = _Plan(ebuf, n_step, False)
     out = plan.empty(n)
     leaf, index = np.empty(n), np.empty((n, 2), np.int64)
-    todo, low, rounds = np.arange(n), np.inf, 0
+    low = np.inf
     deadline = time.monotonic() + timeout
-    while len(todo):
-        rounds += 1
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(NONE_YET)
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(f"could not draw {len(todo)} transitions by priority within {timeout:g} s")
+
+    def fill(todo: np.ndarray) -> np.ndarray:
+        nonlocal low
         m = len(todo)
         with trees.change(max(0.0, deadline - time.monotonic())):
             trees.sync()
@@ -223,7 +226,13 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
                 a[todo[ok]] = got[key][ok]
         leaf[todo[ok]] = p[ok]
         index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
-        todo = todo[~ok]
+        return ok
+
+    def check(rounds: int) -> None:
+        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+            raise ValueError(NONE_YET)
+
+    until_filled(fill, n, timeout, "transitions by priority", deadline=deadline, check=check)
     out["weight"] = np.power(low / leaf, beta)
     out["index"] = index
     return out

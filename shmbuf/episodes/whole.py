@@ -9,13 +9,13 @@ then copied in one window whose every row is stamp-checked and of that episode.
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import numpy as np
 
 from ..core import sampling
 from ..core.layout import LANE_BASE
+from ..core.read import until_filled
 from ..core.ring import Ring
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .parts import Episodes
@@ -91,18 +91,17 @@ def sample(ebuf: Episodes, n: int, timeout: float) -> list[dict[str, np.ndarray]
     ``truncated``)."""
     ring, rng = ebuf.engine.ring, ebuf.engine.rng
     out: list[dict[str, np.ndarray] | None] = [None] * n
-    deadline = time.monotonic() + timeout
-    while True:
-        todo = [i for i, e in enumerate(out) if e is None]
-        if not todo:
-            return out  # type: ignore[return-value]
-        if time.monotonic() >= deadline:
-            raise sampling.SampleTimeout(f"could not copy {len(todo)} intact episodes within {timeout:g} s")
+
+    def fill(todo: np.ndarray) -> np.ndarray:
         lanes, first, last = ebuf.episode_index.complete(ring)
         if not len(lanes):
             raise ValueError(_NONE)
         for i, j in zip(todo, rng.integers(0, len(lanes), len(todo))):
             out[i] = _copy(ebuf, int(lanes[j]), int(first[j]), int(last[j]))
+        return np.array([out[i] is not None for i in todo], bool)
+
+    until_filled(fill, n, timeout, "episodes")
+    return out  # type: ignore[return-value]
 
 
 def _copy(ebuf: Episodes, lane: int, first: int, last: int) -> dict[str, np.ndarray] | None:

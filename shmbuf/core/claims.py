@@ -1,0 +1,98 @@
+"""Who holds what: lane claims (a process that claims a lane alone writes it, without
+the lock; a dead claimer's lane is free again) and the rows live writers have
+reserved and not finished. Part of :class:`shmbuf.core.ring.Ring`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from . import procs
+from .layout import (LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_OWN_COUNT, LANE_OWN_START, RES_COUNT, RES_LANE,
+                     RES_PID, RES_START)
+from .tables import owners
+
+
+class Claims:
+    """Lane claims and live reservations, over a ring's tables."""
+
+    lanes: int
+    lane_table: np.ndarray
+    lane_table_f: np.ndarray
+    res: np.ndarray
+    res_pid: np.ndarray
+    lock: Any
+    write_timeout: type  # WriteTimeout (of ring.py)
+
+    def live_claims(self) -> dict[int, int]:
+        """``{lane: pid}`` of the lanes claimed by live processes."""
+        lt = self.lane_table.copy()
+        ctimes = lt.view(np.float64)[:, LANE_CLAIM_CTIME]
+        return {int(i): int(lt[i, LANE_CLAIM_PID]) for i in np.flatnonzero(lt[:, LANE_CLAIM_PID])
+                if procs.is_alive(int(lt[i, LANE_CLAIM_PID]), float(ctimes[i]))}
+
+    def claim(self, lane: int | None, timeout: float) -> int:
+        """Claim a free lane (or the given one) for the calling process: from now on it
+        alone writes that lane, without the lock. A dead claimer's lane is free; what it
+        left half-written keeps stamps that no sampler accepts."""
+        pid, ctime = procs.identity()
+        table, table_f = self.lane_table, self.lane_table_f
+        with self.lock.hold(timeout):
+            candidates = range(self.lanes) if lane is None else [lane]
+            for i in candidates:
+                owner = int(table[i, LANE_CLAIM_PID])
+                if owner == 0 or not procs.is_alive(owner, float(table_f[i, LANE_CLAIM_CTIME])):
+                    table[i, LANE_OWN_COUNT] = 0  # a dead owner's write in flight is dead
+                    table_f[i, LANE_CLAIM_CTIME] = ctime
+                    table[i, LANE_CLAIM_PID] = pid
+                    return i
+        if lane is None:
+            raise RuntimeError(
+                f"all {self.lanes} lanes are claimed by live processes; create the buffer with "
+                "more lanes, or release a lane (Buffer.release_lane) in a writer that is done")
+        raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
+
+    def release(self, lane: int, timeout: float) -> None:
+        """Give up this process's claim of ``lane`` once its write in flight there (of
+        another thread) is published: writers that come next reserve after it."""
+        deadline = time.monotonic() + timeout
+        with self.lock.hold(timeout):
+            if int(self.lane_table[lane, LANE_CLAIM_PID]) != procs.identity()[0]:
+                return
+            delay = 20e-6
+            while self.lane_table[lane, LANE_OWN_COUNT] != 0:
+                if time.monotonic() >= deadline:
+                    raise self.write_timeout(f"release_lane: a write of this process to lane {lane} is "
+                                       f"still in flight after {timeout:g} s")
+                time.sleep(delay)
+                delay = min(2 * delay, 1e-3)
+            self.lane_table[lane, LANE_CLAIM_PID] = 0
+
+    def live_writers_in_flight(self) -> bool:
+        """True if some live process has rows reserved and not yet published."""
+        res = self.res.copy()
+        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
+        if any(procs.is_alive(pid, ct) for pid, ct in owners(res, live)):
+            return True
+        return any(self.lane_table[i, LANE_OWN_COUNT] != 0 for i in self.live_claims())
+
+    def held(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Which rows ``(lane, seq)`` a live writer has reserved and not yet finished
+        (published, or abandoned): the only unpublished rows that may still be
+        published. Read the rows' stamps again after this: a row finished between
+        that read and this one is published by then, or never will be."""
+        held = np.zeros(len(seq), bool)
+        res = self.res.copy()
+        live = np.flatnonzero((res[:, RES_PID] != 0) & ~self._leftover(res))
+        alive = procs.Liveness()
+        for i, (pid, ct) in zip(live.tolist(), owners(res, live)):
+            if alive(pid, ct):
+                start = res[i, RES_START]
+                held |= (lane == res[i, RES_LANE]) & (seq >= start) & (seq < start + res[i, RES_COUNT])
+        lt = self.lane_table.copy()
+        for i in self.live_claims():
+            start = lt[i, LANE_OWN_START]
+            held |= (lane == i) & (seq >= start) & (seq < start + lt[i, LANE_OWN_COUNT])
+        return held
