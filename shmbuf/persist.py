@@ -46,15 +46,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import secrets
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from numpy.lib import format as npformat
 
 from . import priority as _priority
@@ -63,48 +60,18 @@ from .core import procs, segment
 from .core.engine import Engine
 from .core.layout import CTRL_SAMPLED, FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
 from .core.ratelimit import RateLimit
+from .savefiles import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
+                        clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from .version import __version__
 
 FORMAT = "shmbuf-save"
 FORMAT_VERSION = 1
-META_FILE = "shmbuf.json"
 STAMPS_FILE = "stamps.npy"
 PRIORITY_FILE = "priority.npy"
 _MAX_META = 64 << 20  # bytes of shmbuf.json we read at most
 
 
 # -- progress on a terminal ---------------------------------------------------------
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only on a terminal (``show=None``) or
-    when asked; at most ten redraws a second."""
-
-    def __init__(self, what: str, total: int, show: bool | None) -> None:
-        self.what, self.total, self.done, self.last = what, max(total, 1), 0, 0.0
-        self.show = sys.stderr.isatty() if show is None else bool(show)
-
-    def __call__(self, nbytes: int) -> None:
-        self.done += nbytes
-        now = time.monotonic()
-        if self.show and now - self.last >= 0.1:
-            self.last = now
-            self._draw()
-
-    def _draw(self) -> None:
-        frac = min(self.done / self.total, 1.0)
-        bar = "#" * int(30 * frac)
-        print(f"\r{self.what} [{bar:<30}] {100 * frac:5.1f}% of {self.total / 2**20:,.1f} MiB",
-              end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.show:
-            self.done = self.total
-            self._draw()
-            print(file=sys.stderr, flush=True)
-
-
-# -- save ---------------------------------------------------------------------------
 
 
 def _field_file(i: int) -> str:
@@ -137,62 +104,6 @@ def _leaves(engine: Engine, timeout: float) -> tuple[np.ndarray, np.ndarray, flo
     return leaf, seq, float(trees.headf[_priority.H_MAX])
 
 
-class _NpyOut:
-    """A ``.npy`` file written front to back: its header, then rows in order, by slice
-    assignment (``out[lo:hi] = rows``, as :func:`shmbuf.state.copy_rows` does). Plain
-    ``write`` calls: no memory-mapped pages of a new file to fault in one by one."""
-
-    def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-        self.f = private_file(path)
-        self.dtype, self.next = np.dtype(dtype), 0
-        npformat.write_array_header_2_0(
-            self.f, {"descr": npformat.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape})
-
-    def __setitem__(self, rows: slice, value: np.ndarray) -> None:
-        if rows.start != self.next:
-            raise AssertionError("rows must be written in order")
-        a = np.ascontiguousarray(value, self.dtype).reshape(-1)
-        self.f.write(a.view(np.uint8).data)
-        self.next = rows.stop
-
-
-
-class _NpyIn:
-    """Rows of a checked ``.npy`` file (``mapped``: its read-only memory map) read with
-    plain ``readinto`` calls into the destination (no page faults on a file mapping)."""
-
-    def __init__(self, path: Path, mapped: np.memmap) -> None:
-        self.f = open(path, "rb", buffering=0)
-        self.start = mapped.offset
-        self.row_bytes = mapped.itemsize * int(np.prod(mapped.shape[1:], dtype=np.int64))
-        self.dtype = mapped.dtype
-
-    def copy_to(self, lo: int, dest: np.ndarray) -> None:
-        direct = dest.flags.c_contiguous
-        buf = dest if direct else np.empty(dest.shape, self.dtype)
-        view = memoryview(buf.reshape(-1).view(np.uint8))
-        self.f.seek(self.start + lo * self.row_bytes)
-        done = 0
-        while done < len(view):
-            n = self.f.readinto(view[done:])
-            if not n:
-                raise ValueError(f"{self.f.name!r} was truncated while it was being loaded")
-            done += n
-        if not direct:
-            dest[...] = buf
-
-    def close(self) -> None:
-        self.f.close()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
          progress: bool | None = None, timeout: float) -> dict[str, Any]:
     """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
@@ -200,7 +111,7 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     written or overwritten during the save), bytes and seconds."""
     t0 = time.monotonic()
     dest = Path(os.fspath(path))
-    _check_destination(dest, overwrite)
+    check_destination(dest, overwrite)
     parent = dest.parent
     parent.mkdir(parents=True, exist_ok=True)
     clear_temporaries(parent)
@@ -218,7 +129,7 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
         try:
             for i, (name, (shape, dtype)) in enumerate(fields.items()):
                 files[name] = _field_file(i)
-                data[name] = _NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
+                data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
             stamps = np.empty(layout.capacity, np.int64)
             bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
             kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
@@ -250,115 +161,26 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
             "saved_at": time.time(),
         }
         for f in tmp.iterdir():
-            _fsync(f)
+            fsync(f)
         with private_file(tmp / META_FILE) as f:  # last: the seal
             f.write(json.dumps(meta, indent=1, default=int).encode("utf-8"))
-        _fsync(tmp / META_FILE)
-        _fsync(tmp)
+        fsync(tmp / META_FILE)
+        fsync(tmp)
         if dest.exists():  # overwrite: the old save stays whole until the new one is in place
-            _check_destination(dest, overwrite)  # (still a save: checked again just before)
+            check_destination(dest, overwrite)  # (still a save: checked again just before)
             old = parent / f".{dest.name}.shmbuf-old-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
             dest.rename(old)
             tmp.rename(dest)
-            _remove(old)
+            remove_tree(old)
         else:
             tmp.rename(dest)
-        _fsync(parent)
+        fsync(parent)
     except BaseException:
-        _remove(tmp)
+        remove_tree(tmp)
         raise
     nbytes = sum(f.stat().st_size for f in dest.iterdir())
     return {"path": str(dest), "rows": meta["rows"], "rows_left_out": meta["rows_left_out"],
             "bytes": nbytes, "seconds": time.monotonic() - t0}
-
-
-_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy)")
-_TEMPORARY = re.compile(r"\..+\.shmbuf-(?:tmp|old)-([0-9]+)-(?:([0-9]+\.[0-9]{3})-)?[0-9a-f]{8}")
-
-
-def private_file(path: Path) -> Any:
-    """A new file at ``path`` (an error if one exists), open for binary writing, readable
-    by its owner alone (0600, whatever the umask): a save holds every row of a buffer
-    whose segment only its owner may read."""
-    return open(path, "xb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o600))
-
-
-def _check_destination(dest: Path, overwrite: bool) -> None:
-    """Raise ``FileExistsError`` unless ``dest`` may become a save: nothing there, or
-    (with ``overwrite``) a directory holding a save and nothing else."""
-    if dest.is_symlink():
-        raise FileExistsError(f"{str(dest)!r} is a symbolic link (to {os.readlink(dest)!r}); a save "
-                              "never writes through one nor replaces it: save to the path it points to, "
-                              "or remove the link first")
-    if not dest.exists():
-        return
-    if not overwrite:
-        raise FileExistsError(f"{str(dest)!r} exists; pass overwrite=True to replace it, or "
-                              "choose another path")
-    if not dest.is_dir() or not (dest / META_FILE).is_file():
-        raise FileExistsError(f"{str(dest)!r} exists and is not a shmbuf save; refusing to "
-                              "replace it")
-    other = sorted(f.name for f in dest.iterdir() if not _is_save_file(f))
-    if other:
-        raise FileExistsError(f"{str(dest)!r} holds files that are not part of a shmbuf save "
-                              f"({', '.join(other[:5])}{', ...' if len(other) > 5 else ''}); "
-                              "refusing to replace it, which would delete them")
-
-
-def _is_save_file(f: Path) -> bool:
-    """A regular file (not a link) named as the save format names its files."""
-    return bool(_SAVE_FILE.fullmatch(f.name)) and f.is_file() and not f.is_symlink()
-
-
-def _remove(directory: Path) -> None:
-    """Remove a save directory (this module's own temporary or replaced one): its save
-    files, then itself if that emptied it. Nothing else is ever deleted."""
-    if directory.is_symlink() or not directory.is_dir():
-        return
-    for f in directory.iterdir():
-        if _is_save_file(f):
-            f.unlink()
-    try:
-        directory.rmdir()
-    except OSError:
-        pass  # something else is in it: left alone
-
-
-def temporaries(parent: str | os.PathLike) -> list[Path]:
-    """The temporary directories in ``parent`` of saves whose process is dead (killed
-    mid-save): ``.NAME.shmbuf-tmp-*`` (a save being written) and ``.NAME.shmbuf-old-*``
-    (a save being replaced)."""
-    found = []
-    try:
-        entries = list(Path(os.fspath(parent)).iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        m = _TEMPORARY.fullmatch(entry.name)
-        if m is None or entry.is_symlink() or not entry.is_dir():
-            continue
-        pid = int(m.group(1))
-        alive = (procs.is_alive(pid, float(m.group(2))) if m.group(2) is not None
-                 else psutil.pid_exists(pid))  # (the names of shmbuf 0.1.0: a pid alone)
-        if not alive:
-            found.append(entry)
-    return found
-
-
-def clear_temporaries(parent: str | os.PathLike) -> list[Path]:
-    """Remove what :func:`temporaries` finds (their save files only); returns them."""
-    found = temporaries(parent)
-    clear_temporaries_in(found)
-    return found
-
-
-def clear_temporaries_in(found: list[Path]) -> None:
-    """Remove these temporaries of :func:`temporaries` (their save files only)."""
-    for d in found:
-        _remove(d)
-
-
-# -- load ---------------------------------------------------------------------------
 
 
 def _bad(path: Path, why: str) -> ValueError:
@@ -512,7 +334,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
             state.restore(buf.engine.ring, checked, timeout, progress=bar)
         else:
-            readers = {k: _NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
+            readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
                 state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar)
             finally:

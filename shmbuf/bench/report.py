@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .run import Results
+from .config import Results
 
 SYSTEMS = ["shmbuf", "shmbuf-py", "cpprb", "torchrl", "sb3", "naive", "numpy"]
 METRICS = [  # (key, what, unit)

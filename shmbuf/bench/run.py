@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import psutil
 
 import shmbuf
-from shmbuf.core import segment
 
+from .config import Config, Results, local_loop
+from .limits import attach_memory, physical_limits, pieces
 from .peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)
 
@@ -31,43 +31,6 @@ E2E_CHUNK = 64
 
 
 @dataclass
-class Config:
-    quick: bool = False
-    workloads: tuple[str, ...] = ("mujoco", "atari")
-    peers: tuple[str, ...] = ("shmbuf", "shmbuf-py", "cpprb", "naive", "numpy")
-    # peers dropped first, in this order, when a workload's buffers do not all fit in memory
-    optional: tuple[str, ...] = ("sb3", "torchrl", "shmbuf-py")
-    repeats: int = 5
-    window: float = 1.0
-    e2e_window: float = 10.0
-    e2e_repeats: int = 3
-    progress: bool = True
-    episodes: str = "yes"  # the EpisodeBuffer part (bench/episodes.py): yes, no, only
-    strategies: str = "yes"  # priorities and hindsight (bench/strategies.py): yes, no, only
-
-    @classmethod
-    def make(cls, quick: bool, **kw: Any) -> "Config":
-        if quick:
-            kw = {"repeats": 3, "window": 0.3, "e2e_window": 0.6, "e2e_repeats": 2, **kw}
-        return cls(quick=quick, **kw)
-
-
-@dataclass
-class Results:
-    config: dict[str, Any]
-    machine: dict[str, Any]
-    # figures[workload][metric][system] = list of values, one per repeat
-    figures: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, wl: str, metric: str, system: str, value: float) -> None:
-        self.figures.setdefault(wl, {}).setdefault(metric, {}).setdefault(system, []).append(value)
-
-    def median(self, wl: str, metric: str, system: str) -> float | None:
-        vals = self.figures.get(wl, {}).get(metric, {}).get(system)
-        return statistics.median(vals) if vals else None
-
-
 class Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
@@ -190,21 +153,6 @@ class WriterPool:
                 p.kill()
 
 
-def _local_loop(fn: Any, seconds: float) -> float:
-    """Calls per second of ``fn`` in this process."""
-    n = 0
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
-    while True:
-        for _ in range(8):
-            fn()
-        n += 8
-        if time.perf_counter() >= deadline:
-            return n / (time.perf_counter() - t0)
-
-
-# -- the measurement plan ----------------------------------------------------------------
-
 PLAN = [("add", w, c, f"add {w}w x{c}") for w in (1, 2) for c in (1, 64)] + [
     ("sample", 0, 0, "sample"), ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
 """(kind, writers, chunk, label): what every repeat measures, in this order."""
@@ -229,13 +177,13 @@ def _measure(r: Results, wl: Workload, s: System, pool: WriterPool | None, kind:
     elif kind == "add" and not s.shared:  # in-process systems: one writer, no IPC
         if writers == 1:
             items = s.prepare(chunks(wl.data(4096 if wl.row_bytes < 4096 else 128, 7), chunk), chunk)
-            rate = _local_loop(_cycle(s.local_adder(chunk), items), cfg.window)
+            rate = local_loop(_cycle(s.local_adder(chunk), items), cfg.window)
             r.add(wl.name, label, s.name, rate * chunk)
     elif kind == "add":
         r.add(wl.name, label, s.name, pool.window(writers, chunk, cfg.window, "idle")["rows/s"])
     elif kind == "sample":
         if not isinstance(s, NaiveSystem):  # naive samples the same in-process ring as numpy
-            rate = _local_loop(s.sampler(), cfg.window)
+            rate = local_loop(s.sampler(), cfg.window)
             r.add(wl.name, "sample", s.name, rate)
             r.add(wl.name, "sample GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
     elif s.shared:  # a learner sampling while writers write
@@ -315,140 +263,6 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
 
 # -- physical limits and pieces ---------------------------------------------------------
 
-def physical_limits(r: Results, cfg: Config) -> None:
-    """memcpy bandwidth, and random-row gathers of each workload from shared and private memory."""
-    src = np.ones(256 << 20, np.uint8)
-    dst = np.empty_like(src)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
-    r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
-    for wl in (WORKLOADS[w] for w in cfg.workloads):
-        cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
-        seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
-        try:
-            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes))):
-                rate = _gather_rate(wl, mem, cap)
-                r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
-                    rate * BATCH * wl.row_bytes / 1e9
-                r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
-        finally:
-            seg.unlink()
-            seg.close()
-
-
-def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:
-    """Batches/s of plain numpy gathers of 256 random rows of every field laid out in ``mem``."""
-    arrays, off = [], 0
-    for shape, dtype in wl.fields.values():
-        a = np.ndarray((cap,) + shape, dtype, mem, off)
-        a.view(np.uint8)[...] = 1
-        arrays.append(a)
-        off += a.nbytes
-    outs = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
-    rng = np.random.default_rng(0)
-
-    def gather() -> None:
-        idx = rng.integers(0, cap, BATCH)
-        for a, o in zip(arrays, outs):
-            np.take(a, idx, axis=0, out=o, mode="clip")
-    return statistics.median(_local_loop(gather, 0.3) for _ in range(3))
-
-
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _contend(name: str, seconds: float, barrier: Any, results: Any) -> None:
-    buf = shmbuf.Buffer.attach(name)
-    lk = buf.engine.lock
-    barrier.wait(60)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(64):
-            lk.acquire(1.0)
-            lk.release()
-        n += 64
-    results.put((n, time.perf_counter() - t0))
-    buf.close()
-
-
-def pieces(r: Results, cfg: Config) -> None:
-    """What the lock and the torn-read check cost."""
-    seconds = 0.3 if cfg.quick else 1.0
-    with shmbuf.Buffer.create({"x": ((), np.int64)}, 64, name=f"bench-lock-{os.getpid()}") as buf:
-        lk = buf.engine.lock
-        def pair() -> None:
-            lk.acquire(1.0)
-            lk.release()
-        r.extra["lock uncontended ns/pair"] = 1e9 / _local_loop(pair, seconds)
-        barrier, results = CTX.Barrier(3), CTX.Queue()
-        procs = [CTX.Process(target=_contend, args=(buf.name, seconds, barrier, results)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        barrier.wait(60)
-        got = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(30)
-        total = sum(n / t for n, t in got)
-        r.extra["lock contended (2 processes) pairs/s"] = total
-        r.extra["lock contended ns/pair"] = 1e9 * 2 / total
-    for wl in (WORKLOADS[w] for w in cfg.workloads):
-        r.extra.setdefault("torn-read check us/batch", {})[wl.name] = _check_cost(wl, seconds)
-
-
-def _check_cost(wl: Workload, seconds: float) -> float:
-    """Microseconds per batch that the torn-read check adds: the stamp reads before and
-    after the copy and the comparisons, as sampling.py does them."""
-    # the check reads stamps only: a one-byte field with the workload's capacity will do
-    with shmbuf.Buffer.create({"x": ((), np.int8)}, wl.capacity, name=f"bench-check-{os.getpid()}") as buf:
-        step = min(4096, wl.capacity)
-        block = {"x": np.zeros(step, np.int8)}
-        for _ in range(wl.capacity // step + 1):
-            buf.extend(block)
-        stamps, rng, cap = buf.engine.ring.stamps, np.random.default_rng(0), wl.capacity
-
-        def check() -> None:
-            flat = rng.integers(0, cap, BATCH)
-            expected = flat * 2 + 2
-            before = stamps[flat]
-            after = stamps[flat]
-            ok = before == expected
-            ok &= after == before
-            ok.all()
-
-        def draw() -> None:
-            rng.integers(0, cap, BATCH)
-        return 1e6 / _local_loop(check, seconds) - 1e6 / _local_loop(draw, seconds)
-
-
-# -- memory: attaching processes do not copy --------------------------------------------
-
-def _attached_memory(name: str, batches: int, results: Any) -> None:
-    buf = shmbuf.Buffer.attach(name)
-    out = buf.empty_batch(BATCH)
-    for _ in range(batches):
-        buf.sample(BATCH, out=out)
-    info = psutil.Process().memory_full_info()
-    results.put({"uss": info.uss, "pss": info.pss, "rss": info.rss})
-    buf.close()
-
-
-def attach_memory(r: Results, system: ShmbufSystem, batches: int) -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_attached_memory, args=(system.buf.name, batches, results)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(60)
-    r.extra.setdefault("attached processes", {})[system.wl.name] = {
-        "buffer bytes": system.bytes, "batches sampled each": batches, "per process": got}
-
-
-# -- the whole run ----------------------------------------------------------------------
-
 def machine() -> dict[str, Any]:
     import platform
 
@@ -505,10 +319,10 @@ def run(cfg: Config) -> Results:
                 s.close()
             del systems
     if with_episodes:
-        episodes.run(r, cfg, _local_loop, prog.note)
+        episodes.run(r, cfg, local_loop, prog.note)
         prog.step("episodes")
     if with_strategies:
-        strategies.run(r, cfg, _local_loop, prog.note)
+        strategies.run(r, cfg, local_loop, prog.note)
         prog.step("priorities and hindsight")
     prog.end()
     return r

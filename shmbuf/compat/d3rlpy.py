@@ -21,15 +21,12 @@ attaches with ``ReplayBuffer.attach(name)`` and appends through its own lane (cr
 mini-batches, transitions, trajectories, episodes and ``dataset_info`` are d3rlpy's own
 types, so its algorithms take the buffer (``algo.fit_online(env, buffer=...)``).
 
-Divergences (README): a step becomes sampleable two appends after d3rlpy's (the handle holds
-the newest two steps until it knows whether the episode ends at them; ``clip_episode``
-writes them); ``clip_episode`` after one step gives one terminal transition
-(``terminated=True``) or nothing (d3rlpy merges that step into the next episode); a FIFO's
-``limit`` counts rows, and each episode's last observation takes one; ``episodes`` and
-``dump`` hold the complete episodes (ended, none of their steps evicted); mini-batches carry
-no ``transitions`` list (algorithms that need ``rewards_to_go``, Cal-QL, are not
-supported); the reward of a cut episode's last step (never part of a transition) is not
-kept. Sampling uses the handle's own seeded generator.
+Divergences (README): a step becomes sampleable two appends after d3rlpy's (the handle
+holds the newest two steps until it knows whether the episode ends there); ``clip_episode``
+after one step gives one terminal transition or nothing; a FIFO's ``limit`` counts rows
+(each episode's last observation takes one); ``episodes`` and ``dump`` hold the complete
+episodes; mini-batches carry no ``transitions`` list (Cal-QL is not supported); the reward
+of a cut episode's last step is not kept. Sampling uses the handle's own seeded generator.
 
 Example:
     >>> import numpy as np
@@ -52,127 +49,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import importlib.util
 from typing import Any, BinaryIO, Callable, Optional, Sequence
 
 import numpy as np
 
 from ..episodes import EpisodeBuffer
+from .d3rlpy_types import (ActionSpace, BasicTrajectorySlicer, BasicTransitionPicker,  # noqa: F401
+                           DatasetInfo, Episode, EpisodeGenerator, FIFOBuffer, FrameStackTransitionPicker,
+                           InfiniteBuffer, MultiStepTransitionPicker, Signature, SparseRewardTransitionPicker,
+                           TrajectoryMiniBatch, TransitionMiniBatch)
+from .d3rlpy_dump import VERSION, dump_episodes, load_episodes  # noqa: F401
+from .d3rlpy_mixed import MixedReplayBuffer  # noqa: F401
 from .shared import Shared
 
 DEFAULT_LIMIT = 1_000_000  # an InfiniteBuffer's rows when neither its episodes nor limit= say
-VERSION = "2.1"  # d3rlpy's dump format
-
-
-class ActionSpace(enum.IntEnum):
-    """d3rlpy's ``ActionSpace`` values (d3rlpy's own enum is accepted wherever this one is)."""
-    CONTINUOUS = 1
-    DISCRETE = 2
-    BOTH = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Signature:
-    """Dtypes and shapes of an observation (several for a tuple), action or reward."""
-    dtype: Sequence[Any]
-    shape: Sequence[Sequence[int]]
-
-    def sample(self) -> list[np.ndarray]:
-        return [np.random.random(s).astype(d) for s, d in zip(self.shape, self.dtype)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Episode:
-    """d3rlpy's ``Episode``: ``observations (T, ...)`` (a list of arrays for tuple
-    observations), ``actions (T, ...)``, ``rewards (T, 1)``, ``terminated``."""
-    observations: Any
-    actions: np.ndarray
-    rewards: np.ndarray
-    terminated: bool
-
-    @property
-    def observation_signature(self) -> Signature:
-        obs = self.observations if isinstance(self.observations, (list, tuple)) else [self.observations]
-        return Signature(dtype=[o.dtype for o in obs], shape=[o.shape[1:] for o in obs])
-
-    @property
-    def action_signature(self) -> Signature:
-        return Signature(dtype=[self.actions.dtype], shape=[self.actions.shape[1:]])
-
-    @property
-    def reward_signature(self) -> Signature:
-        return Signature(dtype=[self.rewards.dtype], shape=[self.rewards.shape[1:]])
-
-    def size(self) -> int:
-        return int(self.actions.shape[0])
-
-    @property
-    def transition_count(self) -> int:
-        return self.size() if self.terminated else self.size() - 1
-
-    def compute_return(self) -> float:
-        return float(np.sum(self.rewards))
-
-    def serialize(self) -> dict[str, Any]:
-        return {"observations": self.observations, "actions": self.actions, "rewards": self.rewards,
-                "terminated": self.terminated}
-
-    @classmethod
-    def deserialize(cls, data: dict[str, Any]) -> "Episode":
-        return cls(data["observations"], data["actions"], data["rewards"], bool(data["terminated"]))
-
-
-# -- storage and sampling choices (d3rlpy's objects are accepted too) ---------------------------
-
-class InfiniteBuffer:
-    """No eviction: the replay buffer's segment holds its episodes, or ``limit`` rows
-    (default :data:`DEFAULT_LIMIT`); an append past it raises ``ValueError``."""
-
-    def __init__(self, limit: Optional[int] = None) -> None:
-        self.limit = limit
-
-
-class FIFOBuffer:
-    """The oldest rows go first: ``limit`` rows (any ``limit >= 1``; d3rlpy's fails at 1)."""
-
-    def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        self.limit = int(limit)
-
-
-class BasicTransitionPicker:
-    """One-step transitions: next observation and action, zeros after a terminal step."""
-    n_steps, gamma, n_frames = 1, 0.99, 1
-
-
-class MultiStepTransitionPicker(BasicTransitionPicker):
-    """n-step transitions: ``reward`` the discounted sum over up to ``n_steps`` steps of
-    the episode, ``interval`` how many were taken."""
-
-    def __init__(self, n_steps: int, gamma: float) -> None:
-        self.n_steps, self.gamma = int(n_steps), float(gamma)
-
-
-class FrameStackTransitionPicker(BasicTransitionPicker):
-    """Observations of the ``n_frames`` latest frames, concatenated on axis 0 (zeros
-    before the episode's first); the buffer stores each frame once."""
-
-    def __init__(self, n_frames: int) -> None:
-        self.n_frames = int(n_frames)
-
-
-class SparseRewardTransitionPicker(BasicTransitionPicker):
-    """d3rlpy's picker for sparse rewards: it changes only ``rewards_to_go``, which this
-    facade's transitions do not carry, so it samples as the basic picker."""
-
-    def __init__(self, failure_return: int, step_reward: float = 0.0) -> None:
-        self.failure_return, self.step_reward = failure_return, step_reward
-
-
-class BasicTrajectorySlicer:
-    """Windows ending at a transition, inside its episode, front-padded with zeros."""
 
 
 def _limit(buffer: Any) -> tuple[str, Optional[int]]:
@@ -198,48 +89,6 @@ def _d3rlpy() -> Any:
 
 
 _D3: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class TransitionMiniBatch:
-    """d3rlpy's ``TransitionMiniBatch`` fields (used where d3rlpy is not installed)."""
-    observations: Any
-    actions: np.ndarray
-    rewards: np.ndarray
-    next_observations: Any
-    next_actions: np.ndarray
-    terminals: np.ndarray
-    intervals: np.ndarray
-    transitions: Sequence[Any] = ()
-
-    def __len__(self) -> int:
-        return int(self.actions.shape[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class TrajectoryMiniBatch:
-    """d3rlpy's ``TrajectoryMiniBatch`` fields (used where d3rlpy is not installed)."""
-    observations: Any
-    actions: np.ndarray
-    rewards: np.ndarray
-    returns_to_go: np.ndarray
-    terminals: np.ndarray
-    timesteps: np.ndarray
-    masks: np.ndarray
-    length: int
-
-    def __len__(self) -> int:
-        return int(self.actions.shape[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """d3rlpy's ``DatasetInfo`` fields (used where d3rlpy is not installed)."""
-    observation_signature: Signature
-    action_signature: Signature
-    reward_signature: Signature
-    action_space: ActionSpace
-    action_size: int
 
 
 def _signature_from_env(space: Any, action: bool) -> Signature:
@@ -550,14 +399,14 @@ class ReplayBuffer(Shared):
         episodes = self.episodes
         if not episodes:
             raise IndexError("no complete episode to dump")
-        _dump(episodes, f)
+        dump_episodes(episodes, f)
 
     @classmethod
     def load(cls, f: BinaryIO, buffer: Any, episode_cls: type = Episode, transition_picker: Any = None,
              trajectory_slicer: Any = None, writer_preprocessor: Any = None, **kwargs: Any) -> "ReplayBuffer":
         """A new buffer over ``buffer`` holding the episodes of a :meth:`dump` file."""
         return cls(buffer, transition_picker, trajectory_slicer, writer_preprocessor,
-                   episodes=_load(f, episode_cls), **kwargs)
+                   episodes=load_episodes(f, episode_cls), **kwargs)
 
     @classmethod
     def from_episode_generator(cls, episode_generator: Callable[[], Sequence[Any]], buffer: Any,
@@ -588,111 +437,6 @@ def _action_space(value: int) -> Any:
     return ActionSpace(value)
 
 
-class EpisodeGenerator:
-    """d3rlpy's ``EpisodeGenerator``: flat arrays split into episodes after each step
-    whose terminal or timeout is set (terminal wins); trailing steps with neither are
-    dropped; 1-D actions and rewards become ``(N, 1)``."""
-
-    def __init__(self, observations: Any, actions: Any, rewards: Any, terminals: Any,
-                 timeouts: Any = None) -> None:
-        actions, rewards = np.asarray(actions), np.asarray(rewards)
-        self._obs = observations
-        self._actions = actions.reshape(-1, 1) if actions.ndim == 1 else actions
-        self._rewards = rewards.reshape(-1, 1) if rewards.ndim == 1 else rewards
-        self._terminals = np.asarray(terminals).reshape(-1)
-        self._timeouts = np.zeros_like(self._terminals) if timeouts is None else np.asarray(timeouts).reshape(-1)
-        assert np.any(self._terminals) or np.any(self._timeouts), \
-            "No episode termination was found. Either terminals or timeouts must include non-zero values."
-
-    def __call__(self) -> list[Episode]:
-        ends = np.flatnonzero((self._terminals != 0) | (self._timeouts != 0))
-        out, start = [], 0
-        for end in ends.tolist():
-            sl = slice(start, end + 1)
-            obs = ([np.asarray(o)[sl] for o in self._obs] if isinstance(self._obs, (list, tuple))
-                   else np.asarray(self._obs)[sl])
-            out.append(Episode(obs, self._actions[sl], self._rewards[sl], bool(self._terminals[end])))
-            start = end + 1
-        return out
-
-
-class MixedReplayBuffer:
-    """d3rlpy's ``MixedReplayBuffer``: appends go to the primary; a batch takes
-    ``int((1 - ratio) * B)`` from the primary and the rest from the secondary."""
-
-    def __init__(self, primary_replay_buffer: ReplayBuffer, secondary_replay_buffer: ReplayBuffer,
-                 secondary_mix_ratio: float) -> None:
-        assert 0.0 <= secondary_mix_ratio <= 1.0
-        self._primary, self._secondary = primary_replay_buffer, secondary_replay_buffer
-        self._ratio = secondary_mix_ratio
-
-    def append(self, observation: Any, action: Any, reward: Any) -> None:
-        self._primary.append(observation, action, reward)
-
-    def append_episode(self, episode: Any) -> None:
-        self._primary.append_episode(episode)
-
-    def clip_episode(self, terminated: bool) -> None:
-        self._primary.clip_episode(terminated)
-
-    def _split(self, batch_size: int) -> tuple[int, int]:
-        first = int((1 - self._ratio) * batch_size)
-        return first, batch_size - first
-
-    def sample_transition_batch(self, batch_size: int) -> Any:
-        a, b = self._split(batch_size)
-        return _concat([self._primary.sample_transition_batch(a), self._secondary.sample_transition_batch(b)])
-
-    def sample_trajectory_batch(self, batch_size: int, length: int) -> Any:
-        a, b = self._split(batch_size)
-        return _concat([self._primary.sample_trajectory_batch(a, length),
-                        self._secondary.sample_trajectory_batch(b, length)])
-
-    def sample_transition(self) -> Any:
-        raise NotImplementedError("MixedReplayBuffer does not support sample_transition.")
-
-    def sample_trajectory(self, length: int) -> Any:
-        raise NotImplementedError("MixedReplayBuffer does not support sample_trajectory.")
-
-    def dump(self, f: BinaryIO) -> None:
-        raise NotImplementedError("dump is not supported yet.")
-
-    @classmethod
-    def load(cls, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("load is not supported yet.")
-
-    def size(self) -> int:
-        return self._primary.size() + self._secondary.size()
-
-    @property
-    def transition_count(self) -> int:
-        return self._primary.transition_count + self._secondary.transition_count
-
-    @property
-    def episodes(self) -> list[Any]:
-        return self._primary.episodes + self._secondary.episodes
-
-    @property
-    def dataset_info(self) -> Any:
-        return self._primary.dataset_info
-
-
-def _concat(batches: list[Any]) -> Any:
-    """Two mini-batches of one type as one (the fields that are arrays joined)."""
-    fields = {}
-    for f in dataclasses.fields(batches[0]):
-        values = [getattr(b, f.name) for b in batches]
-        if f.name == "transitions":
-            fields[f.name] = [t for v in values for t in v]
-        elif isinstance(values[0], np.ndarray):
-            fields[f.name] = np.concatenate(values)
-        elif isinstance(values[0], list):
-            fields[f.name] = [np.concatenate(parts) for parts in zip(*values)]
-        else:
-            fields[f.name] = values[0]
-    return type(batches[0])(**fields)
-
-
 def create_fifo_replay_buffer(limit: int, episodes: Optional[Sequence[Any]] = None, **kwargs: Any) -> ReplayBuffer:
     """``ReplayBuffer(FIFOBuffer(limit), episodes=episodes, ...)``."""
     return ReplayBuffer(FIFOBuffer(limit), episodes=episodes, **kwargs)
@@ -703,45 +447,3 @@ def create_infinite_replay_buffer(episodes: Optional[Sequence[Any]] = None, **kw
     return ReplayBuffer(InfiniteBuffer(), episodes=episodes, **kwargs)
 
 
-def _dump(episodes: Sequence[Any], f: BinaryIO) -> None:
-    import h5py
-
-    with h5py.File(f, "w") as h5:
-        keys = ["observations", "actions", "rewards", "terminated"]
-        h5.create_dataset("columns", data=keys)
-        h5.create_dataset("num_episodes", data=len(episodes))
-        for i, ep in enumerate(episodes):
-            for key in keys:
-                value = getattr(ep, key)
-                if isinstance(value, (list, tuple)):
-                    for j, part in enumerate(value):
-                        h5.create_dataset(f"{key}_{i}_{j}", data=part)
-                else:
-                    h5.create_dataset(f"{key}_{i}", data=value)
-        h5.create_dataset("version", data=VERSION)
-        h5.flush()
-
-
-def _load(f: BinaryIO, episode_cls: type) -> list[Any]:
-    import h5py
-
-    out = []
-    with h5py.File(f, "r") as h5:
-        version = h5["version"][()]
-        version = version.decode() if isinstance(version, bytes) else str(version)
-        if version == "2.0":
-            raise ValueError("version=2.0 has been obsolete.")
-        keys = [k.decode() if isinstance(k, bytes) else str(k) for k in h5["columns"][()]]
-        for i in range(int(h5["num_episodes"][()])):
-            data = {}
-            for key in keys:
-                if f"{key}_{i}" in h5:
-                    data[key] = h5[f"{key}_{i}"][()]
-                else:
-                    j, parts = 0, []
-                    while f"{key}_{i}_{j}" in h5:
-                        parts.append(h5[f"{key}_{i}_{j}"][()])
-                        j += 1
-                    data[key] = parts
-            out.append(episode_cls.deserialize(data))
-    return out

@@ -4,28 +4,18 @@ Switch with one import::
 
     from shmbuf.compat.garage import PathBuffer, HERReplayBuffer, ReplayBuffer
 
-``PathBuffer(capacity_in_transitions)``: ``add_path(path)`` stores a path (a dict of
-``(path_len, flat_dim)`` arrays) in one ring, evicting the oldest rows;
-``sample_path()`` returns a whole path, uniformly over the paths none of whose rows is
-evicted, in order even where it wraps around the ring; ``sample_transitions(batch_size)``
-draws rows uniformly over every row stored (the surviving rows of a partly evicted path
-too, as garage does); ``n_transitions_stored``; ``clear()`` forgets the keys and shapes
-(the segment ends; the next path makes a new one). ``HERReplayBuffer(replay_k,
-reward_fn, capacity_in_transitions, env_spec)`` adds ``replay_k`` relabelled copies of
-each transition but the last (goals from strictly later steps) at insertion, as garage
-does. ``ReplayBuffer(env_spec, size_in_transitions, time_horizon)`` keeps episodes of
-``time_horizon`` steps in slots (``add_transitions``, ``sample``, ``full``).
+``PathBuffer``: ``add_path`` stores a path (``(path_len, flat_dim)`` arrays), evicting the
+oldest rows; ``sample_path()`` returns a whole path in order; ``sample_transitions`` draws
+rows uniformly over every row stored, as garage does. ``HERReplayBuffer`` adds
+``replay_k`` relabelled copies of each transition but the last at insertion;
+``ReplayBuffer`` keeps episodes of ``time_horizon`` steps in slots.
 
-As in garage the schema comes from the first path: the segment is created then (``name``
-is None before). Each row records its step in its path and the path's length, so any
-process that attaches finds the same paths. Pickling carries the name (unpickling
-attaches); to keep a buffer past its processes use ``persist=True`` or ``save``.
-Divergences (README): a key that is new after the first path raises ``ValueError`` (a
-shared segment's schema is fixed; garage allocates it); a 1-D array in the first path is
-``ValueError`` (garage: ``IndexError``); values are cast into the first path's dtypes
-except NaN, infinities and out-of-range integers; sampling draws from the handle's own
-seeded generator (garage: numpy's global one); ``ReplayBuffer``'s wrap-around is the
-correct ring (garage's miscomputes it when a store straddles the end).
+As in garage the schema comes from the first path (the segment is created then); each
+row records its step in its path and the path's length, so any process that attaches
+finds the same paths. Divergences (README): a key new after the first path, or a 1-D
+array in it, raise ``ValueError``; values are cast into the first path's dtypes except
+NaN, infinities and out-of-range integers; sampling uses the handle's own seeded
+generator; ``ReplayBuffer``'s wrap-around is the correct ring.
 
 Example:
     >>> import numpy as np
@@ -47,8 +37,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import buffer as core
-from ..core.batch import count
 from ..core import sampling
+from ..core.batch import count
 from ..core.read import until_filled
 from . import cast
 from .shared import Lazy
@@ -58,8 +48,7 @@ _GOAL = ("observation", "achieved_goal", "desired_goal")
 
 
 class PathBuffer(Lazy):
-    """Paths (episodes of ``(path_len, flat_dim)`` arrays) in one ring in shared memory
-    (garage's ``PathBuffer``)."""
+    """garage's ``PathBuffer``: paths of ``(path_len, flat_dim)`` arrays in one ring."""
 
     KIND = "garage.PathBuffer"
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import atexit
 import re
 import secrets
-import time
-import warnings
 import weakref
 from collections import deque
 from typing import Any, Mapping, Sequence
@@ -28,59 +26,10 @@ from ..core.batch import count
 from ..episodes import EpisodeBuffer
 from ..priority import check_beta, check_values
 from . import shard as _shard
+from .calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from .shard import NAMESPACE
 
-PING_EVERY = 1.0
-"""Seconds between two pings of a shard that is down."""
-
-
-class ShardWarning(RuntimeWarning):
-    """A shard was dropped from sampling (dead, or too slow to answer), or came back."""
-
-
-class ShardsUnavailable(TimeoutError):
-    """No shard (or not enough of them) answered in time to make the whole batch."""
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError("shmbuf.ray needs Ray: pip install 'shmbuf[ray]' (or pip install ray)") from None
-    if not ray.is_initialized():
-        raise RuntimeError("Ray is not initialised in this process: call ray.init() (ray.init(address='auto') "
-                           "to join a running cluster) before using a ShardedBuffer")
-    return ray
-
-
-class _Shard:
-    """The learner's view of one shard: where it is and the figures of its last answer."""
-
-    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "up", "ping", "ping_at", "info_ref")
-
-    def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
-        self.index, self.node, self.segment, self.actor = index, node, segment, actor
-        self.size, self.mass, self.low = 0, 0.0, 0.0
-        self.up = True
-        self.ping: Any = None  # while down: the pending info() call that tells it is back
-        self.ping_at = 0.0
-        self.info_ref: Any = None  # a pending info() of a shard the last draw gave no rows
-
-    def take(self, info: Mapping[str, Any]) -> None:
-        self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
-        self.node = info["node"]
-
-
-class _Plan:
-    """A batch asked for: its calls in flight, per shard."""
-
-    __slots__ = ("key", "n", "parts")
-
-    def __init__(self, key: tuple, n: int, parts: list[tuple[_Shard, Any, int]]) -> None:
-        self.key, self.n, self.parts = key, n, parts
-
-
-class ShardedBuffer:
+class ShardedBuffer(ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.
 
     Create it once (the driver or learner), pass it to remote tasks and actors (it
@@ -107,14 +56,14 @@ class ShardedBuffer:
 
     # -- construction ----------------------------------------------------------------
 
-    def __init__(self, name: str, kind: str, prioritized: bool, shards: list[_Shard], *,
+    def __init__(self, name: str, kind: str, prioritized: bool, shards: list[Shard], *,
                  seed: Any = None, timeout: float = DEFAULT_TIMEOUT, lease: Any = None,
                  fresh: bool = False) -> None:
         self._name, self._kind, self._prioritized = name, kind, prioritized
         self._shards = shards
         self._rng = validate.rng(seed)
         self._timeout = validate.timeout(timeout)
-        self._inflight: deque[_Plan] = deque()
+        self._inflight: deque[Plan] = deque()
         self._fresh = fresh  # the sizes known are those of creation: ask again before a draw
         self._finalizer: Any = None
         if lease is not None:  # the creator's handle (atexit runs this before Ray's shutdown, registered earlier)
@@ -158,7 +107,7 @@ class ShardedBuffer:
             FileExistsError: the name is taken (by a live buffer, or by segments left
                 on a node: see ``exist_ok``).
         """
-        ray = _ray()
+        ray = ray_module()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         capacity_per_node = count(capacity_per_node, "capacity_per_node", 1)
         timeout = validate.timeout(timeout)
@@ -172,7 +121,7 @@ class ShardedBuffer:
         kind = "episodes" if validate.flag(episodes, "episodes") else "buffer"
         seeds = validate.rng(seed).integers(2**63, size=len(nodes) + 1)
         Actor = _shard.actor_class()
-        shards: list[_Shard] = []
+        shards: list[Shard] = []
         lease = None
         try:
             if not persist:  # (owned by this process: gone when it is, and then so are the shards)
@@ -188,14 +137,14 @@ class ShardedBuffer:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(f"{name}.{i}", kind, fields, capacity_per_node, options, int(seeds[i]),
                          exist_ok, None if persist else f"{name}.lease")
-                shards.append(_Shard(i, node, f"{name}.{i}", actor))
+                shards.append(Shard(i, node, f"{name}.{i}", actor))
             infos = ray.get([s.actor.info.remote() for s in shards], timeout=timeout)
         except BaseException as exc:
             _end([s.actor for s in shards], timeout, lease)
             if isinstance(exc, ValueError) and "already taken" in str(exc):
                 raise FileExistsError(f"a ShardedBuffer named {name!r} is live on this Ray cluster: attach "
                                       "with ShardedBuffer.attach(name), or choose another name") from None
-            raise _cause(exc) from None
+            raise cause(exc) from None
         for s, info in zip(shards, infos):
             s.take(info)
         return cls(name, kind, bool(options.get("priority") is not None), shards,
@@ -210,7 +159,7 @@ class ShardedBuffer:
         Raises:
             FileNotFoundError: no ShardedBuffer of this name is live on the cluster.
         """
-        ray = _ray()
+        ray = ray_module()
         timeout = validate.timeout(timeout)
         pattern = re.compile(re.escape(segment.check_name(name)) + r"\.(\d+)")
         found = sorted(int(m.group(1)) for a in ray.util.list_named_actors(all_namespaces=True)
@@ -218,7 +167,7 @@ class ShardedBuffer:
         if not found or found != list(range(len(found))):
             raise FileNotFoundError(f"no ShardedBuffer named {name!r} is live on this Ray cluster (shard actors "
                                     f"found: {found})")
-        shards = [_Shard(i, None, f"{name}.{i}", ray.get_actor(f"{name}.{i}", namespace=NAMESPACE))
+        shards = [Shard(i, None, f"{name}.{i}", ray.get_actor(f"{name}.{i}", namespace=NAMESPACE))
                   for i in found]
         self = cls(name, "buffer", False, shards, seed=seed, timeout=timeout)
         kinds = self._refresh(shards, timeout)
@@ -237,7 +186,7 @@ class ShardedBuffer:
         Raises:
             RuntimeError: this node has no shard (the message says which nodes do).
         """
-        ray = _ray()
+        ray = ray_module()
         node = ray.get_runtime_context().get_node_id()
         for s in self._shards:
             if s.node == node:
@@ -295,115 +244,6 @@ class ShardedBuffer:
         return self._take("sample_trajectories", count(batch, "batch"), (count(length, "length", 1),),
                           {}, prefetch, timeout)
 
-    def _take(self, method: str, n: int, args: tuple, kwargs: dict[str, Any], prefetch: int,
-              timeout: float | None, beta: float | None = None) -> dict[str, np.ndarray]:
-        timeout = self._t(timeout)
-        prefetch = count(prefetch, "prefetch")
-        key = (method, n, args, sorted(kwargs.items()))
-        if self._inflight and self._inflight[0].key != key:
-            self._inflight.clear()  # asked for with other arguments: dropped
-        self._poll()
-        deadline = time.monotonic() + timeout
-        plan = self._inflight.popleft() if self._inflight else self._launch(key, timeout)
-        while len(self._inflight) < prefetch:
-            self._inflight.append(self._launch(key, timeout))
-        return self._finish(plan, deadline, timeout, beta)
-
-    def _launch(self, key: tuple, timeout: float, n: int | None = None) -> _Plan:
-        """Draw the per-shard counts of ``n`` rows (the key's) and ask the shards. Each
-        gets 0.4 ``timeout`` for its own waits (a rate limit, torn-read retries): its
-        timeout error is then the caller's, before the shard is taken for silent."""
-        method, n_key, args, kwargs = key
-        n = n_key if n is None else n
-        deadline = time.monotonic() + timeout
-        live = [s for s in self._shards if s.up]
-        if self._fresh:
-            self._fresh = False
-            self._refresh(live, (deadline - time.monotonic()) / 2)
-            live = [s for s in self._shards if s.up]
-        if not live:
-            raise ShardsUnavailable(f"no shard of {self._name!r} is up ({self._describe()})")
-        by_mass = self._prioritized and method == "sample"
-        w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
-        if not w.sum() > 0:  # (the sizes known say empty: they may be old)
-            self._refresh(live, (deadline - time.monotonic()) / 2)
-            live = [s for s in live if s.up]
-            w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
-            if not w.sum() > 0:
-                raise ValueError(f"cannot sample from an empty buffer: no shard of {self._name!r} holds rows "
-                                 f"yet ({self._describe()})")
-        counts = self._rng.multinomial(n, w / w.sum())
-        if n == 0:
-            counts[0] = -1  # (one shard asked for no rows: the batch's fields, shapes and dtypes)
-        ask = {**dict(kwargs), "timeout": 0.4 * timeout}
-        parts = []
-        for s, c in zip(live, counts):
-            if c:
-                c = max(int(c), 0)
-                parts.append((s, s.actor.sample.remote((method, c, args, ask)), c))
-            elif s.info_ref is None:
-                s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
-        return _Plan(key, n, parts)
-
-    def _finish(self, plan: _Plan, deadline: float, timeout: float, beta: float | None) -> dict[str, np.ndarray]:
-        """Wait for a plan's answers; draw again from the others the rows of shards that
-        failed; assemble the batch."""
-        ray = _ray()
-        got: list[tuple[_Shard, dict[str, np.ndarray], int]] = []
-        parts = plan.parts
-        patience = time.monotonic() + timeout / 2  # a shard slower than this is dropped
-        while parts:
-            until = min(patience, deadline)
-            try:  # the usual case, in one call: every shard answers
-                answers = dict(zip([s.index for s, _, _ in parts],
-                                   ray.get([r for _, r, _ in parts], timeout=max(0.0, until - time.monotonic()))))
-            except Exception:  # (one by one, in what is left of the wait: who failed, and how)
-                answers = self._gather([(s, r) for s, r, _ in parts], until - time.monotonic(),
-                                       within=timeout / 2 if until == patience else timeout)
-            missing = 0
-            for s, _, c in parts:
-                if s.index in answers:
-                    batch, info = answers[s.index]
-                    s.take(info)
-                    got.append((s, batch, c))
-                else:
-                    missing += c
-            if not missing:
-                break
-            if time.monotonic() >= deadline or not any(s.up for s in self._shards):
-                raise ShardsUnavailable(
-                    f"{missing} of {plan.n} rows could not be drawn within {timeout:g} s: "
-                    f"{self._describe()}")
-            parts = self._launch(plan.key, max(deadline - time.monotonic(), 1e-3), missing).parts
-            patience = deadline
-        self._collect_infos()
-        return self._assemble(plan.n, got, beta)
-
-    def _assemble(self, n: int, got: list[tuple[_Shard, dict[str, np.ndarray], int]],
-                  beta: float | None) -> dict[str, np.ndarray]:
-        """One batch of the shards' answers, rows in a random order (so any slice of
-        it is a sample too)."""
-        first = got[0][1]
-        out = {k: np.empty((n,) + v.shape[1:], v.dtype) for k, v in first.items()}
-        out["shard"] = np.empty(n, np.int32)
-        where = self._rng.permutation(n)
-        at = 0
-        for s, batch, c in got:
-            rows = where[at:at + c]
-            at += c
-            for k, v in batch.items():
-                out[k][rows] = v
-            out["shard"][rows] = s.index
-        if beta is not None:  # weights over the whole cluster: its smallest p**a, not a shard's
-            p = out.pop("p")
-            lows = [s.low for s in self._shards if s.up and s.low > 0]
-            low = min(lows + [float(p.min())]) if len(p) else 1.0
-            out["weight"] = np.power(low / p, beta)
-            out["index"] = np.concatenate([out["shard"][:, None].astype(np.int64), out["index"]], axis=1)
-        return out
-
-    # -- priorities ------------------------------------------------------------------
-
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled rows: ``index`` as :meth:`sample` returned it
         (shard, slot, row), each sent to its shard. Rows overwritten since they were
@@ -411,7 +251,7 @@ class ShardedBuffer:
         many were set."""
         if not self._prioritized:
             raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
-        _ray()  # (initialised, or a clear error)
+        ray_module()  # (initialised, or a clear error)
         timeout = self._t(timeout)
         idx = np.asarray(index)
         if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
@@ -426,9 +266,9 @@ class ShardedBuffer:
             if s.up and mine.any():
                 calls.append((s, s.actor.update_priorities.remote(idx[mine, 1:].astype(np.int64), p[mine])))
         total = 0
-        for i, (count, info) in self._gather(calls, timeout).items():
+        for i, (got, info) in self._gather(calls, timeout).items():
             self._shards[i].take(info)  # (the next draw counts on its new mass)
-            total += count
+            total += got
         return total
 
     # -- looking at it ---------------------------------------------------------------
@@ -483,89 +323,6 @@ class ShardedBuffer:
 
     # -- faults ----------------------------------------------------------------------
 
-    def _down(self, s: _Shard, why: str) -> None:
-        if s.up:
-            s.up = False
-            s.ping, s.ping_at = None, 0.0
-            up = [t.index for t in self._shards if t.up]
-            warnings.warn(ShardWarning(f"shard {s.index} of {self._name!r} (node {s.node}) {why}: dropped from "
-                                       f"sampling until it answers again; sampling from shards {up}"))
-            self._inflight.clear()  # (their counts counted on it)
-
-    def _poll(self) -> None:
-        """Without waiting: bring back the shards that answer a ping, ping the others."""
-        ray = _ray()
-        now = time.monotonic()
-        for s in self._shards:
-            if s.up:
-                continue
-            if s.ping is not None:
-                ready, _ = ray.wait([s.ping], timeout=0)
-                if not ready:
-                    continue
-                try:
-                    s.take(ray.get(s.ping))
-                except ray.exceptions.RayError:
-                    s.ping, s.ping_at = None, now + PING_EVERY
-                    continue
-                s.up, s.ping = True, None
-                warnings.warn(ShardWarning(f"shard {s.index} of {self._name!r} (node {s.node}) is back with "
-                                           f"{s.size} rows: sampling from it again"))
-            elif now >= s.ping_at:
-                s.ping = s.actor.info.remote()
-        self._collect_infos()
-
-    def _collect_infos(self) -> None:
-        """The sizes asked of shards that got no rows in a draw, if they have answered."""
-        ray = _ray()
-        for s in self._shards:
-            if s.info_ref is not None and ray.wait([s.info_ref], timeout=0)[0]:
-                try:
-                    s.take(ray.get(s.info_ref))
-                except ray.exceptions.RayError:
-                    pass  # (a sample of it will say so)
-                s.info_ref = None
-
-    def _refresh(self, shards: list[_Shard], seconds: float) -> list[tuple[str, bool]]:
-        """Ask ``shards`` for their figures now (one round trip, up to ``seconds``; the
-        others are dropped); returns the (kind, prioritized) of each that answered."""
-        answers = self._gather([(s, s.actor.info.remote()) for s in shards], seconds)
-        for i, info in answers.items():
-            self._shards[i].take(info)
-        return [(info["kind"], info["prioritized"]) for info in answers.values()]
-
-    def _gather(self, calls: list[tuple[_Shard, Any]], seconds: float,
-                errors: dict[int, str] | None = None, within: float | None = None) -> dict[int, Any]:
-        """The answers to ``calls`` (shard, pending call) given within ``seconds``, by
-        shard index. A shard that failed (its actor died) or did not answer in time is
-        dropped (the warning says it waited ``within`` seconds, default ``seconds``). A
-        shard's own error (raised by its method: the caller's arguments, a timeout of
-        its own) is raised here, or kept in ``errors`` if given."""
-        ray = _ray()
-        refs = [r for _, r in calls]
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))[0]) if refs else set()
-        out = {}
-        for s, ref in calls:
-            try:
-                if ref not in ready:
-                    raise TimeoutError(f"did not answer within {max(0.0, seconds if within is None else within):.2g} s")
-                out[s.index] = ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:
-                if errors is None:
-                    raise _cause(exc) from None
-                errors[s.index] = str(_cause(exc))
-            except (ray.exceptions.RayError, TimeoutError) as exc:
-                why = str(exc) if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__})"
-                self._down(s, why)
-                if errors is not None:
-                    errors[s.index] = why
-        return out
-
-    def _describe(self) -> str:
-        up = [s.index for s in self._shards if s.up]
-        down = [s.index for s in self._shards if not s.up]
-        return f"shards up: {up}, down: {down}"
-
     def _t(self, timeout: float | None) -> float:
         return self._timeout if timeout is None else validate.timeout(timeout)
 
@@ -601,7 +358,7 @@ class ShardedBuffer:
 
 
 def _rebuild(name: str, kind: str, prioritized: bool, table: list, timeout: float) -> ShardedBuffer:
-    return ShardedBuffer(name, kind, prioritized, [_Shard(*row) for row in table], timeout=timeout, fresh=True)
+    return ShardedBuffer(name, kind, prioritized, [Shard(*row) for row in table], timeout=timeout, fresh=True)
 
 
 def _end(actors: list[Any], timeout: float, lease: Any = None) -> None:
@@ -631,10 +388,3 @@ def _nodes(ray: Any, nodes: Sequence[str] | None) -> list[str]:
         raise ValueError(f"nodes must be distinct IDs of alive nodes: {bad or 'repeated'} "
                          f"(alive: {alive})")
     return nodes
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """A Ray task's own exception as it was raised in the task (else ``exc``)."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
-
