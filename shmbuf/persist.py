@@ -83,7 +83,7 @@ def _leaves(engine: Engine, timeout: float) -> tuple[np.ndarray, np.ndarray, flo
     together with its sequence number (seqlock, chunk by chunk; a chunk that keeps
     changing is read under the lock), and the largest priority set."""
     trees = engine.trees
-    cap, P = trees.capacity, trees.P
+    cap, P = trees.capacity, trees.leaves
     leaf, seq = np.empty(cap), np.empty(cap, np.int64)
     chunk = 1 << 15
     for lo in range(0, cap, chunk):

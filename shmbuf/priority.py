@@ -46,6 +46,7 @@ from .core.read import SampleTimeout, until_filled
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
 from .core.segment import FormatError
+from .core.layout import published
 
 REGION = "priority"
 FIELD = "_priority"
@@ -116,7 +117,7 @@ class Trees:
                               f"or field ({field}) is not the one its capacity and lanes need")
         self.alpha, self.ring, self.lock = alpha, engine.ring, engine.lock
         self.capacity, self.lanes, self.lc = layout.capacity, layout.lanes, layout.lane_capacity
-        self.P = P = leaves(layout.capacity)
+        self.leaves = P = leaves(layout.capacity)  # leaf i of the trees is node leaves + i
         self.head = np.ndarray((_HEAD_WORDS,), np.int64, mem, off)
         self.headf = self.head.view(np.float64)
         off += 8 * _HEAD_WORDS
@@ -139,16 +140,16 @@ class Trees:
         their ancestors."""
         if not len(slots):
             return
-        if len(slots) > self.P // 8:  # many (a learner's first sync): every node, once
-            self.sum[slots + self.P] = values
-            self.min[slots + self.P] = values
+        if len(slots) > self.leaves // 8:  # many (a learner's first sync): every node, once
+            self.sum[slots + self.leaves] = values
+            self.min[slots + self.leaves] = values
             self.rebuild()
             return
         if self._native is not None:
             self._native.tree_set(self.sum, self.min, np.ascontiguousarray(slots, np.int64),
                                   np.ascontiguousarray(values, np.float64))
             return
-        nodes = slots + self.P
+        nodes = slots + self.leaves
         self.sum[nodes] = values
         self.min[nodes] = values
         while nodes[0] > 1:
@@ -159,7 +160,7 @@ class Trees:
 
     def rebuild(self) -> None:
         """Every inner node from the leaves (after a process died changing them)."""
-        lo = self.P
+        lo = self.leaves
         while lo > 1:
             left, right = self.sum[lo:2 * lo:2], self.sum[lo + 1:2 * lo:2]
             self.sum[lo // 2:lo] = left + right
@@ -198,7 +199,7 @@ class Trees:
         slots = lane * lc + rows % lc
         before = ring.stamps[slots]
         p = self.prio[slots]
-        ok = (before == 2 * rows + 2) & (ring.stamps[slots] == before)  # published, read whole
+        ok = (before == published(rows)) & (ring.stamps[slots] == before)  # published, read whole
         low = heads.copy()  # each lane: synced up to its first row a live writer still holds
         if not ok.all():
             late = np.flatnonzero(~ok)
@@ -245,7 +246,7 @@ class Trees:
                     self._native.tree_find(self.sum, u, slots, p, self.seq, seq)
                 else:
                     slots = np.minimum(self._find(u), self.capacity - 1)  # (rounding: past the rows)
-                    p, seq = self.sum[slots + self.P], self.seq[slots]
+                    p, seq = self.sum[slots + self.leaves], self.seq[slots]
                 seq -= 1
                 if int(self.head[H_VERSION]) == v and total > 0:
                     return slots, p, seq, low
@@ -263,13 +264,13 @@ class Trees:
         """The leaves where the prefix sums reach ``u``, level by level."""
         node = np.ones(len(u), np.int64)
         s = self.sum
-        while node[0] < self.P:
+        while node[0] < self.leaves:
             left = 2 * node
             mass = s[left]
             right = u >= mass
             u = np.where(right, u - mass, u)
             node = left + right
-        return node - self.P
+        return node - self.leaves
 
 
 class _Change:
@@ -381,7 +382,7 @@ def leaf_values(engine: Engine, slots: np.ndarray) -> np.ndarray:
     """The ``p**a`` the trees hold now for ``slots`` (no lock: read right after a
     sample, by the only process that changes the trees, they are the values drawn)."""
     trees: Trees = engine.trees
-    return trees.sum[trees.P + np.asarray(slots, np.int64)]
+    return trees.sum[trees.leaves + np.asarray(slots, np.int64)]
 
 
 def totals(engine: Engine, timeout: float) -> tuple[float, float]:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from .core.ring import Ring
+from .core.layout import published
 
 FORMAT = "shmbuf.Buffer"
 VERSION = 1
@@ -211,7 +212,7 @@ def _contiguous(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray,
         return stamps, new_heads, new_bases, None, None
     dest = lane * lc + new_seq % lc
     out = np.zeros_like(stamps)
-    out[dest] = 2 * new_seq + 2
+    out[dest] = published(new_seq)
     source = np.arange(len(stamps))
     source[dest] = kept
     delta = np.zeros(len(stamps), np.int64)

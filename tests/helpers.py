@@ -455,7 +455,7 @@ def goal_writer_hang_in_write(name: str, flag: str, steps: int) -> None:
 def check_trees(trees) -> None:
     """Every inner node of a buffer's priority trees equals the sum (the nonzero
     minimum) of its children, exactly; the version is even."""
-    s, m, lo = trees.sum, trees.min, trees.P
+    s, m, lo = trees.sum, trees.min, trees.leaves
     assert int(trees.head[0]) % 2 == 0, "a change was left half done"
     while lo > 1:
         assert np.array_equal(s[lo // 2:lo], s[lo:2 * lo:2] + s[lo + 1:2 * lo:2])
@@ -487,8 +487,8 @@ def prio_update_then_hang(name: str, flag: str) -> None:
     from shmbuf import priority
 
     def half_set(self, slots, values):
-        self.sum[slots + self.P] = values
-        self.min[slots + self.P] = values
+        self.sum[slots + self.leaves] = values
+        self.min[slots + self.leaves] = values
         open(flag, "w").close()
         while True:
             time.sleep(1)

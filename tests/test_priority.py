@@ -167,7 +167,7 @@ def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
         assert helpers.storm_torn(buf.sample(2000)) == 0
         check_trees(buf.engine.trees)
         t = buf.engine.trees
-        leaves = t.sum[t.P:t.P + t.capacity]
+        leaves = t.sum[t.leaves:t.leaves + t.capacity]
         assert ((leaves > 0) == (t.seq > 0)).all()  # a leaf for every row, none for no row
 
 
@@ -230,7 +230,7 @@ def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
                   terminated=np.ones(1, bool), truncated=np.zeros(1, bool))  # its final row: no priority
         assert set(buf.sample(3000)["obs"][:, 0].tolist()) == {0, 1, 2, 3, 10, 11, 12}
         t = buf.engine.trees
-        leaves = t.sum[t.P:t.P + t.capacity]
+        leaves = t.sum[t.leaves:t.leaves + t.capacity]
         finals = (buf.engine.ring.arrays["_flags"] & 4) != 0
         assert (leaves[finals & (t.seq > 0)] == 0).all() and (leaves[~finals & (t.seq > 0)] > 0).all()
         check_trees(t)

@@ -18,6 +18,7 @@ from shmbuf.core import segment
 
 from .config import Config, Results, local_loop
 from .peers import (BATCH, WORKLOADS, ShmbufSystem, Workload)
+from shmbuf.core.layout import published
 
 CTX = mp.get_context("fork")
 
@@ -117,7 +118,7 @@ def _check_cost(wl: Workload, seconds: float) -> float:
 
         def check() -> None:
             flat = rng.integers(0, cap, BATCH)
-            expected = flat * 2 + 2
+            expected = published(flat)
             before = stamps[flat]
             after = stamps[flat]
             ok = before == expected

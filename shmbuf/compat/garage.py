@@ -39,6 +39,7 @@ import numpy as np
 from .. import buffer as core
 from ..core import sampling
 from ..core.batch import count
+from ..core.layout import published
 from ..core.read import until_filled
 from . import cast
 from .shared import Lazy
@@ -171,8 +172,7 @@ class PathBuffer(Lazy):
         return batch
 
     def sample_path(self) -> dict[str, np.ndarray]:
-        """One path, uniformly over the paths none of whose rows is evicted, in order:
-        ``{key: (path_len, flat_dim)}``. ``ValueError`` if there is none."""
+        """A path with no row evicted, uniformly, in order (``ValueError``: none is)."""
         buf = self._buf()
         ring = buf.engine.ring
         lc = ring.lane_capacity
@@ -186,7 +186,7 @@ class PathBuffer(Lazy):
             lengths = ring.arrays[_LEN][starts % lc].astype(np.int64)
             ends = starts + lengths - 1
             whole = (lengths > 0) & (ends < head)
-            whole &= ring.stamps[starts % lc] == 2 * starts + 2  # first and last rows published
+            whole &= ring.stamps[starts % lc] == published(starts)  # first and last rows published
             whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
             if not whole.any():
                 if ring.window_lists()[1][0] != head:

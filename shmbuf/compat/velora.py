@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import buffer as core
 from .shared import Shared
+from ..core.layout import published
 
 KIND = "velora.ReplayBuffer"
 FIELDS = ("states", "actions", "rewards", "next_states", "dones", "hiddens")
@@ -213,7 +214,7 @@ class ReplayBuffer(Shared):
             # the rows at the slots velora had them: the oldest at `position` when full
             seq = np.arange(cap) if size < cap else np.where(np.arange(cap) >= position, np.arange(cap),
                                                                np.arange(cap) + cap)
-            stamps = np.where(np.arange(cap) < size, 2 * seq + 2, 0) if size < cap else 2 * seq + 2
+            stamps = np.where(np.arange(cap) < size, published(seq), 0) if size < cap else published(seq)
             head = size if size < cap else cap + position
             buf._core.load_state_dict({
                 "format": "shmbuf.Buffer", "version": 1, "fields": fields, "capacity": cap, "lanes": 1,

@@ -67,6 +67,14 @@ TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one c
 CONTROL_WORDS = 16
 
 
+
+
+def published(seq: Any) -> Any:
+    """The stamp of a slot that holds row ``seq`` published (complete and unchanged
+    since): ``2*seq + 2`` (see :mod:`shmbuf.core.ring`; ``2*seq + 1``: being written)."""
+    return 2 * seq + 2
+
+
 MAX_RESERVATIONS = 1 << 16
 MAX_SEQ = (1 << 62) - 1
 """The largest head a lane may reach (a row a nanosecond for 146 years): every stamp

@@ -58,6 +58,7 @@ from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
                      Layout)
 from .lock import HeaderLock, owner_lock
 from .tables import check_head, owners
+from .layout import published
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 # The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
@@ -269,7 +270,7 @@ class Ring(Claims):
                     dest[row] = src
                     if HOOK is not None:
                         HOOK("writing")
-                stamps[row] = 2 * first + 2
+                stamps[row] = published(first)
             else:
                 for lo, hi, off in runs:
                     _stamp_run(stamps, lo, hi, 2 * (first + off) + 1)
@@ -282,7 +283,7 @@ class Ring(Claims):
                     if HOOK is not None:
                         HOOK("writing")
                 for lo, hi, off in runs:
-                    _stamp_run(stamps, lo, hi, 2 * (first + off) + 2)
+                    _stamp_run(stamps, lo, hi, published(first + off))
             done = True
         finally:
             if done:

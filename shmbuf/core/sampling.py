@@ -22,6 +22,7 @@ from .layout import LANE_BASE, LANE_HEAD
 from .lock import LockTimeout
 from .read import until_filled
 from .ring import Ring
+from .layout import published
 
 _UNIFORM_ROUNDS = 4
 
@@ -109,7 +110,7 @@ def _rows(ring: Ring, lane: Any, first: np.ndarray, length: int) -> tuple[np.nda
     rows = seq % lc
     if ring.lanes > 1:
         rows += lane * lc if length == 1 or np.ndim(lane) == 0 else (lane * lc).repeat(length)
-    return rows, seq * 2 + 2
+    return rows, published(seq)
 
 
 def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +119,7 @@ def published_windows(ring: Ring, length: int) -> tuple[np.ndarray, np.ndarray]:
     lanes, firsts = [], []
     for lane in range(ring.lanes):
         seq = np.arange(lo[lane], head[lane])
-        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == 2 * seq + 2
+        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == published(seq)
         run = np.concatenate(([0], np.cumsum(ok)))
         good = np.flatnonzero(run[length:] - run[:-length] == length)
         lanes.append(np.full(len(good), lane, np.int64))
@@ -165,7 +166,7 @@ def _none_published(ring: Ring, length: int) -> str:
     longest = 0
     for lane in range(ring.lanes):
         seq = np.arange(lo[lane], head[lane])
-        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == 2 * seq + 2
+        ok = ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] == published(seq)
         edges = np.flatnonzero(np.diff(np.concatenate(([0], ok.view(np.int8), [0]))))
         if len(edges):
             longest = max(longest, int((edges[1::2] - edges[::2]).max()))

@@ -13,6 +13,7 @@ from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
+from ..core.layout import published
 
 KIND = "episodes"
 
@@ -316,7 +317,7 @@ class EpisodeBuffer:
                 out.append((0, 0, 0))
                 continue
             h = head[lane] - 1  # the newest published row (not one a writer is writing, or died in)
-            while h > lo[lane] and ring.stamps[lane * lc + h % lc] != 2 * h + 2 and head[lane] - h < 8:
+            while h > lo[lane] and ring.stamps[lane * lc + h % lc] != published(h) and head[lane] - h < 8:
                 h -= 1
             unpublished = head[lane] - 1 - h
             first, last = lane * lc + lo[lane] % lc, lane * lc + h % lc

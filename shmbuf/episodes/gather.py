@@ -16,6 +16,7 @@ from ..core import sampling
 from ..core.ring import Ring
 from ..core.layout import LANE_HEAD
 from .rows import FINAL
+from ..core.layout import published
 
 
 def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -87,7 +88,7 @@ def last_rows(ring: Ring, lane: np.ndarray, end: np.ndarray, start: np.ndarray) 
             return lo
         mid = (lo + hi + 1) // 2
         slot = lane * lc + mid % lc
-        inside = (stamps[slot] == 2 * mid + 2) & (starts[slot] == start)
+        inside = (stamps[slot] == published(mid)) & (starts[slot] == start)
         lo = np.where(open_ & inside, mid, lo)
         hi = np.where(open_ & ~inside, mid - 1, hi)
 
@@ -96,7 +97,7 @@ def continues(ring: Ring, lane: np.ndarray, seq: np.ndarray, start: np.ndarray) 
     """Whether rows ``seq`` of ``lane`` are published rows of the episodes that start
     at ``start``, now (raw reads: a row written since a search ran shows here)."""
     slot = lane * ring.lane_capacity + seq % ring.lane_capacity
-    return (ring.stamps[slot] == 2 * seq + 2) & (ring.arrays["_start"][slot] == start)
+    return (ring.stamps[slot] == published(seq)) & (ring.arrays["_start"][slot] == start)
 
 
 class Ends:
@@ -129,7 +130,7 @@ class Ends:
         before = ring.stamps[slot]
         final = (ring.arrays["_flags"][slot] & FINAL) != 0
         final &= ring.arrays["_start"][slot] == start_m
-        final &= (before == 2 * found + 2) & (ring.stamps[slot] == before)
+        final &= (before == published(found)) & (ring.stamps[slot] == before)
         keep = key[miss][final]
         self.start[keep] = start_m[final]
         self.last[keep] = found[final]

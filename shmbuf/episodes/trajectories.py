@@ -41,6 +41,7 @@ from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .transitions import NONE_YET
 from .parts import Episodes
+from ..core.layout import published
 
 
 
@@ -157,7 +158,7 @@ def _tail(ebuf: Episodes, lane: np.ndarray, end: np.ndarray, start: np.ndarray,
     ended[rows[after_last & ok & (starts != s[rows])]] = True
     # in progress: row last + 1 not published when looked at (an older lap's stamp, its
     # odd stamp, or 0), and not a later lap's abandoned row (its slot reserved again)
-    unpublished = sentinel < 2 * nxt + 2
+    unpublished = sentinel < published(nxt)
     zero = unpublished & (sentinel == 0)
     if zero.any():
         unpublished[zero] = ring.lane_table[ln[zero], LANE_HEAD] < nxt[zero] + lc

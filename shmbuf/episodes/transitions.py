@@ -21,6 +21,7 @@ from ..core.read import until_filled
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .parts import Episodes
+from ..core.layout import published
 
 
 _ROUNDS_BEFORE_SCAN = 8
@@ -34,11 +35,11 @@ class Sampler:
     many more)."""
 
     def __init__(self) -> None:
-        self.plans: dict[tuple[int, bool], _Plan] = {}
+        self.plans: dict[tuple[int, bool], _Reads] = {}
         self.rejected = 0.0
 
 
-class _Plan:
+class _Reads:
     """What a handle's transition sampler reads, worked out once per ``n_step``: the
     output arrays, and which field goes where in the core's per-position gather."""
 
@@ -85,7 +86,7 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
     i.i.d. stream of candidates are i.i.d. too."""
     plan = ebuf.transitions.plans.get((n_step, where))
     if plan is None:
-        plan = ebuf.transitions.plans[n_step, where] = _Plan(ebuf, n_step, where)
+        plan = ebuf.transitions.plans[n_step, where] = _Reads(ebuf, n_step, where)
     if n == 0:
         return plan.empty(0)
     out = plan.empty(n + int(n * ebuf.transitions.rejected) + 4)
@@ -125,7 +126,7 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
     return {key: a[:n] for key, a in out.items()}
 
 
-def _fill(ebuf: Episodes, plan: _Plan, out: dict[str, np.ndarray], gamma: float,
+def _fill(ebuf: Episodes, plan: _Reads, out: dict[str, np.ndarray], gamma: float,
           drawn: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
     """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows (or take the
     ``drawn`` (lanes, rows)) and copy them into ``out``; returns the mask of those that
@@ -202,7 +203,7 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
     trees = ebuf.engine.trees
     plan = ebuf.transitions.plans.get((n_step, False))
     if plan is None:
-        plan = ebuf.transitions.plans[n_step, False] = _Plan(ebuf, n_step, False)
+        plan = ebuf.transitions.plans[n_step, False] = _Reads(ebuf, n_step, False)
     out = plan.empty(n)
     leaf, index = np.empty(n), np.empty((n, 2), np.int64)
     low = np.inf
@@ -238,7 +239,7 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
     return out
 
 
-def _n_step_python(plan: _Plan, ring: Any, lane: Any, t: np.ndarray, first: list, fl: np.ndarray,
+def _n_step_python(plan: _Reads, ring: Any, lane: Any, t: np.ndarray, first: list, fl: np.ndarray,
                    out: dict[str, np.ndarray], gamma: float) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """The pure-Python path of the native ``reduce_windows``: rows t .. t+n in one
     window per candidate (each row checked on its own), then the steps taken, their
@@ -275,7 +276,7 @@ def _n_step_python(plan: _Plan, ring: Any, lane: Any, t: np.ndarray, first: list
     return valid, out["steps"], last
 
 
-def _n_step(plan: _Plan, out: dict[str, np.ndarray], flags: np.ndarray, rews: np.ndarray,
+def _n_step(plan: _Reads, out: dict[str, np.ndarray], flags: np.ndarray, rews: np.ndarray,
             ok: np.ndarray | None, which: np.ndarray, nobs: list, gamma: float,
             last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The n-step transitions of the candidates ``which`` in full: their steps (up to
@@ -307,7 +308,7 @@ def _any_transition(ebuf: Episodes) -> bool:
     for lane in range(ring.lanes):
         seq = np.arange(lo[lane], head[lane])
         slots = lane * lc + seq % lc
-        ok = ring.stamps[slots] == 2 * seq + 2
+        ok = ring.stamps[slots] == published(seq)
         ep, fl = ring.arrays["_episode"][slots], ring.arrays["_flags"][slots]
         pair = ok[:-1] & ok[1:] & (ep[:-1] == ep[1:]) & ((fl[:-1] & FINAL) == 0)
         if pair.any():

@@ -19,6 +19,7 @@ from ..core.read import until_filled
 from ..core.ring import Ring
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .parts import Episodes
+from ..core.layout import published
 
 
 _NONE = ("the buffer holds no complete episode: one that has ended (its final observation written) "
@@ -72,7 +73,7 @@ def _walk(ring: Ring, lane: int, lo: int, head: int, stop: int) -> tuple[list[tu
         slot = lane * lc + h % lc
         before = int(stamps[slot])
         s, f = int(starts[slot]), int(flags[slot])
-        if before != 2 * h + 2 or int(stamps[slot]) != before or not lo <= s <= h:
+        if before != published(h) or int(stamps[slot]) != before or not lo <= s <= h:
             h -= 1  # not published (being written, reserved by a dead writer): no guide
             unpublished = h + 1
             continue

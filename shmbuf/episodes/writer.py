@@ -50,12 +50,12 @@ class EpisodeWriter:
             self._sys["_priority"] = np.zeros(n)
         if not self._axis:  # the same memory, as one row without a row axis
             self._sys = {k: v.reshape(()) for k, v in self._sys.items()}
-        self.user_fields = len(buffer.step_rows.user)
+        self._n_user = len(buffer.step_rows.user)  # fields of a step as users give them
         self._keys = buffer.step_rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
         self._limiter = core.engine.gate  # a rate limit: writes wait in _put (no fast path)
-        self._going = False  # every env has an episode in progress: add's fast path
+        self._in_progress = False  # every env has an episode in progress: add's fast path
         user = buffer.step_rows.user
         self._next_specs = [(o, (n,) + user[o][0], user[o][1]) for o in buffer.observations]
         self._zeros = {k: np.zeros((n,) + shape, dtype) for k, (shape, dtype) in user.items()
@@ -83,7 +83,7 @@ class EpisodeWriter:
         # (no flag set) in an episode it has started, the values are arrays of the
         # fields' dtypes and shapes (put_rows checks those and returns False otherwise).
         # Nothing in the rows changes from step to step but the values given.
-        if (self._going and type(step) is dict and (len(step) == self.user_fields or step.keys() <= self._keys)
+        if (self._in_progress and type(step) is dict and (len(step) == self._n_user or step.keys() <= self._keys)
                 and (timeout is None or type(timeout) is float)):
             if not self._axis:
                 if terminated is False and truncated is False \
@@ -118,10 +118,10 @@ class EpisodeWriter:
         final = {k: z[:len(e)] for k, z in self._zeros.items()}
         final.update({o: v[e] for o, v in nexts.items()})
         self._started[e] = False
-        self._going = False
+        self._in_progress = False
         self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
         self._begin(ended)
-        self._going = True
+        self._in_progress = True
         return True
 
     def _final_sys(self, e: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
@@ -156,10 +156,10 @@ class EpisodeWriter:
             final = {k: np.zeros((len(e),) + v.shape[1:], v.dtype) for k, v in steps.items()}
             final.update({o: v[e] for o, v in nexts.items()})
             self._started[e] = False
-            self._going = False
+            self._in_progress = False
             self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
             self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
-        self._going = bool(self._native is not None and self._limiter is None and self._started.all())
+        self._in_progress = bool(self._native is not None and self._limiter is None and self._started.all())
 
     def _begin(self, envs: np.ndarray) -> None:
         """Start an episode in each env of the mask ``envs``: the next number of its
@@ -249,7 +249,7 @@ class EpisodeWriter:
             self.buffer.core.engine.extend(data, self.lanes[env], timeout)
         except BaseException:
             self._started[env] = False
-            self._going = False
+            self._in_progress = False
             raise
         self._started[env] = False
         self._begin(this)  # the env's next episode, numbered now as add() does
