@@ -10,6 +10,7 @@ from typing import Any
 
 
 
+@dataclass
 class Config:
     quick: bool = False
     workloads: tuple[str, ...] = ("mujoco", "atari")

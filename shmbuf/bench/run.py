@@ -13,7 +13,6 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,6 @@ CTX = mp.get_context("fork")  # writers inherit the systems (cpprb needs it); sh
 E2E_CHUNK = 64
 
 
-@dataclass
 class Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
