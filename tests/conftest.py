@@ -22,10 +22,10 @@ from shmbuf.core import segment
 # in scripts/test-libraries (a virtualenv per library).
 collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else ["test_libraries.py"]
 if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
-    collect_ignore += ["test_ray.py"]
+    collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
-    collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_compat_velora.py",
-                       "test_compat_d3rlpy_dump.py"]
+    collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "compat/test_compat_velora.py",
+                       "compat/test_compat_d3rlpy_dump.py"]
 
 # Child processes that import this module (spawn re-imports test modules) keep the
 # run's namespace; a new run never inherits one from the shell.

@@ -377,7 +377,7 @@ def test_the_c_constants_are_those_of_layout_and_stats():
 
     from shmbuf.core import counters as stats
 
-    text = (pathlib.Path(__file__).parents[1] / "shmbuf" / "core" / "csrc" / "ring.h").read_text()
+    text = (pathlib.Path(__file__).parents[2] / "shmbuf" / "core" / "csrc" / "ring.h").read_text()
     c = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z_]*) = (\d+)\b", text)}
     c["MAX_SEQ"] = eval(re.search(r"#define MAX_SEQ (\(.*\))", text).group(1).replace("(int64_t)", ""))
     python = {name: getattr(layout, name) for name in (

@@ -30,7 +30,7 @@ import helpers  # noqa: E402
 from shmbuf.ray import ShardedBuffer, ShardsUnavailable, ShardWarning  # noqa: E402
 
 pytestmark = pytest.mark.ray
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/ (helpers.py)
 FIELDS = helpers.STORM
 
 
