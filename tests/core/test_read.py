@@ -1,0 +1,93 @@
+"""The one read path: every sampler reads through the checked gather.
+
+Deterministic: a row is planted in the segment as a writer would leave it mid-write (its
+stamp odd, its values garbage), with no process running. Every sampler must never
+return it; with the suite's ``break_protection("stamp check")`` (the one switch in the
+read path) every sampler must return it. A sampler that copied rows unchecked fails the
+first half; one that kept a check of its own, beside the read path's, fails the second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf.core.layout import published
+
+GARBAGE = -7.0  # the torn row's value in every field
+
+
+def plant_torn_row(buf, slot: int, fields: list[str]) -> None:
+    """Row ``slot`` of lane 0 as a writer killed mid-copy leaves it: stamp odd (being
+    written), values garbage."""
+    ring = buf.engine.ring
+    seq = int(ring.stamps[slot] - 2) // 2
+    assert ring.stamps[slot] == published(seq)
+    ring.stamps[slot] = published(seq) - 1
+    for f in fields:
+        ring.arrays[f][slot] = GARBAGE
+
+
+def core_buffer(name, **kw):
+    buf = shmbuf.Buffer.create({"x": ((2,), "float32")}, 16, name=name, seed=0, **kw)
+    buf.extend({"x": np.tile(np.arange(16, dtype=np.float32)[:, None], 2)})
+    if "priority" in kw:
+        buf.sample(1)  # the trees hold every row (a sample syncs them): the slot is drawn
+    plant_torn_row(buf, 5, ["x"])
+    return buf
+
+
+def episode_buffer(name, **kw):
+    fields = {"obs": ((1,), "float32"), "achieved_goal": ((1,), "float32"),
+              "desired_goal": ((1,), "float32"), "reward": ((), "float32")}
+    buf = shmbuf.EpisodeBuffer.create(fields, 64, name=name, seed=0,
+                                      observations=["obs", "achieved_goal", "desired_goal"], **kw)
+    for e in range(4):
+        t = np.arange(6, dtype=np.float32)[:, None] + 10 * e
+        buf.add_episode({"obs": t[:5], "achieved_goal": t[:5], "desired_goal": t[:5],
+                         "reward": np.ones(5), "next_obs": t[5], "next_achieved_goal": t[5],
+                         "next_desired_goal": t[5]})
+    plant_torn_row(buf.core, 8, ["obs", "achieved_goal", "desired_goal", "reward"])
+    return buf
+
+
+def her():
+    return shmbuf.HER("future", ratio=1.0, reward_fn=lambda a, d, info: np.zeros(len(a)))
+
+
+SAMPLERS = {
+    "uniform rows": (core_buffer, {}, lambda b: [b.sample(200, timeout=1)["x"]]),
+    "sequences": (core_buffer, {}, lambda b: [b.sample_sequences(50, 3, timeout=1)["x"]]),
+    "by priority": (core_buffer, {"priority": 0.6}, lambda b: [b.sample(200, timeout=1)["x"]]),
+    "transitions": (episode_buffer, {}, lambda b: list(b.sample(200, timeout=1).values())),
+    "n-step transitions": (episode_buffer, {}, lambda b: list(b.sample(200, n_step=3, timeout=1).values())),
+    "transitions by priority": (episode_buffer, {"priority": 0.6},
+                                lambda b: list(b.sample(200, timeout=1).values())),
+    "trajectories": (episode_buffer, {}, lambda b: list(b.sample_trajectories(50, 4, timeout=1).values())),
+    "whole episodes": (episode_buffer, {}, lambda b: [a for ep in b.sample_episodes(20, timeout=1)
+                                                      for a in ep.values()]),
+    "HER goals": (episode_buffer, {"her": her()}, lambda b: list(b.sample(200, timeout=1).values())),
+}
+
+
+def garbage_in(arrays) -> bool:
+    return any(np.asarray(a).dtype.kind == "f" and (np.asarray(a) == GARBAGE).any() for a in arrays)
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_no_sampler_returns_a_row_being_written(name, sampler):
+    make, kw, sample = SAMPLERS[sampler]
+    with make(name, **kw) as buf:
+        for _ in range(5):
+            assert not garbage_in(sample(buf))
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_every_sampler_returns_it_once_the_read_paths_check_is_off(name, sampler, break_protection):
+    """The proof that every sampler goes through the one checked gather: switch its
+    stamp check off and the planted row comes out."""
+    make, kw, sample = SAMPLERS[sampler]
+    with make(name, **kw) as buf:
+        break_protection("stamp check")
+        assert any(garbage_in(sample(buf)) for _ in range(5))
