@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import priority as _priority
-from .core import counters, procs, segment, validate
+from .core import counters, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from .lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.LaneWriter)
@@ -65,7 +65,12 @@ class Buffer(Properties, Lanes, Snapshots):
         prio = layout.meta.get("priority")
         if prio is not None:
             engine.trees = _priority.Trees(engine, prio)
-        self._native = engine.native  # the hot paths' one check (None: pure Python, or closed)
+        self._native = engine.native  # None: pure Python, or closed
+        # The hot paths' one check: the C ring when no capability is on (no priorities,
+        # no rate gate), else None; and whether a sample is a plain uniform one.
+        plain = engine.trees is None and engine.gate is None
+        self._plain = engine.native if plain else None
+        self._uniform = plain
         self._outputs = Outputs(layout.fields)
         return self
 
@@ -235,12 +240,15 @@ class Buffer(Properties, Lanes, Snapshots):
             1
             >>> buf.close()
         """
+        plain = self._plain
+        if plain is not None and priority is None and plain.add(transition, lane, timeout) is None:
+            return  # the common case, checked and written in C
         engine = self.engine
         if engine.trees is not None or priority is not None:
             transition = _priority.with_priority(engine, transition, priority, None)
-        fast = self._native
-        if fast is not None and engine.gate is None and fast.add(transition, lane, timeout) is None:
-            return  # the common case, checked and written in C
+            fast = self._native
+            if fast is not None and engine.gate is None and fast.add(transition, lane, timeout) is None:
+                return
         arrays, n = engine.schema.check_rows(transition, single=True)
         engine.write(arrays, n, lane, timeout)
 
@@ -261,13 +269,17 @@ class Buffer(Properties, Lanes, Snapshots):
             2
             >>> buf.close()
         """
+        plain = self._plain
+        if plain is not None and priority is None and truncate_ok is False \
+                and plain.extend(batch, lane, timeout) is None:
+            return  # the common case, checked and written in C
         engine = self.engine
         if engine.trees is not None or priority is not None:
             batch = _priority.with_priority(engine, batch, priority, 0)
-        fast = self._native
-        if fast is not None and truncate_ok is False and engine.gate is None \
-                and fast.extend(batch, lane, timeout) is None:
-            return  # the common case, checked and written in C
+            fast = self._native
+            if fast is not None and truncate_ok is False and engine.gate is None \
+                    and fast.extend(batch, lane, timeout) is None:
+                return
         arrays, n = engine.schema.check_rows(batch, single=False)
         if truncate_ok is not False:
             truncate_ok = validate.flag(truncate_ok, "truncate_ok")
@@ -307,8 +319,15 @@ class Buffer(Properties, Lanes, Snapshots):
             ((4,), dtype('int64'))
             >>> buf.close()
         """
-        n = count(n, "n")
+        if type(n) is not int or n < 0:
+            n = count(n, "n")
         engine = self.engine
+        if self._uniform and beta is None:  # the common case: the read path, nothing around it
+            out, arrays = self._outputs.prepare(out, (n,))
+            sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
+                                    engine.timeout if timeout is None else validate.timeout(timeout))
+            engine.counters.sampled(n)
+            return out
         if engine.trees is not None or beta is not None:
             return _priority.buffer_sample(engine, n, beta, out, timeout)
         out, arrays = self._outputs.prepare(out, (n,))
@@ -368,7 +387,7 @@ class Buffer(Properties, Lanes, Snapshots):
 
         Arrays returned by :meth:`sample` are copies and stay valid.
         """
-        self._native = None  # calls go to the engine's ring, which says it is closed
+        self._native = self._plain = None  # calls go to the engine's ring, which says it is closed
         self.engine.close()
 
     def unlink(self) -> None:

@@ -46,7 +46,6 @@ from .core.read import SampleTimeout, until_filled
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
 from .core.segment import FormatError
-from .core.layout import published
 
 REGION = "priority"
 FIELD = "_priority"
@@ -197,17 +196,13 @@ class Trees:
         lane = np.repeat(lanes, count)
         rows = np.repeat(first[lanes] - np.cumsum(count) + count, count) + np.arange(total)
         slots = lane * lc + rows % lc
-        before = ring.stamps[slots]
-        p = self.prio[slots]
-        ok = (before == published(rows)) & (ring.stamps[slots] == before)  # published, read whole
+        p, ok = self._read(lane, rows)  # through the read path's checked gather
         low = heads.copy()  # each lane: synced up to its first row a live writer still holds
         if not ok.all():
             late = np.flatnonzero(~ok)
             held = ring.held(lane[late], rows[late])
             again = late[~held]  # finished since (published now, or never)
-            before[again] = ring.stamps[slots[again]]
-            p[again] = self.prio[slots[again]]
-            ok[again] = (before[again] == 2 * rows[again] + 2) & (ring.stamps[slots[again]] == before[again])
+            p[again], ok[again] = self._read(lane[again], rows[again])
             np.minimum.at(low, lane[late[held]], rows[late[held]])
         new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
         if new.any():
@@ -217,6 +212,16 @@ class Trees:
             self.seq[slots[new]] = rows[new] + 1
             self.headf[H_MAX] = max(top, float(given.max()))
         synced[lanes] = low[lanes]  # the commit
+
+    def _read(self, lane: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The priority fields of the rows ``(lane, rows)``, and which were read intact
+        (published, and unchanged during the read: :func:`sampling.copy_windows`)."""
+        p = np.empty(len(rows))
+        if not len(rows):
+            return p, np.ones(0, bool)
+        ok = sampling.copy_windows(self.ring, lane, rows, 1, None, [p if f.name == FIELD else None
+                                                                    for f in self.ring.layout.fields])
+        return p, np.ones(len(rows), bool) if ok is None else np.array(ok)  # (a mask of our own)
 
     def update(self, slots: np.ndarray, seqs: np.ndarray, p: np.ndarray) -> int:
         """Set the leaves of the rows ``(slots, seqs)`` still there (lock held)."""

@@ -25,9 +25,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .core import sampling
 from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
-from .core.ring import Ring
 from .core.layout import published
+from .core.ring import Ring
 
 FORMAT = "shmbuf.Buffer"
 VERSION = 1
@@ -67,23 +68,45 @@ def positions(ring: Ring, timeout: float) -> np.ndarray:
 
 def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[str, Any],
               stamps: Any, chunk_bytes: int = 2 << 20, progress: Any = None) -> int:
-    """Copy every slot's row into ``data`` (``{field: array of capacity rows}``, private
-    arrays or memory-mapped files) about ``chunk_bytes`` at a time, and into ``stamps`` each
-    slot's stamp if the row is published inside the lane windows ``heads``/``bases``
-    and its stamp was the same before and after its copy, else 0. No lock is held:
-    rows written or overwritten meanwhile are left out. Returns the rows kept;
+    """Copy the rows of the lane windows ``heads``/``bases`` into ``data`` (``{field: array
+    of capacity rows}``, private arrays or files written front to back), slot order,
+    about ``chunk_bytes`` at a time, through the read path's checked gather
+    (:func:`shmbuf.core.sampling.copy_windows`); into ``stamps`` each slot's stamp if its
+    row was copied intact, else 0 (and zeros into ``data``). No lock is held: rows
+    written or overwritten meanwhile are left out. Returns the rows kept;
     ``progress(bytes)`` is called after each chunk."""
-    kept, lc = 0, ring.lane_capacity
+    kept, lc, fields = 0, ring.lane_capacity, ring.layout.fields
     per_row = ring.layout.row_bytes + 8
     chunk = max(1, chunk_bytes // per_row)
+    oldest = windows(heads, bases, lc)
     for lo in range(0, ring.layout.capacity, chunk):
         hi = min(lo + chunk, ring.layout.capacity)
-        before = ring.stamps[lo:hi].copy()
-        for name, a in ring.arrays.items():
-            data[name][lo:hi] = a[lo:hi]
-        keep = (ring.stamps[lo:hi] == before) & _in_window(before, heads, bases, lc, lo)
-        stamps[lo:hi] = np.where(keep, before, 0)
-        kept += int(keep.sum())
+        slot = np.arange(lo, hi)
+        lane = _div(slot, lc)
+        head = heads[lane]
+        seq = head - 1 - (head - 1 - (slot - lane * lc)) % lc  # the newest row of its lane in the slot
+        live = np.flatnonzero(seq >= oldest[lane])
+        out = [np.zeros((hi - lo,) + f.shape, f.dtype) for f in fields]
+        if len(live) == hi - lo:  # (the common case: the copy goes straight into out)
+            ok = sampling.copy_windows(ring, lane, seq, 1, None, out)
+        elif len(live):
+            got = [np.empty((len(live),) + f.shape, f.dtype) for f in fields]
+            ok = sampling.copy_windows(ring, lane[live], seq[live], 1, None, got)
+            for dst, src in zip(out, got):
+                dst[live] = src
+        if len(live):
+            good = live if ok is None else live[ok]
+            if ok is not None:
+                for dst in out:
+                    dst[live[~ok]] = 0
+            stamp = np.zeros(hi - lo, np.int64)
+            stamp[good] = published(seq[good])
+            kept += len(good)
+        else:
+            stamp = np.zeros(hi - lo, np.int64)
+        stamps[lo:hi] = stamp
+        for f, dst in zip(fields, out):
+            data[f.name][lo:hi] = dst
         if progress is not None:
             progress((hi - lo) * per_row)
     return kept

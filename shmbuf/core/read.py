@@ -38,26 +38,27 @@ Fill = Callable[[np.ndarray], "np.ndarray | None"]
 
 
 def until_filled(fill: Fill, n: int, timeout: float, what: str, *, deadline: float | None = None,
-                 hint: str = "", check: Callable[[int], None] | None = None) -> None:
+                 hint: str = "", check: Callable[[int], None] | None = None,
+                 filled: np.ndarray | None = None) -> None:
     """Call ``fill(todo)`` (``todo``: the positions still to fill, ascending) until it
     has filled all ``n`` positions. ``fill`` returns a mask over ``todo`` of the ones it
     filled (None: all of them); the others are drawn again. ``check(rounds)``, before
     each redraw, raises the ``ValueError`` that says why nothing can be drawn, if that
     is so. At ``deadline`` (default: ``timeout`` seconds from now):
-    :class:`SampleTimeout` naming how many ``what`` are missing, plus ``hint``."""
+    :class:`SampleTimeout` naming how many ``what`` are missing, plus ``hint``.
+    ``filled``: the mask of the positions a first draw, made by the caller, filled (a
+    sampler's hot path draws and copies once before it needs this loop)."""
     if deadline is None:
         deadline = time.monotonic() + timeout
-    todo = np.arange(n)
-    rounds = 0
+    todo = np.arange(n) if filled is None else np.flatnonzero(~filled)
+    rounds = 0 if filled is None else 1
     while len(todo):
+        if rounds and check is not None:
+            check(rounds)
+        if rounds and time.monotonic() >= deadline:
+            raise SampleTimeout(f"could not copy {len(todo)} intact {what} within {timeout:g} s{hint}")
         ok = fill(todo)
         if ok is None:
             return
         todo = todo[~ok]
-        if not len(todo):
-            return
         rounds += 1
-        if check is not None:
-            check(rounds)
-        if time.monotonic() >= deadline:
-            raise SampleTimeout(f"could not copy {len(todo)} intact {what} within {timeout:g} s{hint}")

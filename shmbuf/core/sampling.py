@@ -334,12 +334,15 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
     holds no such window. The first few rounds draw uniformly over the lanes' windows;
     then over the exact set of published windows (a ring mostly reserved by writers
     that died is still sampled uniformly over what is really there)."""
+    lane, first, lo = draw_windows(ring, rng, n, length, None, only)
     if n == 0:
-        draw_windows(ring, rng, n, length, None, only)  # (the errors of an empty buffer)
         return
+    filled = copy_windows(ring, lane, first, length, lo, out)
+    if filled is None:
+        return  # the common case: one draw, one checked copy
     shaped = [a.reshape((n, length) + a.shape[1:]) for a in out]
     deadline = time.monotonic() + timeout
-    state = {"rounds": 0, "delay": 0.0}
+    state = {"rounds": 1, "delay": 0.0}
 
     def fill(todo: np.ndarray) -> np.ndarray | None:
         rounds = state["rounds"]
@@ -355,8 +358,6 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                 state["delay"] = min(max(state["delay"] * 2, 20e-6), 1e-3)
                 return np.zeros(len(todo), bool)
         lane, first, lo = draw_windows(ring, rng, len(todo), length, pool, only)
-        if rounds == 0:
-            return copy_windows(ring, lane, first, length, lo, out)
         tmp = [np.empty((len(todo) * length,) + a.shape[1:], a.dtype) for a in out]
         ok = copy_windows(ring, lane, first, length, lo, tmp)
         if ok is None:
@@ -365,6 +366,6 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
             dst[todo[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
         return ok
 
-    until_filled(fill, n, timeout, "rows", deadline=deadline,
+    until_filled(fill, n, timeout, "rows", deadline=deadline, filled=filled,
                  hint=": writers overwrite the ring faster than it can be read (capacity too small "
                       "for the write rate?)")

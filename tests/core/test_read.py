@@ -1,4 +1,5 @@
-"""The one read path: every sampler reads through the checked gather.
+"""The one read path: every sampler, and the copy of a save or a state_dict, reads
+through the checked gather.
 
 Deterministic: a row is planted in the segment as a writer would leave it mid-write (its
 stamp odd, its values garbage), with no process running. Every sampler must never
@@ -9,10 +10,13 @@ first half; one that kept a check of its own, beside the read path's, fails the 
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 
 import shmbuf
+from shmbuf import persist
 from shmbuf.core.layout import published
 
 GARBAGE = -7.0  # the torn row's value in every field
@@ -69,6 +73,24 @@ SAMPLERS = {
                                                       for a in ep.values()]),
     "HER goals": (episode_buffer, {"her": her()}, lambda b: list(b.sample(200, timeout=1).values())),
 }
+
+
+def kept_rows(got) -> list:
+    """The rows a copy of the whole buffer kept (their stamp is not 0)."""
+    return [a[got["stamps"] > 0] for a in got["data"].values()]
+
+
+def saved_rows(b) -> list:
+    with tempfile.TemporaryDirectory() as d:
+        b.save(d + "/save")
+        return [np.array(a) for a in kept_rows(persist.read(d + "/save"))]
+
+
+SAMPLERS.update({
+    "state_dict": (core_buffer, {}, lambda b: kept_rows(b.state_dict())),
+    "an episode buffer's state_dict": (episode_buffer, {}, lambda b: kept_rows(b.core.state_dict())),
+    "save": (core_buffer, {}, saved_rows),
+})
 
 
 def garbage_in(arrays) -> bool:
