@@ -56,10 +56,10 @@ from numpy.lib import format as npformat
 
 from . import priority as _priority
 from . import state
-from .core import procs, segment
+from .core import procs, ratelimit, segment
 from .core.engine import Engine
-from .core.layout import CTRL_SAMPLED, FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
-from .core.ratelimit import RateLimit
+from .core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
+from .core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
 from .savefiles import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from .version import __version__
@@ -78,32 +78,6 @@ def _field_file(i: int) -> str:
     return f"field-{i:03d}.npy"
 
 
-def _leaves(engine: Engine, timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """A prioritized buffer's leaves ``p**a`` and leaf sequence numbers, each leaf read
-    together with its sequence number (seqlock, chunk by chunk; a chunk that keeps
-    changing is read under the lock), and the largest priority set."""
-    trees = engine.trees
-    cap, P = trees.capacity, trees.leaves
-    leaf, seq = np.empty(cap), np.empty(cap, np.int64)
-    chunk = 1 << 15
-    for lo in range(0, cap, chunk):
-        hi = min(lo + chunk, cap)
-        for _ in range(100):
-            v = int(trees.head[_priority.H_VERSION])
-            if v & 1:
-                time.sleep(20e-6)
-                continue
-            leaf[lo:hi] = trees.sum[P + lo:P + hi]
-            seq[lo:hi] = trees.seq[lo:hi]
-            if int(trees.head[_priority.H_VERSION]) == v:
-                break
-        else:
-            with trees.change(timeout):
-                leaf[lo:hi] = trees.sum[P + lo:P + hi]
-                seq[lo:hi] = trees.seq[lo:hi]
-    return leaf, seq, float(trees.headf[_priority.H_MAX])
-
-
 def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
          progress: bool | None = None, timeout: float) -> dict[str, Any]:
     """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
@@ -120,9 +94,9 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
     ring, layout = engine.ring, engine.layout
     try:
-        leaves = _leaves(engine, timeout) if engine.trees is not None else None
+        leaves = engine.trees.snapshot(timeout) if engine.trees is not None else None
         pos = state.positions(ring, timeout)  # (after the leaves: rows newer than them are synced anew)
-        sampled = int(ring.control[CTRL_SAMPLED])
+        sampled = ratelimit.sampled(ring)
         heads, bases = pos[:, 0], pos[:, 1]
         fields = engine.layout.stored()
         files, data = {}, {}
@@ -341,11 +315,10 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
                 for r in readers.values():
                     r.close()
         bar.close()
-        with buf.engine.lock.hold(timeout):
-            buf.engine.ring.control[CTRL_SAMPLED] = got["sampled"]
+        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], timeout)
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
-            _restore_leaves(buf, leaf, checked["stamps"], float(got["max_priority"]), timeout)
+            buf.engine.trees.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)
         if restore_rng:
             buf.engine.rng = checked["rng"]
     except BaseException:
@@ -353,18 +326,3 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         buf.close()
         raise
     return buf
-
-
-def _restore_leaves(buf: Any, leaf: np.ndarray, stamps: np.ndarray, top: float,
-                    timeout: float) -> None:
-    """The saved rows' leaves into the trees; rows saved before they were synced get
-    theirs from their ``_priority`` at the next sync, as they would have."""
-    trees = buf.engine.trees
-    rows = stamps // 2 - 1
-    set_ = np.flatnonzero((stamps > 0) & ~np.isnan(leaf))
-    with trees.change(timeout):
-        trees.headf[_priority.H_MAX] = top
-        trees.seq[set_] = rows[set_] + 1
-        trees.set(set_, leaf[set_])
-        trees.synced[:, 1] = buf.engine.ring.lane_table[:, 1]  # base seen: the loaded bases
-        trees.synced[:, 0] = buf.engine.ring.lane_table[:, 1]  # the rest synced from the base up

@@ -12,11 +12,10 @@ of the segment, next to the rows::
     min tree    2P float64, the same leaves; 0 means "no row" (the minimum of the rest)
     leaf seq    per slot: 1 + the sequence number of the row its leaf is for (0: none)
 
-**Writers never touch the trees** (their speed does not change, and a writer killed
-anywhere cannot break them). A row carries the priority its writer passed in a hidden
-field, ``_priority`` (0: the largest priority ever set, by an update or a writer); every sample and update first
-*syncs*: under the header lock it reads the rows published since the last sync
-(stamp-checked) and sets their leaves. So a row enters the trees before anyone can
+**Writers never touch the trees** (a writer killed anywhere cannot break them). A row
+carries its writer's priority in a hidden field, ``_priority`` (0: the largest ever set);
+every sample and update first *syncs*: under the header lock it reads the rows published
+since the last sync (through the read path's checked gather) and sets their leaves. So a row enters the trees before anyone can
 draw it by priority, and a slot's leaf always says which row (sequence number) it is
 for. An ``index`` handle of a sample is ``(slot, seq)``; an update for a slot whose
 leaf is now for another row (overwritten since) is dropped, never applied to the new
@@ -43,6 +42,7 @@ import numpy as np
 
 from .core import native, sampling
 from .core.read import SampleTimeout, until_filled
+from .core.seqlock import read_stable
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
 from .core.segment import FormatError
@@ -230,6 +230,41 @@ class Trees:
             self.set(slots[ok], p[ok] ** self.alpha)
             self.headf[H_MAX] = max(self.headf[H_MAX], float(p[ok].max()))
         return int(ok.sum())
+
+    # -- saving and restoring them ---------------------------------------------------
+
+    def snapshot(self, timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The leaves ``p**a`` and leaf sequence numbers, each leaf read together with
+        its sequence number (a seqlock read, chunk by chunk; a chunk that keeps changing
+        is read under the lock), and the largest priority set (for a save)."""
+        cap, first = self.capacity, self.leaves
+        leaf, seq = np.empty(cap), np.empty(cap, np.int64)
+        chunk = 1 << 15
+        for lo in range(0, cap, chunk):
+            hi = min(lo + chunk, cap)
+
+            def read() -> None:
+                leaf[lo:hi] = self.sum[first + lo:first + hi]
+                seq[lo:hi] = self.seq[lo:hi]
+            stable, _ = read_stable(lambda: int(self.head[H_VERSION]), read)
+            if not stable:
+                with self.change(timeout):
+                    read()
+        return leaf, seq, float(self.headf[H_MAX])
+
+    def restore(self, leaf: np.ndarray, stamps: np.ndarray, top: float, timeout: float) -> None:
+        """The leaves of saved rows (``stamps``: each slot's saved stamp, 0 for none; NaN
+        leaves: rows saved before they were synced, which get theirs from their
+        ``_priority`` at the next sync, as they would have), after a load."""
+        rows = stamps // 2 - 1
+        given = np.flatnonzero((stamps > 0) & ~np.isnan(leaf))
+        bases = self.ring.lane_table[:, LANE_BASE]
+        with self.change(timeout):
+            self.headf[H_MAX] = top
+            self.seq[given] = rows[given] + 1
+            self.set(given, leaf[given])
+            self.synced[:, 1] = bases  # base seen: the loaded bases
+            self.synced[:, 0] = bases  # the rest synced from the base up
 
     # -- reading them (no lock) ------------------------------------------------------
 

@@ -14,6 +14,7 @@ from .core import procs
 from .core.counters import COUNTERS, H_FOLD, L_CTIME, L_PID, L_TIME, NSLOTS, S_CTIME, S_PID
 from .core.engine import Engine
 from .core.layout import LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD
+from .core.seqlock import read_stable
 
 
 def read(engine: Engine) -> dict[str, Any]:
@@ -30,12 +31,9 @@ def read(engine: Engine) -> dict[str, Any]:
     if not c.present:
         out.update({k: None for k in COUNTERS}, processes=[], lanes=[])
         return out
-    for _ in range(100):
-        v = int(c.head[H_FOLD])
+    stable, slots = read_stable(lambda: int(c.head[H_FOLD]), c.slots.copy, pause=1e-4)
+    if slots is None:  # (a fold that never ended: its process died inside it; the counts as they are)
         slots = c.slots.copy()
-        if not v & 1 and int(c.head[H_FOLD]) == v:
-            break
-        time.sleep(1e-4)
     slots_f = slots.view(np.float64)
     for k, i in COUNTERS.items():
         out[k] = int(slots[:, i].sum())

@@ -91,6 +91,17 @@ class RateLimit:
             raise ValueError(f"the buffer's rate limit is unreadable ({meta!r}): {exc}") from None
 
 
+def sampled(ring: Ring) -> int:
+    """Items ever sampled under a rate limit (0 without one): what a save keeps."""
+    return int(ring.control[CTRL_SAMPLED])
+
+
+def restore_sampled(ring: Ring, count: int, timeout: float) -> None:
+    """Set the count of items sampled (a load restores what the save kept)."""
+    with ring.lock.hold(timeout):
+        ring.control[CTRL_SAMPLED] = count
+
+
 class Limiter:
     """A handle's view of a buffer's rate limit: waits before samples and inserts."""
 
