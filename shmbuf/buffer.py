@@ -13,6 +13,7 @@ from . import priority as _priority
 from .core import counters, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
+from .core.sampler import Uniform
 from .lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.LaneWriter)
 from .properties import Properties
 from .snapshots import Snapshots
@@ -72,6 +73,7 @@ class Buffer(Properties, Lanes, Snapshots):
         self._plain = engine.native if plain else None
         self._uniform = plain
         self._outputs = Outputs(layout.fields)
+        self.sampler = (_priority.Prioritized if engine.trees is not None else Uniform)(engine, self._outputs)
         return self
 
     @classmethod
@@ -328,11 +330,7 @@ class Buffer(Properties, Lanes, Snapshots):
                                     engine.timeout if timeout is None else validate.timeout(timeout))
             engine.counters.sampled(n)
             return out
-        if engine.trees is not None or beta is not None:
-            return _priority.buffer_sample(engine, n, beta, out, timeout)
-        out, arrays = self._outputs.prepare(out, (n,))
-        engine.sample_windows(n, 1, arrays, timeout)
-        return out
+        return self.sampler.sample(n, out, timeout, beta)
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled rows, from any process: ``index`` as
@@ -350,10 +348,7 @@ class Buffer(Properties, Lanes, Snapshots):
             True
             >>> buf.close()
         """
-        engine = self.engine
-        if engine.trees is None:
-            raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
-        return _priority.update(engine, index, priorities, engine.seconds(timeout))
+        return self.sampler.update(index, priorities, self.engine.seconds(timeout))
 
     def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
                          timeout: float | None = None, lane: int | None = None) -> Batch:

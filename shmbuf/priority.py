@@ -45,6 +45,7 @@ from .core.read import SampleTimeout, until_filled
 from .core.seqlock import read_stable
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
+from .core.sampler import Uniform
 from .core.segment import FormatError
 
 REGION = "priority"
@@ -374,14 +375,19 @@ def with_priority(engine: Engine, data: Any, priority: Any, axis: int | None) ->
     return {**data, FIELD: p}
 
 
-def buffer_sample(engine: Engine, n: int, beta: Any, out: Any, timeout: float | None) -> dict[str, np.ndarray]:
-    """``Buffer.sample`` of a prioritized buffer (or with ``beta=``: an error if not)."""
-    if engine.trees is None:
-        raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
-    if out is not None:
-        raise ValueError("out= is not supported by prioritized sampling")
-    beta = check_beta(beta)
-    return engine.sample(n, n, timeout, lambda t: sample(engine, n, beta, t))
+class Prioritized(Uniform):
+    """Rows drawn by priority (see the module), with ``weight`` and ``index``: the
+    sampler of a buffer created with ``priority=``."""
+
+    def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> dict[str, np.ndarray]:
+        if out is not None:
+            raise ValueError("out= is not supported by prioritized sampling")
+        beta = check_beta(beta)
+        engine = self.engine
+        return engine.sample(n, n, timeout, lambda t: sample(engine, n, beta, t))
+
+    def update(self, index: Any, priorities: Any, timeout: float) -> int:
+        return update(self.engine, index, priorities, timeout)
 
 
 def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:

@@ -18,6 +18,7 @@ class Snapshots:
     """``Buffer``'s whole-buffer operations (see :class:`shmbuf.Buffer`)."""
 
     engine: Engine
+    sampler: Any  # the handle's sampler (shmbuf.core.sampler)
 
     def clear(self, *, timeout: float | None = None) -> None:
         """Forget every row (all lanes). Safe while writers run: their rows in flight
@@ -70,7 +71,7 @@ class Snapshots:
             >>> a.close(); b.close()
         """
         e = self.engine
-        return _state.snapshot(e.ring, e.layout.stored(), e.rng.bit_generator.state, e.seconds(timeout))
+        return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout))
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -83,7 +84,7 @@ class Snapshots:
         e = self.engine
         checked = _state.check(state, e.layout, e.layout.stored())
         _state.restore(e.ring, checked, e.seconds(timeout))
-        e.rng = checked["rng"]
+        self.sampler.restore(checked["rng"])
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False,
              progress: bool | None = None, timeout: float | None = None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import numpy as np
 from ..buffer import DEFAULT_TIMEOUT, Buffer
 from ..core.batch import count
 from ..core.layout import normalize_fields
-from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
@@ -46,7 +45,8 @@ class EpisodeBuffer:
         self.step_rows = StepRows(core.fields, self.observations)
         self.user_fields = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
-        self.transitions = transitions.Sampler()  # the transition sampler's state
+        self.transitions: transitions.Transitions = (  # the sampler of transitions (set again with her)
+            transitions.ByPriority(self) if core.engine.trees is not None else transitions.Transitions(self))
         self.episode_index = whole.Index(core.lanes)  # sample_episodes' complete episodes
         # observation fields read apart from the rest of a row (not once per step of
         # an n-step window): frames to stack, and anything larger than a packed row
@@ -149,6 +149,9 @@ class EpisodeBuffer:
             her.check(self.user_fields, self.observations, self.reward, self.frame_stack)
             if self.engine.trees is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported")
+            self.transitions = transitions.Relabelled(self, her)
+        elif self._her is not None:
+            self.transitions = transitions.Transitions(self)
         self._her = her
 
     def episode_ends(self) -> "gather.Ends":
@@ -204,29 +207,14 @@ class EpisodeBuffer:
             gamma = float(gamma)
         if timeout is not None:
             timeout = self.engine.seconds(timeout)  # checked now; None: the handle's, looked up if needed
-        if self.engine.trees is not None or beta is not None:
-            if self.engine.trees is None:
-                raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
-            if self._her is not None:
-                raise ValueError("hindsight relabelling of a prioritized buffer is not supported: set "
-                                 "buf.her = None, or use a buffer without priority=")
-            beta = check_beta(beta)
-        if self._her is not None and n_step != 1:
-            raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
-                             "set buf.her = None (an n-step return recomputed for a new goal would need "
-                             "every step's reward recomputed)")
-        if self.engine.trees is not None:
-            return self.engine.sample(n, n, timeout, lambda t: transitions.sample_by_priority(
-                self, n, n_step, gamma, beta, t))
-        if self._her is not None:
-            return self.engine.sample(n, n, timeout, lambda t: self._her.relabel(
-                self, transitions.sample(self, n, 1, gamma, t, where=True)))
-        return self.engine.sample(n, n, timeout, lambda t: transitions.sample(self, n, n_step, gamma, t))
+        sampler = self.transitions
+        sampler.check(n_step, beta)
+        return self.engine.sample(n, n, timeout, lambda t: sampler.sample(n, n_step, gamma, beta, t))
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled transitions (of their steps), from any process;
         see :meth:`shmbuf.Buffer.update_priorities`."""
-        return self.core.update_priorities(index, priorities, timeout=timeout)
+        return self.transitions.update(index, priorities, self.engine.seconds(timeout))
 
     def sample_trajectories(self, batch: int, length: int, *,
                             timeout: float | None = None) -> dict[str, np.ndarray]:

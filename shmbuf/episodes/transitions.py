@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core import sampling
 from ..core.read import until_filled
+from ..priority import check_beta
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
 from .parts import Episodes
@@ -29,14 +30,56 @@ NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one o
              "or its end is written")
 
 
-class Sampler:
-    """What the transition sampler keeps between calls: its plans (per n-step and
-    relabelling) and the fraction of candidates it last saw rejected (it draws that
-    many more)."""
+class Transitions:
+    """The episode buffer's sampler of transitions, uniformly (the shape of
+    :mod:`shmbuf.core.sampler`'s samplers, over transitions). It keeps its plans (per
+    n-step and relabelling) and the fraction of candidates it last saw rejected (it
+    draws that many more)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ebuf: Episodes) -> None:
+        self.ebuf = ebuf
         self.plans: dict[tuple[int, bool], _Reads] = {}
         self.rejected = 0.0
+
+    def check(self, n_step: int, beta: Any) -> None:
+        """Raise the ``ValueError`` of arguments this sampler does not take (before the
+        rate gate lets the call through: a refused call changes nothing)."""
+        if beta is not None:
+            raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+
+    def sample(self, n: int, n_step: int, gamma: float, beta: Any, timeout: float) -> dict[str, np.ndarray]:
+        return sample(self.ebuf, n, n_step, gamma, timeout)
+
+    def update(self, index: Any, priorities: Any, timeout: float) -> int:
+        return self.ebuf.core.sampler.update(index, priorities, timeout)
+
+
+class ByPriority(Transitions):
+    """Transitions drawn by the priority of their step (a buffer made with ``priority=``)."""
+
+    def check(self, n_step: int, beta: Any) -> None:
+        check_beta(beta)
+
+    def sample(self, n: int, n_step: int, gamma: float, beta: Any, timeout: float) -> dict[str, np.ndarray]:
+        return sample_by_priority(self.ebuf, n, n_step, gamma, check_beta(beta), timeout)
+
+
+class Relabelled(Transitions):
+    """One-step transitions, a fraction relabelled by the handle's :class:`shmbuf.HER`."""
+
+    def __init__(self, ebuf: Episodes, her: Any) -> None:
+        super().__init__(ebuf)
+        self.her = her
+
+    def check(self, n_step: int, beta: Any) -> None:
+        super().check(n_step, beta)
+        if n_step != 1:
+            raise ValueError("hindsight relabelling is for one-step transitions: sample with n_step=1, or "
+                             "set buf.her = None (an n-step return recomputed for a new goal would need "
+                             "every step's reward recomputed)")
+
+    def sample(self, n: int, n_step: int, gamma: float, beta: Any, timeout: float) -> dict[str, np.ndarray]:
+        return self.her.relabel(self.ebuf, sample(self.ebuf, n, 1, gamma, timeout, where=True))
 
 
 class _Reads:

@@ -1,0 +1,56 @@
+"""Samplers: the part of a handle that decides which rows a sample holds.
+
+A handle has one sampler, chosen when it opens (the way TorchRL's ``Sampler``
+subclasses plug into its replay buffer), so a hot path calls the sampler it has and
+branches on nothing. Every sampler has the same interface:
+
+* ``sample(n, out, timeout, beta)``: a batch of ``n`` drawn through the read path
+  (:mod:`shmbuf.core.read`);
+* ``update(index, priorities, timeout)``: set priorities (samplers that have them);
+* ``state()`` / ``restore(state)``: what the sampler keeps between calls beyond the
+  segment (its generator's state), for ``state_dict``.
+
+:class:`Uniform` is the core's; :class:`shmbuf.priority.Prioritized` draws by priority;
+the episode buffer's transition samplers (:mod:`shmbuf.episodes.transitions`) are the
+same shape over transitions.
+
+Example:
+    >>> import numpy as np, shmbuf
+    >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, seed=0)
+    >>> buf.extend({"x": np.arange(8)})
+    >>> type(buf.sampler).__name__, buf.sampler.sample(3, None, None, None)["x"].shape
+    ('Uniform', (3,))
+    >>> buf.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .batch import Batch, Outputs
+from .engine import Engine
+
+
+class Uniform:
+    """Rows uniformly, with replacement, over all published rows."""
+
+    def __init__(self, engine: Engine, outputs: Outputs) -> None:
+        self.engine, self.outputs = engine, outputs
+
+    def sample(self, n: int, out: Batch | None, timeout: float | None, beta: Any) -> Batch:
+        if beta is not None:
+            raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+        out, arrays = self.outputs.prepare(out, (n,))
+        self.engine.sample_windows(n, 1, arrays, timeout)
+        return out
+
+    def update(self, index: Any, priorities: Any, timeout: float) -> int:
+        raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": self.engine.rng.bit_generator.state}
+
+    def restore(self, rng: np.random.Generator) -> None:
+        self.engine.rng = rng
