@@ -14,6 +14,7 @@ from .core import counters, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from .core.sampler import Uniform
+from .prioritized import Prioritized
 from .lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.LaneWriter)
 from .properties import Properties
 from .snapshots import Snapshots
@@ -73,7 +74,7 @@ class Buffer(Properties, Lanes, Snapshots):
         self._plain = engine.native if plain else None
         self._uniform = plain
         self._outputs = Outputs(layout.fields)
-        self.sampler = (_priority.Prioritized if engine.trees is not None else Uniform)(engine, self._outputs)
+        self.sampler = (Prioritized if engine.trees is not None else Uniform)(engine, self._outputs)
         return self
 
     @classmethod

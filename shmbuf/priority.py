@@ -22,14 +22,12 @@ leaf is now for another row (overwritten since) is dropped, never applied to the
 row.
 
 Changing the trees takes the header lock and bumps the version before and after.
-Samplers do not lock: they read the version, descend the sum tree, read the leaves and
-their sequence numbers, and read the version again (retry if it moved), then copy the
-rows through the core's stamp-checked gather at exactly those sequence numbers, so a
-row and its priority and weight refer to the same write. A process killed inside a
-change leaves the version odd: the next one to take the lock rebuilds the inner nodes
-from the leaves (level by level), and samplers that see an odd version for long take
-the lock to do it themselves. The tree work is vectorised level by level, in C when
-the extension is there (``tree_set``, ``tree_find``), in numpy otherwise.
+Samplers do not lock: they descend the sum tree and read the leaves and their sequence
+numbers between two equal even versions, then copy the rows through the read path at
+exactly those sequence numbers, so a row and its priority and weight refer to the same
+write. A change killed halfway leaves the version odd: the next to take the lock (or a
+sampler that sees it odd for long) rebuilds the inner nodes from the leaves. The tree
+work is vectorised level by level, in C when the extension is there.
 """
 
 from __future__ import annotations
@@ -41,11 +39,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from .core import native, sampling
-from .core.read import SampleTimeout, until_filled
+from .core.read import SampleTimeout
 from .core.seqlock import read_stable
 from .core.layout import LANE_BASE, LANE_HEAD
 from .core.engine import Engine
-from .core.sampler import Uniform
 from .core.segment import FormatError
 
 REGION = "priority"
@@ -373,55 +370,6 @@ def with_priority(engine: Engine, data: Any, priority: Any, axis: int | None) ->
             if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
                 p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
     return {**data, FIELD: p}
-
-
-class Prioritized(Uniform):
-    """Rows drawn by priority (see the module), with ``weight`` and ``index``: the
-    sampler of a buffer created with ``priority=``."""
-
-    def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> dict[str, np.ndarray]:
-        if out is not None:
-            raise ValueError("out= is not supported by prioritized sampling")
-        beta = check_beta(beta)
-        engine = self.engine
-        return engine.sample(n, n, timeout, lambda t: sample(engine, n, beta, t))
-
-    def update(self, index: Any, priorities: Any, timeout: float) -> int:
-        return update(self.engine, index, priorities, timeout)
-
-
-def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.ndarray]:
-    """``n`` rows drawn by priority, with ``weight`` and ``index`` (see the module),
-    through the read path: rows overwritten since the draw (or an empty leaf reached by
-    rounding) are drawn again."""
-    trees: Trees = engine.trees
-    fields = [f for f in engine.fields if f.name != FIELD]
-    out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in fields}
-    slots, p, seq = np.empty(n, np.int64), np.empty(n), np.empty(n, np.int64)
-    low = [np.inf]  # the smallest leaf of every version drawn from (every weight <= 1)
-    deadline = time.monotonic() + timeout
-
-    def fill(todo: np.ndarray) -> np.ndarray | None:
-        m = len(todo)
-        with trees.change(max(0.0, deadline - time.monotonic())):
-            trees.sync()
-        s, leaf, q, least = trees.draw(engine.rng, m, deadline, timeout)
-        low[0] = min(low[0], least)
-        drawn = (leaf > 0) & (q >= 0)  # (rounding may reach an empty leaf)
-        np.maximum(q, 0, out=q)
-        got = out if m == n else {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
-        ok = sampling.copy_windows(engine.ring, s // trees.lc, q, 1, None, [got.get(f.name) for f in engine.fields])
-        ok = drawn if ok is None else drawn & ok
-        if m < n:
-            for k in out:
-                out[k][todo[ok]] = got[k][ok]
-        slots[todo[ok]], p[todo[ok]], seq[todo[ok]] = s[ok], leaf[ok], q[ok]
-        return ok
-
-    until_filled(fill, n, timeout, "rows by priority", deadline=deadline)
-    out["weight"] = np.power(low[0] / p, beta)
-    out["index"] = np.stack([slots, seq], axis=1)
-    return out
 
 
 def leaf_values(engine: Engine, slots: np.ndarray) -> np.ndarray:

@@ -21,7 +21,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "shmbuf"
 LAYERS = [
     ["shmbuf.core", "shmbuf.version"],                                 # the engine
     ["shmbuf.stats", "shmbuf.state", "shmbuf.priority", "shmbuf.weights",
-     "shmbuf.spaces", "shmbuf.envs", "shmbuf.savefiles"],                                  # capabilities on the engine
+     "shmbuf.spaces", "shmbuf.envs", "shmbuf.savefiles",
+     "shmbuf.prioritized"],                                  # capabilities on the engine
     ["shmbuf.persist"],                                                # saving what the parts hold
     ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots"],         # the parts of Buffer
     ["shmbuf.buffer"],                                                 # the Buffer facade
