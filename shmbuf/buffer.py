@@ -249,8 +249,8 @@ class Buffer(Properties, Lanes, Snapshots):
         engine = self.engine
         if engine.trees is not None or priority is not None:
             transition = _priority.with_priority(engine, transition, priority, None)
-            fast = self._native
-            if fast is not None and engine.gate is None and fast.add(transition, lane, timeout) is None:
+            c_ring = self._native
+            if c_ring is not None and engine.gate is None and c_ring.add(transition, lane, timeout) is None:
                 return
         arrays, n = engine.schema.check_rows(transition, single=True)
         engine.write(arrays, n, lane, timeout)
@@ -279,9 +279,9 @@ class Buffer(Properties, Lanes, Snapshots):
         engine = self.engine
         if engine.trees is not None or priority is not None:
             batch = _priority.with_priority(engine, batch, priority, 0)
-            fast = self._native
-            if fast is not None and truncate_ok is False and engine.gate is None \
-                    and fast.extend(batch, lane, timeout) is None:
+            c_ring = self._native
+            if c_ring is not None and truncate_ok is False and engine.gate is None \
+                    and c_ring.extend(batch, lane, timeout) is None:
                 return
         arrays, n = engine.schema.check_rows(batch, single=False)
         if truncate_ok is not False:

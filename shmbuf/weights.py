@@ -73,7 +73,7 @@ def _as_arrays(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def _plan(schema: list[tuple[str, tuple[int, ...], np.dtype]]) -> tuple[list[int], int]:
+def _offsets(schema: list[tuple[str, tuple[int, ...], np.dtype]]) -> tuple[list[int], int]:
     """Offsets of the arrays inside one copy, and the copy's size."""
     offsets, pos = [], 0
     for _, shape, dtype in schema:
@@ -90,7 +90,7 @@ class Weights:
         self._seg, self._schema = seg, schema
         self.name = seg.name
         self._words = np.ndarray((_WORDS,), np.int64, seg.mmap, 0)
-        offsets, self._copy_size = _plan(schema)
+        offsets, self._copy_size = _offsets(schema)
         self._views = [{name: np.ndarray(shape, dtype, seg.mmap, HEADER + c * self._copy_size + off)
                         for (name, shape, dtype), off in zip(schema, offsets)} for c in (0, 1)]
         # publishers flock a descriptor of their own (not one a forked child shares)
@@ -129,7 +129,7 @@ class Weights:
         if _HEAD.size + 8 * _WORDS + len(doc) > HEADER:
             raise ValueError(f"the names of {len(schema)} arrays take {len(doc)} bytes of schema; at most "
                              f"{HEADER - _HEAD.size - 8 * _WORDS} fit (fewer or shorter names)")
-        _, size = _plan(schema)
+        _, size = _offsets(schema)
         seg = Segment.create(name, HEADER + 2 * size)
         try:
             seg.mmap[_HEAD.size + 8 * _WORDS:_HEAD.size + 8 * _WORDS + len(doc)] = doc
@@ -317,7 +317,7 @@ def _read_schema(seg: Segment) -> list[tuple[str, tuple[int, ...], np.dtype]]:
         schema = [(f.name, f.shape, f.dtype) for f in normalize_fields(fields)]
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
         raise FormatError(f"weights {seg.name!r}: bad schema ({exc})") from None
-    _, size = _plan(schema)
+    _, size = _offsets(schema)
     if seg.size != HEADER + 2 * size:
         raise FormatError(f"weights {seg.name!r}: the segment has {seg.size} bytes, its schema needs {HEADER + 2 * size}")
     return schema

@@ -226,7 +226,7 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     rows, expected = _rows(ring, lane, first, length)
     stamps = ring.stamps
     before = stamps[rows]
-    block, packed, own = _plan(ring, out)
+    block, packed, own = _scratch(ring, out)
     np.take(ring.rows, rows, axis=0, out=block, mode="clip")  # packed fields: whole rows
     for src, dst in packed:
         np.copyto(dst, src)
@@ -306,7 +306,7 @@ def by_position(ring: Ring, n: int, length: int,
     return flat, scatter
 
 
-def _plan(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
+def _scratch(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[Any], list[Any]]:
     """The pure-Python gather's scratch, per thread, reused while ``out`` is the same
     arrays: a private ``(rows, row_stride)`` block that takes whole packed rows, then
     (source, destination) pairs: each packed field's bytes in the block and in its
