@@ -123,7 +123,7 @@ class Shard:
         size = b.transition_count if self.kind == "episodes" else len(b)
         mass = low = 0.0
         if self.core.engine.trees is not None:
-            mass, low = priority.totals(self.core, self.core.timeout)
+            mass, low = priority.totals(self.core.engine, self.core.timeout)
         return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
                 "prioritized": self.core.engine.trees is not None, "native": self.core.native}
@@ -143,7 +143,7 @@ class Shard:
         batch = getattr(self.buf, method)(n, *args, **kwargs)
         if self.core.engine.trees is not None and method == "sample":
             del batch["weight"]
-            batch["p"] = priority.leaf_values(self.core, batch["index"][:, 0])
+            batch["p"] = priority.leaf_values(self.core.engine, batch["index"][:, 0])
         return batch, self.info()
 
     def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> tuple[int, dict]:
