@@ -164,12 +164,24 @@ class Buffer(Properties, Lanes, Snapshots):
             {'x': ((), dtype('int64'))}
             >>> owner.close()
         """
-        return cls._attach(name, seed, timeout, True)
+        return cls._open_by_name(name, seed, timeout, True)
 
     @classmethod
-    def _attach(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
-        """:meth:`attach`; ``counted=False``: an observer (``shmbuf ls``/``stat``) that takes
-        no stats slot and no lock."""
+    def observe(cls, name: str, *, timeout: float = 0.5) -> "Buffer":
+        """Attach as an observer (``shmbuf ls``, ``stat``, ``watch``): a handle that takes
+        no stats slot and no lock, for reading facts and counters without changing them.
+
+        Example:
+            >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-observe")
+            >>> Buffer.observe("doc-observe").capacity
+            10
+            >>> owner.close()
+        """
+        return cls._open_by_name(name, None, timeout, False)
+
+    @classmethod
+    def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
+        """:meth:`attach` (``counted``) or :meth:`observe`."""
         segment.check_name(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)

@@ -119,7 +119,7 @@ class Weights:
             except FileNotFoundError:
                 pass
             else:
-                if found._schema != schema:
+                if found.schema != schema:
                     found.close()
                     raise ValueError(f"weights {name!r} exist with another schema: "
                                      f"{found.describe()}; remove them or use another name")
@@ -195,6 +195,16 @@ class Weights:
                                        f"{timeout:g} s (a stopped process?)") from None
                 time.sleep(delay)
                 delay = min(2 * delay, 0.01)
+
+    @property
+    def schema(self) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """``[(name, shape, dtype)]`` of the arrays, in order."""
+        return list(self._schema)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the weights take (both copies and the header)."""
+        return self._seg.size
 
     @property
     def version(self) -> int:

@@ -21,7 +21,7 @@ from .problem import problem
 
 def observe(name: str) -> Buffer:
     """An observer's handle (raises what ``Buffer.attach`` raises)."""
-    return Buffer._attach(name, None, 0.5, False)
+    return Buffer.observe(name)
 
 
 def describe(name: str) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def describe(name: str) -> dict[str, Any]:
             try:
                 with weights.Weights.attach(name) as w:
                     return {"name": name, "kind": "weights", "version": w.version, "arrays": w.describe(),
-                            "bytes": w._seg.size}
+                            "bytes": w.nbytes}
             except (OSError, ValueError):
                 pass
         return {"name": name, "error": " ".join(str(exc).split())}
