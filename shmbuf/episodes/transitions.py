@@ -116,7 +116,7 @@ class _Reads:
 
 
 def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
-           timeout: float | None, where: bool = False) -> dict[str, np.ndarray]:
+           timeout: float, where: bool = False) -> dict[str, np.ndarray]:
     """``n`` transitions: the step's fields, ``next_<obs>``, ``terminated``, ``truncated``
     and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
     With frame stacking, observations come as stacks ``(n, k, *frame)``. With
@@ -163,7 +163,7 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
         if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
             raise ValueError(NONE_YET)
 
-    until_filled(fill, n, ebuf.engine.seconds(timeout), "transitions", check=check,
+    until_filled(fill, n, timeout, "transitions", check=check,
                  hint=(f": with n_step={n_step}, the newest steps of an episode in progress wait until "
                        f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
     return {key: a[:n] for key, a in out.items()}
