@@ -27,6 +27,18 @@ def dump_episodes(episodes: Sequence[Any], f: BinaryIO) -> None:
         h5.flush()
 
 
+def dump(episodes: Sequence[Any], f: BinaryIO) -> None:
+    """d3rlpy's ``d3rlpy.dataset.dump``: write ``episodes`` (ours, d3rlpy's, or any with
+    d3rlpy's fields) to ``f`` in its HDF5 layout."""
+    dump_episodes(episodes, f)
+
+
+def load(episode_cls: type, f: BinaryIO) -> list[Any]:
+    """d3rlpy's ``d3rlpy.dataset.load``: the episodes of a dump file, each made by
+    ``episode_cls.deserialize``."""
+    return load_episodes(f, episode_cls)
+
+
 def load_episodes(f: BinaryIO, episode_cls: type) -> list[Any]:
     import h5py
 

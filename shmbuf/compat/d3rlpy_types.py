@@ -1,14 +1,50 @@
-"""d3rlpy's data types, as :mod:`shmbuf.compat.d3rlpy` gives them: signatures, episodes,
-buffer kinds, transition pickers, the trajectory slicer, mini-batches, dataset info and
-the episode generator (plain classes here; d3rlpy's own types where it is installed)."""
+"""d3rlpy's data types, as :mod:`shmbuf.compat.d3rlpy` gives them (d3rlpy 2.8.1):
+signatures, episodes, mini-batches, dataset info and the episode generator (plain
+classes here; d3rlpy's own types where it is installed, see :func:`d3rlpy_module`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Optional, Sequence
+import importlib.util
+from typing import Any, Sequence
 
 import numpy as np
+
+
+_D3: Any = None
+
+
+def d3rlpy_module() -> Any:
+    """d3rlpy's ``dataset`` module where d3rlpy is installed (imported on first use),
+    else None: the facade then returns d3rlpy's own types."""
+    global _D3
+    if _D3 is None:
+        _D3 = False
+        if importlib.util.find_spec("d3rlpy") is not None:
+            import d3rlpy.dataset
+            _D3 = d3rlpy.dataset
+    return _D3 or None
+
+
+def episode_class() -> type:
+    """d3rlpy's ``Episode`` where installed, else :class:`Episode`."""
+    d3 = d3rlpy_module()
+    return d3.Episode if d3 else Episode
+
+
+def build(name: str, local: type, fields: dict[str, Any]) -> Any:
+    """d3rlpy's dataclass ``name`` (else ``local``) built by field name: fields the
+    installed class does not define are left out, and fields it requires that the
+    facade does not know (newer d3rlpy's ``embeddings``) are None."""
+    d3 = d3rlpy_module()
+    cls = getattr(d3, name) if d3 else local
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in fields.items() if k in known}
+    for k, f in known.items():
+        if k not in given and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            given[k] = [] if k == "transitions" else None
+    return cls(**given)
 
 
 class ActionSpace(enum.IntEnum):
@@ -53,6 +89,9 @@ class Episode:
     def size(self) -> int:
         return int(self.actions.shape[0])
 
+    def __len__(self) -> int:
+        return self.size()
+
     @property
     def transition_count(self) -> int:
         return self.size() if self.terminated else self.size() - 1
@@ -67,58 +106,6 @@ class Episode:
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> "Episode":
         return cls(data["observations"], data["actions"], data["rewards"], bool(data["terminated"]))
-
-
-# -- storage and sampling choices (d3rlpy's objects are accepted too) ---------------------------
-
-class InfiniteBuffer:
-    """No eviction: the replay buffer's segment holds its episodes, or ``limit`` rows
-    (default :data:`DEFAULT_LIMIT`); an append past it raises ``ValueError``."""
-
-    def __init__(self, limit: Optional[int] = None) -> None:
-        self.limit = limit
-
-
-class FIFOBuffer:
-    """The oldest rows go first: ``limit`` rows (any ``limit >= 1``; d3rlpy's fails at 1)."""
-
-    def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-        self.limit = int(limit)
-
-
-class BasicTransitionPicker:
-    """One-step transitions: next observation and action, zeros after a terminal step."""
-    n_steps, gamma, n_frames = 1, 0.99, 1
-
-
-class MultiStepTransitionPicker(BasicTransitionPicker):
-    """n-step transitions: ``reward`` the discounted sum over up to ``n_steps`` steps of
-    the episode, ``interval`` how many were taken."""
-
-    def __init__(self, n_steps: int, gamma: float) -> None:
-        self.n_steps, self.gamma = int(n_steps), float(gamma)
-
-
-class FrameStackTransitionPicker(BasicTransitionPicker):
-    """Observations of the ``n_frames`` latest frames, concatenated on axis 0 (zeros
-    before the episode's first); the buffer stores each frame once."""
-
-    def __init__(self, n_frames: int) -> None:
-        self.n_frames = int(n_frames)
-
-
-class SparseRewardTransitionPicker(BasicTransitionPicker):
-    """d3rlpy's picker for sparse rewards: it changes only ``rewards_to_go``, which this
-    facade's transitions do not carry, so it samples as the basic picker."""
-
-    def __init__(self, failure_return: int, step_reward: float = 0.0) -> None:
-        self.failure_return, self.step_reward = failure_return, step_reward
-
-
-class BasicTrajectorySlicer:
-    """Windows ending at a transition, inside its episode, front-padded with zeros."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +173,6 @@ class EpisodeGenerator:
             sl = slice(start, end + 1)
             obs = ([np.asarray(o)[sl] for o in self._obs] if isinstance(self._obs, (list, tuple))
                    else np.asarray(self._obs)[sl])
-            out.append(Episode(obs, self._actions[sl], self._rewards[sl], bool(self._terminals[end])))
+            out.append(episode_class()(obs, self._actions[sl], self._rewards[sl], bool(self._terminals[end])))
             start = end + 1
         return out

@@ -436,6 +436,13 @@ class Ring(Claims):
                         self.res_pid[i] = 0
         return gone
 
+    def trim(self, lane: int, seq: int, timeout: float) -> None:
+        """Forget the rows of ``lane`` before ``seq`` (never back, nor past the head):
+        draws stop finding them; they stay intact until overwritten."""
+        with self.lock.hold(timeout):
+            t = self.lane_table
+            t[lane, LANE_BASE] = max(int(t[lane, LANE_BASE]), min(int(seq), int(t[lane, LANE_HEAD])))
+
     def clear(self, timeout: float) -> None:
         """Forget every row. Sequence numbers keep growing, so writers in flight stay safe."""
         with self.lock.hold(timeout):

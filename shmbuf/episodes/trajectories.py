@@ -45,14 +45,15 @@ from ..core.layout import published
 
 
 
-def sample(ebuf: Episodes, batch: int, length: int, timeout: float) -> dict[str, np.ndarray]:
+def sample(ebuf: Episodes, batch: int, length: int, timeout: float, where: bool = False) -> dict[str, np.ndarray]:
     """``batch`` trajectories of ``length`` steps: every field ``(batch, length, ...)``
     and ``mask``, ``timestep`` (1-based), ``returns_to_go``, ``terminated``,
-    ``truncated``."""
-    out = _empty(ebuf, batch, length)
+    ``truncated``; with ``where``, also each one's ``_lane`` and ``_start`` (the lane
+    sequence number of its episode's first row), for samplers built on this one."""
+    out = _empty(ebuf, batch, length, where)
 
     def fill(todo: np.ndarray) -> np.ndarray:
-        more = _empty(ebuf, len(todo), length)
+        more = _empty(ebuf, len(todo), length, where)
         good = np.flatnonzero(_fill(ebuf, more, length))
         for key, a in out.items():
             a[todo[:len(good)]] = more[key][good]
@@ -62,7 +63,7 @@ def sample(ebuf: Episodes, batch: int, length: int, timeout: float) -> dict[str,
     return out
 
 
-def _empty(ebuf: Episodes, n: int, length: int) -> dict[str, np.ndarray]:
+def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str, np.ndarray]:
     out = {name: np.empty((n, length) + shape, dtype) for name, (shape, dtype) in ebuf.user_fields.items()}
     rtg = np.dtype(ebuf.user_fields[ebuf.reward][1]) if ebuf.reward else np.dtype(np.float64)
     out["returns_to_go"] = np.empty((n, length), rtg if rtg.kind == "f" else np.float64)
@@ -70,6 +71,8 @@ def _empty(ebuf: Episodes, n: int, length: int) -> dict[str, np.ndarray]:
     out["mask"] = np.empty((n, length), bool)
     out["terminated"] = np.empty((n, length), bool)
     out["truncated"] = np.empty((n, length), bool)
+    if where:
+        out["_lane"], out["_start"] = np.empty(n, np.int64), np.empty(n, np.int64)
     return out
 
 
@@ -97,6 +100,8 @@ def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int) -> np.ndarray
     start[~valid] = end[~valid]  # (a rejected window's episode: any row, so the code below runs)
     ok &= starts == start[:, None]
     inside = seq >= start[:, None]  # the episode's steps (the rest is padding)
+    if "_lane" in out:
+        out["_lane"][:], out["_start"][:] = lane, start
     # 2. The tail: rows end + 1 .. last of the episode, proven whole (see the module)
     after, known = _tail(ebuf, lane, end, start, valid) if ebuf.reward is not None else (np.zeros(m), valid)
     valid &= known

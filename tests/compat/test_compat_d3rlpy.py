@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
 import pytest
 
+import helpers.d3rlpy_reference as d3ref
 from shmbuf.compat.d3rlpy import (ActionSpace, BasicTrajectorySlicer, BasicTransitionPicker, Episode,
                                   EpisodeGenerator, FIFOBuffer, FrameStackTransitionPicker, InfiniteBuffer,
                                   MixedReplayBuffer, MultiStepTransitionPicker, ReplayBuffer, Signature,
@@ -78,8 +80,7 @@ def test_online_episodes_give_t_or_t_minus_1_transitions(name, terminated, count
     with helpers.d3rlpy_buffer(FIFOBuffer(1000), name=name, seed=0) as buf:
         for t in range(100):
             buf.append(helpers.d3rlpy_obs(0, t), t, 0.0)
-            if t >= 2:
-                assert buf.transition_count == t - 2  # (d3rlpy: t; the newest two steps wait here)
+            assert buf.transition_count == t  # as d3rlpy counts: every step before the newest
         buf.clip_episode(terminated)
         assert buf.transition_count == count and buf.size() == 1
         b = buf.sample_transition_batch(2000)
@@ -91,22 +92,105 @@ def test_online_episodes_give_t_or_t_minus_1_transitions(name, terminated, count
         buf.unlink()
 
 
-def test_one_step_episodes_are_a_terminal_transition_or_nothing(name):
+def same_as_d3rlpy(buf, ref, samples=3000):
+    """The facade holds what d3rlpy's ReplayBuffer holds: counts, and every transition
+    (a seeded batch of ``samples`` draws shows each one, and no other)."""
+    assert (buf.transition_count, buf.size()) == (ref.transition_count, ref.size())
+    if ref.transition_count:
+        assert d3ref.batch_keys(buf.sample_transition_batch(samples)) == d3ref.every_transition(ref)
+
+
+def run_both(buf, ref, ops):
+    """Apply ``ops`` ("a" e t: append step t of episode e; "c" True/False: clip;
+    "e" episode: append_episode) to both, comparing after each."""
+    for op in ops:
+        if op[0] == "a":
+            for x in (buf, ref):
+                x.append(helpers.d3rlpy_obs(op[1], op[2]), op[2], float(op[1]))
+        elif op[0] == "c":
+            buf.clip_episode(op[1]), ref.clip_episode(op[1])
+        else:
+            buf.append_episode(op[1]), ref.append_episode(op[1])
+        same_as_d3rlpy(buf, ref, samples=400)
+
+
+def test_counts_are_d3rlpys_after_every_append_and_clip(name):
+    ops = [("a", 1, 0), ("c", True), ("a", 2, 0), ("a", 2, 1), ("c", False),  # (a one-step episode goes on)
+           ("a", 3, 0), ("a", 3, 1), ("a", 3, 2), ("c", True), ("c", False), ("a", 4, 0), ("c", False),
+           ("a", 5, 0), ("a", 5, 1), ("a", 5, 2), ("a", 5, 3), ("c", False)]
     with helpers.d3rlpy_buffer(FIFOBuffer(100), name=name, seed=0) as buf:
-        buf.clip_episode(True)  # nothing active: nothing happens
-        buf.append(helpers.d3rlpy_obs(1, 0), 0, 1.0)
-        buf.clip_episode(True)  # (d3rlpy writes nothing and merges the step into the next episode)
-        assert buf.transition_count == 1 and buf.size() == 1
-        b = buf.sample_transition_batch(5)
-        assert (b.terminals == 1).all() and (b.next_observations == 0).all()
-        buf.append(helpers.d3rlpy_obs(2, 0), 0, 2.0)
-        buf.clip_episode(False)  # one observation, cut: no transition
-        assert buf.transition_count == 1 and buf.size() == 1
-        buf.append(helpers.d3rlpy_obs(3, 0), 0, 3.0)  # a new episode
-        buf.append(helpers.d3rlpy_obs(3, 1), 1, 3.0)
-        buf.clip_episode(False)
-        assert buf.transition_count == 2 and buf.size() == 2
+        run_both(buf, d3ref.reference("fifo", 100), ops)
+        buf.clip_episode(True)  # nothing in progress: nothing happens (d3rlpy appends a transition of an
+        assert buf.transition_count == 9  # empty episode, which fails when it is sampled)
         buf.unlink()
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 7])
+def test_a_fifo_keeps_the_newest_limit_transitions(name, limit):
+    ops = [("a", 1, t) for t in range(6)] + [("c", True), ("e", episode(4, True, e=2)), ("e", episode(3, False, e=3))]
+    ops += [("a", 4, t) for t in range(9)] + [("c", False), ("a", 5, 0), ("a", 5, 1), ("c", True)]
+    with helpers.d3rlpy_buffer(FIFOBuffer(limit), name=name, seed=0) as buf:  # (d3rlpy's FIFOBuffer(1) fails)
+        run_both(buf, d3ref.reference("fifo", limit, own=limit == 1), ops)
+        assert buf.transition_count == limit
+        buf.unlink()
+
+
+class Doubled:
+    """A user's picker: d3rlpy's basic transition with the reward doubled."""
+
+    def __call__(self, episode, index):
+        t = d3ref.parts().BasicTransitionPicker()(episode, index)
+        return dataclasses.replace(t, reward=t.reward * 2)
+
+
+class Reversed:
+    """A user's slicer: d3rlpy's basic window, its steps in reverse order."""
+
+    def __call__(self, episode, end_index, size):
+        t = d3ref.parts().BasicTrajectorySlicer()(episode, end_index, size)
+        flip = {k: getattr(t, k)[::-1] for k in ("observations", "actions", "rewards", "returns_to_go", "terminals",
+                                                  "timesteps", "masks")}
+        return dataclasses.replace(t, **flip)
+
+
+PICKERS = {"basic": lambda p: p.BasicTransitionPicker(), "n_step": lambda p: p.MultiStepTransitionPicker(3, 0.5),
+           "frames": lambda p: p.FrameStackTransitionPicker(3), "sparse": lambda p: p.SparseRewardTransitionPicker(-5),
+           "custom": lambda p: Doubled()}
+MIXED = [("a", 1, t) for t in range(5)] + [("c", True), ("e", episode(4, False, rewards=[1, 2, 4, 8], e=2)),
+                                         ("e", episode(2, True, rewards=[3, 5], e=3))]
+MIXED += [("a", 4, t) for t in range(6)] + [("c", False)] + [("a", 5, t) for t in range(4)]  # (5: in progress)
+
+
+@pytest.mark.parametrize("kind", sorted(PICKERS))
+def test_every_picker_gives_d3rlpys_transitions(name, kind):
+    """d3rlpy's own picker objects where it is installed (else this module's), or a
+    user's callable, give what d3rlpy's ReplayBuffer gives with the same picker."""
+    picker = PICKERS[kind](d3ref.parts())
+    with helpers.d3rlpy_buffer(FIFOBuffer(100), name=name, seed=0, transition_picker=picker) as buf:
+        run_both(buf, d3ref.reference("fifo", 100, picker=picker), MIXED)
+        assert buf.transition_picker is picker
+        buf.unlink()
+
+
+@pytest.mark.parametrize("kind", ["basic", "frames", "custom"])
+def test_every_slicer_gives_d3rlpys_trajectories(name, kind):
+    p = d3ref.parts()
+    slicer = {"basic": p.BasicTrajectorySlicer(), "frames": p.FrameStackTrajectorySlicer(2), "custom": Reversed()}[kind]
+    ops = MIXED
+    with helpers.d3rlpy_buffer(FIFOBuffer(100), name=name, seed=0, trajectory_slicer=slicer) as buf:
+        ref = d3ref.reference("fifo", 100, slicer=slicer)
+        run_both(buf, ref, ops)
+        for length in (1, 3, 7):
+            got = d3ref.trajectory_keys(buf.sample_trajectory_batch(2000, length))
+            assert got == d3ref.every_trajectory(ref, length)
+        buf.unlink()
+
+
+def test_a_picker_or_slicer_must_be_callable(name):
+    with pytest.raises(TypeError, match=r"transition_picker must be callable as picker\(episode, index\)"):
+        helpers.d3rlpy_buffer(FIFOBuffer(10), name=name, transition_picker=3)
+    with pytest.raises(TypeError, match="trajectory_slicer must be callable"):
+        helpers.d3rlpy_buffer(FIFOBuffer(10), name=name, trajectory_slicer="basic")
 
 
 def test_basic_picker_terminal_and_timeout_transitions(name):
@@ -189,34 +273,12 @@ def test_trajectories_end_at_a_transition_and_pad_the_front(name):
         buf.unlink()
 
 
-def test_fifo_keeps_partial_episodes_until_their_last_transition_goes(name):
-    with helpers.d3rlpy_buffer(FIFOBuffer(10), name=name, seed=0) as buf:
-        for e in (1, 2, 3):
-            buf.append_episode(episode(4, True, e=e))  # 5 rows each
-        assert buf.size() == 2 and buf.transition_count == 4 + 4  # episode 1 evicted; 2 and 3 whole
-        buf.append_episode(episode(2, True, e=4))  # 3 rows: evicts 3 of episode 2's
-        assert buf.size() == 3 and buf.transition_count == 1 + 4 + 2
-        b = buf.sample_transition_batch(500)
-        e, t, terminal = b.observations[:, 0], b.observations[:, 1], b.terminals[:, 0] == 1
-        assert (terminal == (t == np.where(e == 4, 1, 3))).all() and (b.next_observations[terminal] == 0).all()
-        assert (b.next_observations[~terminal] == np.stack([e, t + 1], 1)[~terminal]).all()
-        assert set(map(tuple, b.observations[e == 2].tolist())) == {(2, 3)}
-        assert [int(ep.observations[0, 0]) for ep in buf.episodes] == [3, 4]  # complete ones only
-        buf.unlink()
-    with helpers.d3rlpy_buffer(FIFOBuffer(1), name=name + "1") as one:  # (d3rlpy: IndexError)
-        for t in range(3):
-            one.append(helpers.d3rlpy_obs(0, t), t, 0.0)
-        one.clip_episode(True)
-        assert one.transition_count == 0
-        one.unlink()
-
-
 def test_an_infinite_buffer_never_evicts_it_refuses(name):
     eps = [episode(4, True, e=e) for e in (1, 2)]
     with ReplayBuffer(InfiniteBuffer(), episodes=eps, name=name) as buf:
         assert buf.transition_count == 8 and buf.size() == 2
         buf.unlink()
-    with helpers.d3rlpy_buffer(InfiniteBuffer(limit=12), name=name + "i") as buf:
+    with helpers.d3rlpy_buffer(InfiniteBuffer(limit=10), name=name + "i") as buf:  # 10 transitions
         buf.append_episode(eps[0])
         buf.append_episode(eps[1])
         with pytest.raises(ValueError, match="InfiniteBuffer is full"):
@@ -224,8 +286,14 @@ def test_an_infinite_buffer_never_evicts_it_refuses(name):
         assert buf.transition_count == 8
         for t in range(3):
             buf.append(helpers.d3rlpy_obs(5, t), t, 5.0)
+        assert buf.transition_count == 10
+        with pytest.raises(ValueError, match="InfiniteBuffer is full"):
+            buf.append(helpers.d3rlpy_obs(5, 3), 3, 5.0)
         with pytest.raises(ValueError, match="InfiniteBuffer is full"):
             buf.clip_episode(True)
+        assert buf.transition_count == 10  # (refused: nothing changed)
+        buf.clip_episode(False)
+        assert buf.transition_count == 10 and buf.size() == 3
         buf.unlink()
 
 
@@ -274,7 +342,10 @@ def test_mixed_replay_buffer_splits_batches_by_ratio(name):
 
 
 def test_pickers_and_slicers_are_the_documented_objects():
-    assert BasicTransitionPicker().n_steps == 1 and SparseRewardTransitionPicker(-1).n_steps == 1
+    ep = episode(3, True, rewards=[1, 2, 4])
+    t = BasicTransitionPicker()(ep, 2)
+    assert t.terminal == 1.0 and (t.next_observation == 0).all() and t.rewards_to_go.ravel().tolist() == [4]
+    assert SparseRewardTransitionPicker(-7, step_reward=4.0)(ep, 2).rewards_to_go.tolist() == [[-7]]
     buf = create_fifo_replay_buffer(20, episodes=[episode(2, True)])
     assert isinstance(buf.buffer, FIFOBuffer) and buf.buffer.limit == 20
     assert isinstance(buf.transition_picker, BasicTransitionPicker)

@@ -9,7 +9,7 @@ import pytest
 
 h5py = pytest.importorskip("h5py")
 
-from shmbuf.compat.d3rlpy import Episode, FIFOBuffer, InfiniteBuffer, ReplayBuffer  # noqa: E402
+from shmbuf.compat.d3rlpy import Episode, FIFOBuffer, InfiniteBuffer, ReplayBuffer, dump, load  # noqa: E402
 
 pytestmark = pytest.mark.extras
 
@@ -34,9 +34,15 @@ def test_dump_and_load_keep_every_episode_and_array(name):
                 assert np.array_equal(a.rewards, b.rewards) and a.terminated == b.terminated
             again.unlink()
         f.seek(0)
-        with ReplayBuffer.load(f, FIFOBuffer(7), name=name + "s") as small:  # a smaller FIFO truncates
-            assert small.transition_count == 2 + 3 and small.size() == 2  # 7 rows: the first partly evicted
+        with ReplayBuffer.load(f, FIFOBuffer(7), name=name + "s") as small:  # a smaller FIFO keeps the newest
+            assert small.transition_count == 7 and small.size() == 2  # 7: the first episode partly evicted
             small.unlink()
+        f.seek(0)
+        loaded = load(Episode, f)  # d3rlpy.dataset.load(episode_cls, f)
+        assert [e.transition_count for e in loaded] == [5, 3] and np.array_equal(loaded[1].rewards, eps[1].rewards)
+        g = io.BytesIO()
+        dump(loaded, g)  # d3rlpy.dataset.dump(episodes, f)
+        assert g.getvalue()[:8] == f.getvalue()[:8] and len(load(Episode, io.BytesIO(g.getvalue()))) == 2
         buf.unlink()
 
 
