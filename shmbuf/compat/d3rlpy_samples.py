@@ -67,7 +67,7 @@ class Samples:
         """Draws of the active episode's rows (sampled out of this process instead)."""
         if self._start is None:
             return np.zeros(len(lane), bool)
-        return (lane == self._ebuf.own_writer().lanes[0]) & (start == self._start)
+        return (lane == self._lane()) & (start == self._start)  # type: ignore[attr-defined]
 
     def _shared(self, n: int, timeout: float, read: Callable[[int, float], dict[str, np.ndarray]],
                 take: Callable[[dict[str, np.ndarray], np.ndarray], int], what: str) -> None:

@@ -56,6 +56,8 @@ class Appends:
         step = self._step(observation, action, reward)
         write = not self._write_at_termination and self._active.n + 1 - self._written > 2
         self._room(int(self._active.n > 0), int(write))  # (refused: nothing changed)
+        if write:
+            self._lane()  # (claimed before anything changes)
         self._active.append(step)
         if write:
             self._write(self._written, self._written + 1, None)
@@ -89,8 +91,7 @@ class Appends:
         if terminated is not None:
             src = steps[-1] if terminated else active.step(end)
             final = {"next_" + k: (np.zeros_like(v) if terminated else v) for k, v in src.items()}
-        writer = ebuf.own_writer()
-        lane = writer.lanes[0]
+        lane = self._lane()
         head = int(ebuf.engine.ring.lane_table[lane, LANE_HEAD])
         if final is not None and first == 0 and len(steps) + 1 <= ebuf.lane_capacity:
             episode = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
@@ -111,6 +112,19 @@ class Appends:
         self._active_rows += len(steps)
         self._written = end
 
+    def _lane(self) -> int:
+        """This handle's lane (claimed on its first write)."""
+        try:
+            return self._ebuf.own_writer().lanes[0]
+        except RuntimeError as e:
+            if "lanes are claimed" not in str(e):
+                raise
+            lanes = self._ebuf.engine.ring.lanes
+            raise RuntimeError(f"replay buffer {self._ebuf.name!r} has {lanes} lane(s) for appending processes, "
+                               f"and live processes hold them all: create it with ReplayBuffer(..., lanes={lanes + 1}) "
+                               "or more, one per process that appends (a process gives its lane back when it "
+                               "closes its handle)") from None
+
     def _room(self, transitions: int, rows: int) -> None:
         """An InfiniteBuffer never evicts: refuse, before anything changes, what would
         take it past ``InfiniteBuffer(limit)`` transitions, or past its rows."""
@@ -120,7 +134,7 @@ class Appends:
         if limit is not None and self.transition_count + transitions > limit:  # type: ignore[attr-defined]
             raise ValueError(f"the InfiniteBuffer is full ({limit} transitions, and it never evicts): create "
                              "it with InfiniteBuffer(limit=...) larger, or use FIFOBuffer(limit)")
-        lane = self._ebuf.own_writer().lanes[0]
+        lane = self._lane()
         if self._ebuf.core.lane_sizes()[lane] + rows > self._ebuf.lane_capacity:
             raise ValueError(f"the InfiniteBuffer is full ({self._ebuf.lane_capacity} rows, and it never "
                              "evicts): create it with InfiniteBuffer(limit=...) larger, or use FIFOBuffer(limit)")
@@ -143,7 +157,7 @@ class Appends:
             run[0], run[1], drop = run[0] + k, run[1] - k, drop - k
             if not run[1]:
                 self._rows.popleft()
-        lane = self._ebuf.own_writer().lanes[0]
+        lane = self._lane()
         ring = self._ebuf.engine.ring
         seq = self._rows[0][0] if self._rows else int(ring.lane_table[lane, LANE_HEAD])
         ring.trim(lane, seq, self._ebuf.engine.seconds(None))

@@ -369,3 +369,51 @@ def test_a_second_process_appends_while_this_one_samples(name):
     assert seen.max() > 250  # the child's episodes, sampled here
     assert helpers.d3rlpy_bad_transitions(buf.sample_transition_batch(2000)) == 0
     buf.close()
+
+
+def test_two_processes_append_while_a_third_samples(name):
+    """Two spawned processes attach by name and append episodes (1-300 and 1001-1300)
+    through their own lanes while this one samples: every batch is intact, and once they
+    are done the buffer holds and samples both, counted as d3rlpy counts them."""
+    import multiprocessing as mp
+
+    buf = helpers.d3rlpy_buffer(FIFOBuffer(5000), name=name, seed=0, lanes=3)
+    buf.append_episode(episode(2, False))  # episode 0, so that the first batches have something
+    ctx = mp.get_context("spawn")
+    ready, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=helpers.d3rlpy_appender, args=(name, 300, ready, results), kwargs={"first": first})
+             for first in (1, 1001)]
+    for p in procs:
+        p.start()
+    ready.set()
+    bad = checked = 0
+    try:
+        while any(p.is_alive() for p in procs):
+            bad += helpers.d3rlpy_bad_transitions(buf.sample_transition_batch(64))
+            checked += 1
+        counts = [results.get(timeout=60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0] and bad == 0 and checked > 0
+    each = [sum(e % 7 + 2 - (e % 2 == 0) for e in range(first, first + 300)) for first in (1, 1001)]
+    assert buf.transition_count == 1 + sum(each) >= max(counts)  # terminated: T, cut: T - 1
+    seen = buf.sample_transition_batch(4000)
+    assert helpers.d3rlpy_bad_transitions(seen) == 0
+    e = seen.observations[:, 0]
+    assert ((e >= 1) & (e <= 300)).any() and (e >= 1001).any()
+    buf.close()
+
+
+def test_an_appender_without_a_free_lane_is_told_how_many_to_make(name):
+    with helpers.d3rlpy_buffer(FIFOBuffer(50), name=name, seed=0) as buf:
+        for t in range(3):
+            buf.append(helpers.d3rlpy_obs(0, t), t, 0.0)  # its first step written: the only lane is this handle's
+        other = ReplayBuffer.attach(name)
+        other.append(helpers.d3rlpy_obs(1, 0), 0, 1.0)  # (held in the process: no lane yet)
+        other.append(helpers.d3rlpy_obs(1, 1), 1, 1.0)
+        with pytest.raises(RuntimeError, match=r"has 1 lane\(s\) for appending processes.*lanes=2"):
+            other.append(helpers.d3rlpy_obs(1, 2), 2, 1.0)
+        assert other.transition_count == 1  # (refused: nothing changed)
+        other.close()
+        buf.unlink()

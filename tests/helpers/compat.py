@@ -109,15 +109,15 @@ def d3rlpy_obs(episode: int, t: int) -> np.ndarray:
     return np.array([episode, t], np.float32)
 
 
-def d3rlpy_appender(name: str, episodes: int, ready, results) -> None:
-    """Attach a d3rlpy-facade ReplayBuffer by name and append episodes 1.. through its
+def d3rlpy_appender(name: str, episodes: int, ready, results, first: int = 1) -> None:
+    """Attach a d3rlpy-facade ReplayBuffer by name and append episodes first.. through its
     own ``append`` / ``clip_episode``: episode e has e % 7 + 2 steps, observation (e, t),
     action t, reward e; odd episodes end terminated, even ones by a time limit."""
     from shmbuf.compat.d3rlpy import ReplayBuffer
 
     buf = ReplayBuffer.attach(name)
     ready.wait(30)
-    for e in range(1, episodes + 1):
+    for e in range(first, first + episodes):
         for t in range(e % 7 + 2):
             buf.append(d3rlpy_obs(e, t), t, float(e))
         buf.clip_episode(e % 2 == 1)
