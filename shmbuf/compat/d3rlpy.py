@@ -157,8 +157,8 @@ class ReplayBuffer(Appends, Samples, Shared):
         frames = picked["n_frames"]
         if limit is None:  # an InfiniteBuffer: its episodes' rows, or DEFAULT_LIMIT
             rows = max(sum(len(e.actions) + 1 for e in episodes), DEFAULT_LIMIT)
-        else:  # limit transitions always fit (each may come with a final row), and the frames before them
-            rows = 2 * limit + frames + 2
+        else:  # limit transitions always fit (each may come with a final row), and the episode the
+            rows = 2 * limit + int(cache_size) + frames + 2  # oldest is of (cache_size: its longest), whole
         fields = {f"observation_{j}" if len(config["obs"]) > 1 else "observation": (tuple(s), d)
                   for j, (s, d) in enumerate(config["obs"])}
         observations = [*fields, "action", "reward"]  # (next_action: the next row's; a final row keeps both)

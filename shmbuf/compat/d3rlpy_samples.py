@@ -48,6 +48,7 @@ class Samples:
         limit = self._limit  # type: ignore[attr-defined]
         first = 0 if limit is None else max(end - limit, 0)
         shared = self._ebuf.transition_count - max(self._active_rows - 1, 0)  # type: ignore[attr-defined]
+        shared -= self._below()  # type: ignore[attr-defined]
         return first, end, max(shared, 0)
 
     def _split(self, batch_size: int) -> tuple[int, np.ndarray]:
@@ -63,11 +64,15 @@ class Samples:
         k = int(rng.binomial(batch_size, local / (local + shared))) if local else 0
         return batch_size - k, (rng.integers(first, end, k) if k else np.zeros(0, np.int64))
 
-    def _mine(self, lane: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """Draws of the active episode's rows (sampled out of this process instead)."""
-        if self._start is None:
+    def _skip(self, drawn: dict[str, np.ndarray]) -> np.ndarray:
+        """Draws to draw again: the active episode's (sampled out of this process
+        instead), and a FIFO's evicted rows still in the ring (see ``_trim``)."""
+        lane, cut = drawn["_lane"], self._cut  # type: ignore[attr-defined]
+        if self._start is None and cut is None:
             return np.zeros(len(lane), bool)
-        return (lane == self._lane()) & (start == self._start)  # type: ignore[attr-defined]
+        mine = lane == self._lane()  # type: ignore[attr-defined]
+        skip = mine & (drawn["_start"] == self._start) if self._start is not None else np.zeros(len(lane), bool)
+        return skip | (mine & (drawn["_seq"] < cut)) if cut is not None else skip
 
     def _shared(self, n: int, timeout: float, read: Callable[[int, float], dict[str, np.ndarray]],
                 take: Callable[[dict[str, np.ndarray], np.ndarray], int], what: str) -> None:
@@ -78,7 +83,7 @@ class Samples:
 
         def fill(todo: np.ndarray) -> np.ndarray:
             drawn = read(len(todo), max(deadline - time.monotonic(), 0.001))
-            got = take(drawn, ~self._mine(drawn["_lane"], drawn["_start"]))
+            got = take(drawn, ~self._skip(drawn))
             return np.arange(len(todo)) < got
 
         if n:

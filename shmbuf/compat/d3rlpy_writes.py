@@ -32,6 +32,15 @@ class Appends:
     _limit: Optional[int]
     _rows: Any
     _stored: int
+    _cut: Optional[int] = None  # a FIFO's oldest row drawn in this lane (rows before it: evicted)
+    _cut_start: Optional[int] = None  # the first row of its episode (the ring's base)
+
+    def _below(self) -> int:
+        """Step rows of this lane still in the ring but before ``_cut`` (evicted)."""
+        if self._cut is None:
+            return 0
+        lo = int(self._ebuf.engine.ring.window()[0][self._lane()])
+        return max(self._cut - max(int(self._cut_start), lo), 0)  # type: ignore[arg-type]
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -103,11 +112,11 @@ class Appends:
                          truncated=terminated is False and last)
         if first == 0:
             self._start = head
-        if self._limit is not None:  # runs [first row, rows] of this lane's step rows
-            if self._rows and self._rows[-1][0] + self._rows[-1][1] == head:
+        if self._limit is not None:  # runs [first row kept, rows kept, episode's first row], one per episode
+            if first:
                 self._rows[-1][1] += len(steps)
             else:
-                self._rows.append([head, len(steps)])
+                self._rows.append([head, len(steps), head])
             self._stored += len(steps)
         self._active_rows += len(steps)
         self._written = end
@@ -142,12 +151,13 @@ class Appends:
     def _trim(self) -> None:
         """A FIFO: drop this lane's oldest transitions until it holds, with the active
         episode's, no more than ``limit`` (d3rlpy's deque of transitions). Each step
-        row but the active episode's newest is a transition."""
+        row but the active episode's newest is a transition. The ring forgets whole
+        episodes only: the steps of the oldest episode before ``_cut`` stay readable (as
+        its frames and n-step rows, as d3rlpy keeps them) but are not drawn."""
         if self._limit is None or not self._rows:
             return
         first, end, _ = self._populations()  # type: ignore[attr-defined]
-        keep = max(self._limit - (end - first), 0)  # the others' share
-        drop = self._stored - self._active_rows - keep
+        drop = self._stored - self._active_rows - max(self._limit - (end - first), 0)
         if drop <= 0:
             return
         self._stored -= drop
@@ -159,8 +169,11 @@ class Appends:
                 self._rows.popleft()
         lane = self._lane()
         ring = self._ebuf.engine.ring
-        seq = self._rows[0][0] if self._rows else int(ring.lane_table[lane, LANE_HEAD])
-        ring.trim(lane, seq, self._ebuf.engine.seconds(None))
+        oldest = self._rows[0] if self._rows else None
+        self._cut = None if oldest is None else oldest[0]
+        self._cut_start = None if oldest is None else oldest[2]
+        ring.trim(lane, int(ring.lane_table[lane, LANE_HEAD]) if oldest is None else oldest[2],
+                  self._ebuf.engine.seconds(None))
 
     def append_episode(self, episode: Any) -> None:
         """Append a whole episode (ours or d3rlpy's): its ``transition_count``

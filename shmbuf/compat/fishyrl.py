@@ -13,9 +13,13 @@ schema comes from the first ``add``: the segment is created then (``name`` is No
 before) and ``reset()`` ends it. Values are cast into the field's dtype (2.7 into an
 int64 field is 2) except NaN, infinities and out-of-range integers. Divergences
 (README): ``is_full`` is ``size == capacity`` (fishyrl's is never true after the first
-wrap); ``state_dict`` holds copies (fishyrl's holds its arrays by reference); a key
-that first appears after the first ``add`` (``validate_keys=False``) raises
-``ValueError``: a shared segment's schema is fixed once made.
+wrap); ``state_dict`` holds copies (fishyrl's holds its arrays by reference). With
+``validate_keys=False`` a key that first appears later widens the buffer as fishyrl's
+does (its earlier steps hold zeros: fishyrl's hold uninitialised memory), which makes
+the segment again (under a new name, unless ``name=`` was given: other processes attach
+again), and a key a step lacks is written as zeros (fishyrl's keeps a stale value).
+``Buffer`` is fishyrl's abstract base, which both classes implement. Behaviour of fishyrl
+as in seed-semantics 1.2.
 
 Example:
     >>> import numpy as np
@@ -34,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import warnings
 from typing import Any, Mapping, Optional
 
@@ -42,11 +47,72 @@ import numpy as np
 from . import cast
 from .shared import Lazy
 
-class _Fishy(Lazy):
+__all__ = ["Buffer", "IndependentVectorizedBuffer", "SequentialBuffer", "convert_samples_to_tensors"]
+
+
+class Buffer(abc.ABC):
+    """fishyrl's abstract buffer: what every buffer implements (subclass it for a
+    buffer of your own; ``isinstance(buf, Buffer)`` holds for this module's)."""
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Steps stored."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's state."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget every step."""
+
+    @abc.abstractmethod
+    def add(self, experience: Mapping[str, Any]) -> None:
+        """Add a step."""
+
+    @abc.abstractmethod
+    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
+        """A batch."""
+
+
+class _Fishy(Lazy, Buffer):
     _validate_keys = True
 
     def _meta(self) -> dict[str, Any]:
         return {"validate_keys": bool(self._validate_keys)}
+
+    def _fields(self, values: dict[str, np.ndarray], lead: int) -> Any:
+        """The segment for a step of ``values`` (``lead`` leading env axes), made by the
+        first step: with ``validate_keys`` the keys must be the buffer's both ways
+        (fishyrl's error, before anything is written); without, a new key widens the
+        buffer (the segment is made again with it, the steps so far kept, the new key
+        zeros in them) and a missing key is written as zeros."""
+        buf = self._core
+        if buf is None:
+            return self._create({k: (v.shape[lead:], v.dtype) for k, v in values.items()})
+        fields = buf.fields
+        if self._validate_keys:
+            for k in list(values) + list(fields):
+                if k not in values or k not in fields:
+                    raise ValueError(f"Key '{k}' not common between experience and buffer.")
+            return buf
+        new = {k: (v.shape[lead:], v.dtype) for k, v in values.items() if k not in fields}
+        if not new:
+            return buf
+        state, rng = buf.state_dict(), buf.engine.rng
+        rows = len(state["stamps"])
+        for k, (shape, dtype) in new.items():
+            state["fields"][k] = (shape, dtype)
+            state["data"][k] = np.zeros((rows,) + shape, dtype)
+        self._end()
+        self._create(state["fields"]).load_state_dict(state)
+        self._core.engine.rng = rng  # type: ignore[union-attr]
+        return self._core
 
     @property
     def size(self) -> int:
@@ -84,23 +150,12 @@ class SequentialBuffer(_Fishy):
     def add(self, experience: Mapping[str, Any]) -> None:
         """Add one step: ``{key: value}`` without a batch axis."""
         values = {k: np.asarray(v) for k, v in experience.items()}
-        buf = self._core
-        if buf is None:
-            buf = self._create({k: (v.shape, v.dtype) for k, v in values.items()})
-        fields = buf.fields
-        if self._validate_keys:
-            for k in list(values) + list(fields):
-                if k not in values or k not in fields:
-                    raise ValueError(f"Key '{k}' not common between experience and buffer.")
-        else:
-            new = [k for k in values if k not in fields]
-            missing = [k for k in fields if k not in values]
-            if new or missing:
-                raise ValueError(f"keys {new or missing} {'are new' if new else 'are missing'}: a buffer in "
-                                 f"shared memory keeps the keys of its first step ({list(fields)}); give "
-                                 "every key in every step, or reset() first")
+        buf = self._fields(values, 0)
         row = {}
-        for k, (shape, dtype) in fields.items():
+        for k, (shape, dtype) in buf.fields.items():
+            if k not in values:  # (validate_keys=False: a key this step lacks)
+                row[k] = np.zeros(shape, dtype)
+                continue
             try:
                 v = np.broadcast_to(values[k], shape)
             except ValueError:
@@ -123,6 +178,11 @@ class SequentialBuffer(_Fishy):
     @property
     def is_full(self) -> bool:
         return self.size == self._capacity
+
+    @property
+    def capacity(self) -> int:
+        """Steps the buffer holds (fishyrl's ``capacity``)."""
+        return self._capacity
 
     # -- state ---------------------------------------------------------------------------
 
@@ -191,17 +251,15 @@ class IndependentVectorizedBuffer(_Fishy):
         """Add one step of every env (``{key: (num_envs, ...)}``): row i to env i, or with
         ``mask``, rows 0, 1, ... to the selected envs in order (fishyrl's mask)."""
         values = {k: np.asarray(v) for k, v in experience.items()}
-        buf = self._core or self._create({k: (v.shape[1:], v.dtype) for k, v in values.items()})
+        buf = self._fields(values, 1)
         fields = buf.fields
-        for k in list(values) + list(fields):
-            if k not in values or k not in fields:
-                raise ValueError(f"Key '{k}' not common between experience and buffer.")
         lanes = list(range(self._n)) if mask is None else [i for i, m in enumerate(mask) if m]
         short = [k for k, v in values.items() if v.ndim == 0 or len(v) < len(lanes)]
         if short:
             raise ValueError(f"keys {short} have fewer rows than the {len(lanes)} envs they go to "
                              "(a leading env axis is expected)")
-        rows = {k: [cast.into(np.broadcast_to(values[k][j], shape), dtype, k) for j in range(len(lanes))]
+        rows = {k: [cast.into(np.broadcast_to(values[k][j], shape), dtype, k) if k in values else
+                    np.zeros(shape, dtype) for j in range(len(lanes))]
                 for k, (shape, dtype) in fields.items()}  # (all checked before anything is written)
         for j, lane in enumerate(lanes):
             buf.add({k: rows[k][j] for k in fields}, lane=lane)

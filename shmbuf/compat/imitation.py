@@ -12,8 +12,11 @@ dtype as imitation does (1.9 into an int field is 1), except NaN, infinities and
 integers out of range, which raise ``ValueError``. What is new: each buffer is a named
 shared-memory segment (``name``); another process attaches with
 ``Buffer.attach(name)`` / ``ReplayBuffer.attach(name)`` (or unpickles one) and stores
-while this one samples. Divergences (README): capacity must be >= 1; sampling uses the
-buffer's own seeded generator (``seed=``), not numpy's global one; ``infos`` (Python
+while this one samples. Sampling draws from numpy's global generator as imitation's does
+(``np.random.randint(size, size=n)`` over the slots, which hold what imitation's would),
+so a run seeded the imitation way (``np.random.seed``) repeats exactly; a buffer made or
+attached with ``seed=`` draws from a generator of its own instead. Behaviour of
+imitation 1.0.1. Divergences (README): capacity must be >= 1; ``infos`` (Python
 objects) are not stored: ``sample`` returns an empty dict for each.
 
 Example:
@@ -34,6 +37,8 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from .. import buffer as core
+from ..core import sampling
+from ..core.read import until_filled
 from . import cast
 from .shared import Shared
 
@@ -51,10 +56,11 @@ class Buffer(Shared):
             raise KeyError("sample_shape and dtypes keys don't match")
         fields = {k: (tuple(sample_shapes[k]), np.dtype(dtypes[k])) for k in sample_shapes}
         self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist,
-                                      meta={"kind": _kind}))
+                                      meta={"kind": _kind}), seed)
 
-    def _open(self, handle: core.Buffer) -> None:
+    def _open(self, handle: core.Buffer, seed: Any = None) -> None:
         self._core = handle
+        self._global = seed is None  # draws from numpy's global generator, as imitation's
         self.capacity: int = handle.capacity
         self.sample_shapes = {k: s for k, (s, _) in handle.fields.items()}
         self._dtypes = {k: d for k, (_, d) in handle.fields.items()}
@@ -113,7 +119,35 @@ class Buffer(Shared):
         sample_shapes[k]}`` (copies). ``ValueError`` if the buffer is empty."""
         if self.size() == 0:
             raise ValueError("Buffer is empty")
-        return self._core.sample(n_samples)
+        if not self._global:
+            return self._core.sample(n_samples)
+        return self._core.engine.sample(n_samples, n_samples, None, lambda t: self._sample_global(n_samples, t))
+
+    def _sample_global(self, n: int, timeout: float) -> dict[str, np.ndarray]:
+        """imitation's draw, ``np.random.randint(size, size=n)`` over the slots, each slot
+        read through the engine's checked copy (a row being written is drawn again, from
+        the same global generator)."""
+        ring = self._core.engine.ring
+        cap = ring.lane_capacity
+        out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in ring.layout.fields}
+
+        def fill(todo: np.ndarray) -> np.ndarray | None:
+            lo, head = ring.window()
+            size = int(head[0] - lo[0])
+            if size == 0:
+                raise ValueError("Buffer is empty")
+            ind = np.random.randint(size, size=len(todo))
+            last = int(head[0]) - 1
+            seq = (last - (last - ind) % cap).astype(np.int64)  # the row that slot holds now
+            part = [np.empty((len(todo),) + f.shape, f.dtype) for f in ring.layout.fields]
+            ok = sampling.copy_windows(ring, 0, seq, 1, None, part)
+            ok = np.ones(len(todo), bool) if ok is None else ok
+            for f, a in zip(ring.layout.fields, part):
+                out[f.name][todo[ok]] = a[ok]
+            return ok
+
+        until_filled(fill, n, timeout, "rows")
+        return out
 
     def size(self) -> Optional[int]:
         """The number of samples stored in the buffer."""
@@ -129,11 +163,11 @@ def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
     self = object.__new__(cls)
     if cls is ReplayBuffer:
         inner = object.__new__(Buffer)
-        inner._open(handle)
+        inner._open(handle, seed)
         self._buffer = inner
         self.capacity = inner.capacity
     else:
-        self._open(handle)
+        self._open(handle, seed)
     return self
 
 
@@ -187,11 +221,18 @@ class ReplayBuffer(Shared):
                  act_dtype: Any = None, name: Optional[str] = None, seed: Any = None,
                  persist: bool = False) -> None:
         params = (obs_shape, act_shape, obs_dtype, act_dtype)
-        if venv is not None:
-            if any(p is not None for p in params):
-                raise ValueError("Cannot specify both shape/dtype and also environment.")
-            obs_shape, act_shape = venv.observation_space.shape, venv.action_space.shape
-            obs_dtype, act_dtype = venv.observation_space.dtype, venv.action_space.dtype
+        if venv is not None:  # one message per argument the environment's spaces also give
+            for given, space, what, attr in ((obs_shape, venv.observation_space, "observation", "shape"),
+                                             (obs_dtype, venv.observation_space, "observation", "dtype"),
+                                             (act_shape, venv.action_space, "action", "shape"),
+                                             (act_dtype, venv.action_space, "action", "dtype")):
+                if getattr(space, attr) is not None and given is not None:
+                    raise ValueError(f"Cannot specify both {what} {attr} and also environment "
+                                     f"with an {what} space that has a {attr}.")
+            obs_shape = obs_shape if venv.observation_space.shape is None else tuple(venv.observation_space.shape)
+            obs_dtype = obs_dtype if venv.observation_space.dtype is None else venv.observation_space.dtype
+            act_shape = act_shape if venv.action_space.shape is None else tuple(venv.action_space.shape)
+            act_dtype = act_dtype if venv.action_space.dtype is None else venv.action_space.dtype
         elif any(p is None for p in params):
             raise ValueError("Shape or dtype missing and no environment specified.")
         self.capacity = capacity

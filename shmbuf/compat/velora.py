@@ -15,6 +15,11 @@ metadata)``, ``config()`` and ``warm(agent, n_samples, num_envs)``. Everything i
 float32, as velora stores it. torch is needed (as by velora); safetensors is not: the
 file is written and read here (its format is 8 bytes of header length, a JSON header,
 raw little-endian data), and files of the real ``safetensors`` package load alike.
+The storage velora's users read is there too: ``states``, ``actions``, ``rewards``,
+``next_states``, ``dones``, ``hiddens`` (full-capacity tensors in slot order, zero-copy
+views of the shared memory, so they show what every process writes, as it is written:
+a row being written may show half of it; ``sample`` never does), ``position`` and ``size``.
+Behaviour of velora at 88b8103.
 Divergences (README): sampling uses the buffer's own seeded generator (``seed=``), not
 torch's global one; ``warm`` stops at the capacity instead of looping forever when
 ``n_samples`` is larger.
@@ -147,6 +152,34 @@ class ReplayBuffer(Shared):
 
     def __len__(self) -> int:
         return len(self._core)
+
+    @property
+    def position(self) -> int:
+        """The slot the next transition goes to (velora's ``position``)."""
+        return self._position_size()[0]
+
+    @property
+    def size(self) -> int:
+        """Transitions held, at most ``capacity`` (velora's ``size``)."""
+        return self._position_size()[1]
+
+    def _storage(self, field: str) -> Any:
+        """The full-capacity ``(capacity, dim)`` float32 tensor of ``field``, in slot order:
+        a zero-copy view of the shared memory on the CPU (a copy on another ``device``),
+        which keeps the memory mapped while it lives (after :meth:`close` too)."""
+        engine = self._core.engine
+        a = engine.ring.arrays[field]
+        mapping = np.frombuffer(engine.seg.mmap, np.uint8)  # (holds the mapping while the view lives)
+        offset = a.__array_interface__["data"][0] - mapping.__array_interface__["data"][0]
+        view = _torch().from_numpy(np.ndarray(a.shape, a.dtype, mapping, offset, a.strides))
+        return view if self.device.type == "cpu" else view.to(self.device)
+
+    states = property(lambda self: self._storage("states"), doc="velora's ``states`` storage (see ``_storage``).")
+    actions = property(lambda self: self._storage("actions"), doc="velora's ``actions`` storage.")
+    rewards = property(lambda self: self._storage("rewards"), doc="velora's ``rewards`` storage ``(C, 1)``.")
+    next_states = property(lambda self: self._storage("next_states"), doc="velora's ``next_states`` storage.")
+    dones = property(lambda self: self._storage("dones"), doc="velora's ``dones`` storage ``(C, 1)``.")
+    hiddens = property(lambda self: self._storage("hiddens"), doc="velora's ``hiddens`` storage.")
 
     def sample(self, batch_size: int) -> BatchExperience:
         """``batch_size`` transitions uniformly with replacement, as float32 tensors on

@@ -48,8 +48,8 @@ from ..core.layout import published
 def sample(ebuf: Episodes, batch: int, length: int, timeout: float, where: bool = False) -> dict[str, np.ndarray]:
     """``batch`` trajectories of ``length`` steps: every field ``(batch, length, ...)``
     and ``mask``, ``timestep`` (1-based), ``returns_to_go``, ``terminated``,
-    ``truncated``; with ``where``, also each one's ``_lane`` and ``_start`` (the lane
-    sequence number of its episode's first row), for samplers built on this one."""
+    ``truncated``; with ``where``, also each one's ``_lane``, ``_seq`` (its last row) and
+    ``_start`` (its episode's first row), for samplers built on this one."""
     out = _empty(ebuf, batch, length, where)
 
     def fill(todo: np.ndarray) -> np.ndarray:
@@ -72,7 +72,7 @@ def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str
     out["terminated"] = np.empty((n, length), bool)
     out["truncated"] = np.empty((n, length), bool)
     if where:
-        out["_lane"], out["_start"] = np.empty(n, np.int64), np.empty(n, np.int64)
+        out["_lane"], out["_start"], out["_seq"] = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     return out
 
 
@@ -101,7 +101,7 @@ def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int) -> np.ndarray
     ok &= starts == start[:, None]
     inside = seq >= start[:, None]  # the episode's steps (the rest is padding)
     if "_lane" in out:
-        out["_lane"][:], out["_start"][:] = lane, start
+        out["_lane"][:], out["_start"][:], out["_seq"][:] = lane, start, end
     # 2. The tail: rows end + 1 .. last of the episode, proven whole (see the module)
     after, known = _tail(ebuf, lane, end, start, valid) if ebuf.reward is not None else (np.zeros(m), valid)
     valid &= known

@@ -125,12 +125,14 @@ def test_counts_are_d3rlpys_after_every_append_and_clip(name):
         buf.unlink()
 
 
-@pytest.mark.parametrize("limit", [1, 2, 5, 7])
-def test_a_fifo_keeps_the_newest_limit_transitions(name, limit):
+@pytest.mark.parametrize("limit, kind", [(1, "basic"), (2, "basic"), (5, "basic"), (7, "basic"), (5, "frames"),
+                                         (4, "n_step"), (4, "custom")])
+def test_a_fifo_keeps_the_newest_limit_transitions(name, limit, kind):
     ops = [("a", 1, t) for t in range(6)] + [("c", True), ("e", episode(4, True, e=2)), ("e", episode(3, False, e=3))]
     ops += [("a", 4, t) for t in range(9)] + [("c", False), ("a", 5, 0), ("a", 5, 1), ("c", True)]
-    with helpers.d3rlpy_buffer(FIFOBuffer(limit), name=name, seed=0) as buf:  # (d3rlpy's FIFOBuffer(1) fails)
-        run_both(buf, d3ref.reference("fifo", limit, own=limit == 1), ops)
+    picker = PICKERS[kind](d3ref.parts())  # (the frames and n-step context of the oldest: still there)
+    with helpers.d3rlpy_buffer(FIFOBuffer(limit), name=name, seed=0, transition_picker=picker) as buf:
+        run_both(buf, d3ref.reference("fifo", limit, picker=picker, own=limit == 1), ops)  # (d3rlpy's (1) fails)
         assert buf.transition_count == limit
         buf.unlink()
 

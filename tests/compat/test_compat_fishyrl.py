@@ -173,3 +173,33 @@ def test_vectorized_another_process_adds_by_name(name):
         assert size == 64 and checked > 0
     finally:
         buf.reset()
+
+
+def test_capacity_and_the_abstract_base():
+    from shmbuf.compat.fishyrl import Buffer, IndependentVectorizedBuffer
+
+    buf = SequentialBuffer(7, seed=0)
+    assert buf.capacity == 7 and isinstance(buf, Buffer)
+    assert isinstance(IndependentVectorizedBuffer(2, 5), Buffer)
+    with pytest.raises(TypeError):
+        Buffer()  # abstract, as fishyrl's
+
+
+def test_without_validate_keys_new_and_missing_keys_are_tolerated(name):
+    buf = SequentialBuffer(6, validate_keys=False, seed=0, name=name)
+    buf.add({"obs": np.full(2, 0.0)})
+    buf.add({"obs": np.full(2, 1.0), "reward": np.float32(5)})  # a new key: the buffer widens
+    assert buf.name == name and set(buf.sample(1)) == {"obs", "reward"}
+    buf.add({"reward": np.float32(7)})  # a missing key: zeros
+    s = buf.sample(200, 3)
+    assert s["obs"][0, :, 0].tolist() == [0, 1, 0] and s["reward"][0].tolist() == [0, 5, 7]
+    assert buf.size == 3 and buf.capacity == 6
+    other = SequentialBuffer.attach(name)  # (attached after the widening: it has both keys)
+    assert set(other.sample(1)) == {"obs", "reward"}
+    other.close()
+    buf.reset()
+    strict = SequentialBuffer(6, seed=0)
+    strict.add({"obs": np.zeros(2)})
+    with pytest.raises(ValueError, match="Key 'reward' not common between experience and buffer."):
+        strict.add({"obs": np.zeros(2), "reward": 1.0})
+    strict.reset()

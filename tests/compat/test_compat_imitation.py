@@ -168,3 +168,53 @@ def test_another_process_stores_by_name_while_this_one_samples(name):
             return 32
         size, checked = helpers.check_while_child_writes(helpers.imitation_storer, (name, 200), check)
         assert size == 64 and rb.size() == 64 and checked > 0
+
+
+def test_conflicting_arguments_get_imitations_message_each():
+    from shmbuf.compat.imitation import ReplayBuffer as RB
+
+    class Space:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    class Venv:
+        observation_space, action_space = Space((3,), np.float32), Space((1,), np.int64)
+
+    cases = [({"obs_shape": (3,)}, "observation shape"), ({"obs_dtype": np.float32}, "observation dtype"),
+             ({"act_shape": (1,)}, "action shape"), ({"act_dtype": np.int64}, "action dtype")]
+    for kwargs, what in cases:
+        with pytest.raises(ValueError, match=f"Cannot specify both {what} and also environment with an "):
+            RB(10, Venv(), **kwargs)
+    with pytest.raises(ValueError, match="Shape or dtype missing and no environment specified."):
+        RB(10, obs_shape=(3,))
+
+
+def test_without_seed_it_draws_from_numpys_global_generator_as_imitation_does(name):
+    from shmbuf.compat.imitation import Buffer as B
+
+    data = {"a": np.arange(10)[:, None] * np.ones((1, 2), np.int64)}
+    with B(6, {"a": (2,)}, {"a": np.int64}, name=name) as buf, \
+            B(6, {"a": (2,)}, {"a": np.int64}, name=name + "s", seed=3) as own:
+        buf.store(data, truncate_ok=True)
+        own.store(data, truncate_ok=True)
+        np.random.seed(0)
+        first = buf.sample(50)["a"][:, 0]
+        np.random.seed(0)
+        again = buf.sample(50)["a"][:, 0]
+        np.random.seed(0)
+        slots = np.random.randint(6, size=50)  # imitation's draw: its slots hold rows 4 .. 9
+        assert first.tolist() == again.tolist() == np.arange(4, 10)[slots].tolist()
+        try:
+            from imitation.data.buffer import Buffer as Theirs
+        except ImportError:
+            pass
+        else:  # imitation's own buffer, fed and seeded alike, draws the same rows
+            theirs = Theirs(6, {"a": (2,)}, {"a": np.int64})
+            theirs.store(data, truncate_ok=True)
+            np.random.seed(0)
+            assert theirs.sample(50)["a"][:, 0].tolist() == first.tolist()
+        np.random.seed(0)
+        state = np.random.get_state()[1].copy()
+        own.sample(50)  # a seeded buffer leaves the global generator alone
+        assert (np.random.get_state()[1] == state).all()
+        buf.unlink(), own.unlink()

@@ -145,3 +145,34 @@ def test_another_process_adds_by_name_while_this_one_samples(name):
             return 16
         size, checked = helpers.check_while_child_writes(helpers.velora_adder, (name, 300), check, timeout=90)
         assert size == 64 and checked > 0
+
+
+def test_the_storage_velora_users_read_is_the_shared_memory(name):
+    with rb(name) as buf:
+        empty = buf.states
+        assert tuple(empty.shape) == (100, 3) and empty.dtype == torch.float32 and not empty.any()
+        assert [tuple(getattr(buf, k).shape) for k in ("actions", "rewards", "next_states", "dones", "hiddens")] \
+            == [(100, 1), (100, 1), (100, 3), (100, 1), (100, 2)]
+        add_rows(buf, range(95))
+        add_rows(buf, range(1000, 1008))  # wraps: slots 95..99 then 0..2
+        assert (buf.position, buf.size, len(buf)) == (3, 100, 100)
+        assert buf.states[95:, 0].tolist() == [1000, 1001, 1002, 1003, 1004]
+        assert buf.states[:4, 0].tolist() == [1005, 1006, 1007, 3] and buf.dones[:3, 0].tolist() == [0, 1, 0]
+        other = ReplayBuffer.attach(buf.name)
+        add_rows(other, [7777])  # another handle's write shows in this one's storage, zero-copy
+        assert empty[3, 0] == 7777 and buf.position == 4 and buf.next_states[3, 0] == 7778
+        other.close()
+        kept = buf.hiddens
+    assert kept[3, 0] == 7777  # the memory stays mapped while a view lives (no crash after close)
+
+
+def test_load_sets_position_and_size(name, tmp_path):
+    with rb(name) as buf:
+        add_rows(buf, range(130))
+        buf.save(tmp_path)
+        meta = json.loads((tmp_path / "buffer_metadata.json").read_text())
+        again = ReplayBuffer.load(tmp_path / "buffer_state.pt", meta, name=name + "l")
+        assert (again.position, again.size) == (buf.position, buf.size) == (30, 100)
+        assert torch.equal(again.states, buf.states)
+        again.unlink()
+        again.close()
