@@ -4,10 +4,16 @@ One module per library, each thin: it maps the library's calls onto
 :class:`shmbuf.Buffer` / :class:`shmbuf.EpisodeBuffer` and keeps the library's names,
 signatures, defaults, return types and exceptions; every facade object lives in a
 named segment, can be attached from another process (``<Class>.attach(name)``) and
-pickles as its name. Where a library has a bug, the facade does what the README's
-divergence table says instead.
+pickles as its name. Each module says at its top which upstream version it behaves as;
+the README's migration tables list what still differs, and why.
 
 * :mod:`shmbuf.compat.imitation`: ``Buffer``, ``ReplayBuffer``, ``Transitions``
-* :mod:`shmbuf.compat.fishyrl`: ``SequentialBuffer``, ``convert_samples_to_tensors``
+* :mod:`shmbuf.compat.fishyrl`: ``Buffer``, ``SequentialBuffer``, ``IndependentVectorizedBuffer``,
+  ``convert_samples_to_tensors``
 * :mod:`shmbuf.compat.velora`: ``ReplayBuffer``, ``BatchExperience`` (needs torch)
+* :mod:`shmbuf.compat.garage`: ``PathBuffer``, ``HERReplayBuffer``, ``ReplayBuffer``
+* :mod:`shmbuf.compat.d3rlpy`: ``ReplayBuffer``, ``FIFOBuffer``, ``InfiniteBuffer``, the
+  transition pickers and trajectory slicers, ``Episode``, ``Signature``, ``ActionSpace``,
+  ``EpisodeGenerator``, ``MixedReplayBuffer``, ``dump``, ``load`` (d3rlpy's own types where
+  it is installed)
 """

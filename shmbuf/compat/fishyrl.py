@@ -19,7 +19,7 @@ does (its earlier steps hold zeros: fishyrl's hold uninitialised memory), which 
 the segment again (under a new name, unless ``name=`` was given: other processes attach
 again), and a key a step lacks is written as zeros (fishyrl's keeps a stale value).
 ``Buffer`` is fishyrl's abstract base, which both classes implement. Behaviour of fishyrl
-as in seed-semantics 1.2.
+at 06e66af (Oafish1/FishyRL).
 
 Example:
     >>> import numpy as np

@@ -8,7 +8,9 @@ Switch with one import::
 oldest rows; ``sample_path()`` returns a whole path in order; ``sample_transitions`` draws
 rows uniformly over every row stored, as garage does. ``HERReplayBuffer`` adds
 ``replay_k`` relabelled copies of each transition but the last at insertion;
-``ReplayBuffer`` keeps episodes of ``time_horizon`` steps in slots.
+``ReplayBuffer`` keeps episodes of ``time_horizon`` steps in slots. ``sample_timesteps``
+returns garage's ``TimeStepBatch`` (garage needed). Behaviour of garage at 2d59480
+(rlworkgroup/garage).
 
 As in garage the schema comes from the first path (the segment is created then); each
 row records its step in its path and the path's length, so any process that attaches
@@ -42,7 +44,10 @@ from ..core.batch import count
 from ..core.layout import published
 from ..core.read import until_filled
 from . import cast
+from .garage_replay import ReplayBuffer
 from .shared import Lazy
+
+__all__ = ["HERReplayBuffer", "PathBuffer", "ReplayBuffer"]
 
 _STEP, _LEN = "_step", "_len"  # each row's step in its path, and the path's length
 _GOAL = ("observation", "achieved_goal", "desired_goal")
@@ -170,6 +175,23 @@ class PathBuffer(Lazy):
         batch = self._buf().sample(batch_size)
         del batch[_STEP], batch[_LEN]
         return batch
+
+    def sample_timesteps(self, batch_size: int) -> Any:
+        """:meth:`sample_transitions` as garage's ``TimeStepBatch`` (``terminals`` become
+        ``StepType.TERMINAL`` / ``MID``, rewards flattened); needs garage installed."""
+        try:
+            from garage import StepType, TimeStepBatch
+        except ImportError:
+            raise ImportError("sample_timesteps returns garage's TimeStepBatch, and garage is not importable "
+                              "here: pip install garage, or call sample_transitions (the same rows, as a "
+                              "dict of arrays)") from None
+        s = self.sample_transitions(batch_size)
+        steps = np.array([StepType.TERMINAL if t else StepType.MID for t in s["terminals"].reshape(-1)],
+                         dtype=StepType)
+        return TimeStepBatch(env_spec=self._env_spec, episode_infos={}, observations=s["observations"],
+                             actions=s["actions"], rewards=s["rewards"].flatten(),
+                             next_observations=s["next_observations"], step_types=steps, env_infos={},
+                             agent_infos={})
 
     def sample_path(self) -> dict[str, np.ndarray]:
         """A path with no row evicted, uniformly, in order (``ValueError``: none is)."""
@@ -354,97 +376,3 @@ class HERReplayBuffer(PathBuffer):
 def _attach_her(name: str, reward_fn: Any) -> HERReplayBuffer:
     return HERReplayBuffer.attach(name, reward_fn=reward_fn)
 
-
-class ReplayBuffer(Lazy):
-    """Episodes of ``time_horizon`` steps in slots (garage's ``ReplayBuffer`` with the
-    old ``SimpleReplayBuffer``'s ``sample``): ``add_transitions`` takes one step of B
-    parallel episodes; when ``observation`` holds ``time_horizon`` steps the B episodes
-    go into B slots, oldest first out. The steps of episodes not yet complete stay in
-    the adding handle (each process completes its own).
-
-    Example:
-        >>> buf = ReplayBuffer(None, 3, 1, seed=0)
-        >>> for pair in ([1, 2], [3, 4], [5, 6], [7, 8]):
-        ...     buf.add_transitions(observation=pair)
-        >>> buf.full, buf.n_transitions_stored, sorted(set(buf.sample(100)["observation"].tolist()))
-        (True, 3, [6, 7, 8])
-    """
-
-    KIND = "garage.ReplayBuffer"
-
-    def __init__(self, env_spec: Any, size_in_transitions: int, time_horizon: int, *, seed: Any = None,
-                 name: Optional[str] = None, persist: bool = False) -> None:
-        self._size = count(size_in_transitions, "size_in_transitions", 1)
-        self._horizon = count(time_horizon, "time_horizon", 1)
-        self._capacity = self._size // self._horizon
-        if self._capacity < 1:
-            raise ValueError(f"size_in_transitions={size_in_transitions} holds no episode of "
-                             f"time_horizon={time_horizon} steps")
-        self._env_spec = env_spec
-        self._rng = self._seed = np.random.default_rng(seed)
-        self._name, self._persist = name, persist
-        self._cache: dict[str, list[Any]] = {}
-        self._core = None
-
-    def _meta(self) -> dict[str, Any]:
-        return {"size_in_transitions": self._size, "time_horizon": self._horizon}
-
-    @classmethod
-    def attach(cls, name: str, *, seed: Any = None) -> "ReplayBuffer":
-        """This buffer from another process, by name (after its first episode)."""
-        rng = np.random.default_rng(seed)
-        handle = cls._handle(name, rng)
-        self = cls(None, handle.meta["size_in_transitions"], handle.meta["time_horizon"])
-        self._rng, self._core = rng, handle
-        return self
-
-    def add_transition(self, **kwargs: Any) -> None:
-        """Add one step of one episode (``add_transitions`` with B=1)."""
-        self.add_transitions(**{k: [v] for k, v in kwargs.items()})
-
-    def add_transitions(self, **kwargs: Any) -> None:
-        """Add one step of B parallel episodes: ``key=[value of env 0, ..., env B-1]``.
-        ``observation`` is required."""
-        if "observation" not in kwargs:
-            raise KeyError("'observation': garage's ReplayBuffer counts steps by the 'observation' key")
-        if self._cache and set(kwargs) != set(self._cache):
-            raise ValueError(f"keys {sorted(kwargs)} differ from this episode's {sorted(self._cache)}")
-        for k, v in kwargs.items():
-            self._cache.setdefault(k, []).append(np.asarray(v))
-        if len(self._cache["observation"]) >= self._horizon:
-            self.store_episode()
-
-    def store_episode(self) -> None:
-        """Write the cached steps as B episodes (B slots) and start new ones."""
-        cache, self._cache = self._cache, {}
-        try:
-            episode = {k: np.swapaxes(np.stack(v), 0, 1) for k, v in cache.items()}  # (B, T, ...)
-        except ValueError as exc:
-            raise ValueError(f"the cached steps do not stack into episodes ({exc}); each key needs the same "
-                             "shape at every step") from None
-        buf = self._core
-        if buf is None:
-            buf = self._create({k: (a.shape[1:], a.dtype) for k, a in episode.items()})
-        missing = sorted(set(buf.fields) ^ set(episode))
-        if missing:
-            raise ValueError(f"keys {missing} are not the buffer's ({sorted(buf.fields)})")
-        buf.extend({k: cast.into(a, buf.fields[k][1], k) for k, a in episode.items()}, truncate_ok=True)
-
-    @property
-    def full(self) -> bool:
-        """Every slot holds an episode."""
-        return self._core is not None and self._core.is_full
-
-    @property
-    def n_transitions_stored(self) -> int:
-        """Steps stored: complete episodes times ``time_horizon``."""
-        return 0 if self._core is None else min(self._size, len(self._core) * self._horizon)
-
-    def sample(self, batch_size: int) -> dict[str, np.ndarray]:
-        """``batch_size`` steps: an episode and a step in it, each uniformly, with
-        replacement; ``{key: (batch_size, ...)}``. ``ValueError`` if the buffer is empty."""
-        if self._core is None:
-            raise ValueError("cannot sample from an empty buffer: add a whole episode first")
-        episodes = self._core.sample(batch_size)
-        t = self._rng.integers(0, self._horizon, batch_size)
-        return {k: v[np.arange(len(t)), t] for k, v in episodes.items()}

@@ -281,3 +281,22 @@ def test_episodes_commit_at_the_horizon_and_sample_a_step_uniformly(name):
     assert other.n_transitions_stored == 4 and not other.full
     other.close()
     buf.unlink(), buf.close()
+
+
+def test_sample_timesteps_needs_garage_and_says_so(name):
+    import importlib.util
+
+    from shmbuf.compat.garage import PathBuffer
+
+    buf = PathBuffer(20, name=name, seed=0)
+    buf.add_path({"observations": np.zeros((3, 2)), "next_observations": np.ones((3, 2)),
+                  "actions": np.zeros((3, 1)), "rewards": np.arange(3.0)[:, None],
+                  "terminals": np.array([[False], [False], [True]])})
+    if importlib.util.find_spec("garage") is None:
+        with pytest.raises(ImportError, match="TimeStepBatch.*pip install garage, or call sample_transitions"):
+            buf.sample_timesteps(4)
+    else:
+        b = buf.sample_timesteps(4)
+        assert b.rewards.shape == (4,) and len(b.step_types) == 4
+    buf.unlink()
+    buf.close()
