@@ -1,6 +1,8 @@
 """The d3rlpy facade against d3rlpy's own ReplayBuffer, on the same episodes in one run:
 transition batches (256) and trajectory batches (64 x 20) per second, medians of 3
-rounds, and the ratios. Needs d3rlpy (scripts/bench-d3rlpy runs it in .venv-d3rlpy)."""
+rounds, and the ratios; then the wall time of ``DQN.fit_online`` on CartPole (the same
+seeds and steps) and of ``DQN.fit`` on the buffer it filled, with each buffer. Needs
+d3rlpy (scripts/bench-d3rlpy runs it in .venv-d3rlpy)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,54 @@ def main() -> None:
                         ("trajectories", "sample_trajectory_batch(64, 20)")):
         a, b = med[("d3rlpy", what)], med[("shmbuf", what)]
         print(f"| {label} | {a:.0f} | {b:.0f} | {b / a:.1f}x |")
+    fit_report(d3rlpy, facade, 1000 if args.quick else 5000)
+
+
+def fit_times(d3rlpy: Any, facade: Any, steps: int) -> dict[str, float]:
+    """Seconds of ``fit_online`` (``steps`` env steps) then ``fit`` (``steps // 2``
+    updates) of a DQN, with d3rlpy's FIFO buffer and with the facade's."""
+    import gymnasium as gym
+
+    out = {}
+    for who in ("d3rlpy", "shmbuf"):
+        d3rlpy.seed(0)
+        env = gym.make("CartPole-v1")
+        if who == "d3rlpy":
+            buf = d3rlpy.dataset.create_fifo_replay_buffer(limit=10_000, env=env)
+        else:
+            buf = facade.ReplayBuffer(facade.FIFOBuffer(10_000), env=env, seed=0)
+        dqn = d3rlpy.algos.DQNConfig(batch_size=32).create(device="cpu:0")
+        noop = d3rlpy.logging.NoopAdapterFactory()
+        t0 = time.perf_counter()
+        dqn.fit_online(env, buffer=buf, explorer=d3rlpy.algos.ConstantEpsilonGreedy(0.3), n_steps=steps,
+                       n_steps_per_epoch=steps, update_start_step=100, show_progress=False, logger_adapter=noop)
+        out[who, "fit_online"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        dqn.fit(buf, n_steps=steps // 2, n_steps_per_epoch=steps // 2, show_progress=False, logger_adapter=noop)
+        out[who, "fit"] = time.perf_counter() - t0
+        if who == "shmbuf":
+            buf.close()
+    return out
+
+
+def fit_report(d3rlpy: Any, facade: Any, steps: int) -> None:
+    import os
+    import tempfile
+
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as d:  # (d3rlpy writes logs under the working directory)
+        os.chdir(d)
+        try:
+            times = [fit_times(d3rlpy, facade, steps) for _ in range(3)]
+        finally:
+            os.chdir(cwd)
+    print(f"\nDQN on CartPole-v1, {steps} env steps of fit_online then {steps // 2} updates of fit, "
+          "medians of 3 runs\n")
+    print("| wall time (s) | d3rlpy ReplayBuffer | shmbuf.compat.d3rlpy | shmbuf / d3rlpy |\n|---|---:|---:|---:|")
+    for what in ("fit_online", "fit"):
+        a = float(np.median([t["d3rlpy", what] for t in times]))
+        b = float(np.median([t["shmbuf", what] for t in times]))
+        print(f"| {what} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
 
 
 if __name__ == "__main__":
