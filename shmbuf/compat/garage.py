@@ -303,7 +303,8 @@ class HERReplayBuffer(PathBuffer):
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        super().__reduce__()  # (the error before the first path)
+        if self._core is None:  # (its configuration, reward_fn included)
+            return super().__reduce__()
         return (_attach_her, (self.name, self._reward_fn))
 
     def add_path(self, path: Mapping[str, Any]) -> None:

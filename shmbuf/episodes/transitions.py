@@ -298,11 +298,14 @@ def _n_step_python(plan: _Reads, ring: Any, lane: Any, t: np.ndarray, first: lis
     positions = [first]
     for j in range(1, n + 1):
         pos: list = [None] * plan.width
-        pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]
         for i, _, a in nobs:
             pos[i] = a[j - 1]
+        pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]  # (the reward wins, if an observation too)
         positions.append(pos)
     ok = sampling.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
+    for i, _, a in nobs:
+        if i == plan.reward_at:  # the reward is an observation field too: its next values
+            a[:] = rews[1:].reshape(a.shape)
     fl[:] = flags[0]
     # the common case: no end among rows t .. t+n-2, every row intact: n steps
     early = np.bitwise_or.reduce(flags[:n - 1], axis=0) & (TERMINATED | TRUNCATED)

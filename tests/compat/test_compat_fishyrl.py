@@ -19,12 +19,13 @@ def step(t):
 def test_the_schema_and_the_segment_come_with_the_first_add(name):
     buf = SequentialBuffer(5, name=name, seed=0)
     assert buf.name is None and buf.size == 0 and not buf.is_full
-    with pytest.raises(TypeError, match="before its first add"):
-        pickle.dumps(buf)
+    early = pickle.loads(pickle.dumps(buf))  # pickled before the first add: the name is fixed now
+    assert early.name == buf.name == name
     with pytest.raises(ValueError):
         buf.sample(1, 1)
     buf.add({"obs": np.array([1, 2], np.int64), "reward": 0.5})
-    assert buf.name == name and buf.size == 1
+    assert buf.name == name and buf.size == 1 and early.size == 1  # (the copy finds the segment)
+    early.close()
     buf.add({"obs": np.array([2.7, 3.2]), "reward": 1})  # cast into the first step's dtypes
     s = buf.sample(20, 1)
     assert s["obs"].dtype == np.int64 and s["obs"].shape == (20, 1, 2)

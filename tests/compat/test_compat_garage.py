@@ -98,8 +98,6 @@ def test_first_path_checks_and_clear_forgets_the_schema(name):
 
 def test_pickle_carries_the_name_and_another_handle_sees_the_paths(name):
     buf = PathBuffer(10, seed=0, name=name)
-    with pytest.raises(TypeError, match="before its first add"):
-        pickle.dumps(buf)
     buf.add_path(helpers.garage_path(3))
     copy = pickle.loads(pickle.dumps(buf))
     assert copy.name == name and copy.n_transitions_stored == 4
@@ -300,3 +298,40 @@ def test_sample_timesteps_needs_garage_and_says_so(name):
         assert b.rewards.shape == (4,) and len(b.step_types) == 4
     buf.unlink()
     buf.close()
+
+
+@pytest.mark.parametrize("kind", ["PathBuffer", "HERReplayBuffer", "ReplayBuffer"])
+def test_each_pickles_before_its_first_path_and_the_copies_share_one_buffer(name, kind):
+    import pickle
+
+    from shmbuf.compat import garage
+
+    def reward_fn(achieved, desired, info):
+        return 0.0
+
+    make = {"PathBuffer": lambda: garage.PathBuffer(50, seed=0),
+            "HERReplayBuffer": lambda: garage.HERReplayBuffer(2, _zero_reward, 50, None, seed=0),
+            "ReplayBuffer": lambda: garage.ReplayBuffer(None, 12, 3, seed=0)}[kind]
+    buf = make()
+    copy = pickle.loads(pickle.dumps(buf))  # (as a snapshot, or a worker, before the first path)
+    assert copy.name == buf.name is not None and copy.n_transitions_stored == 0
+    if kind == "ReplayBuffer":
+        for pair in ([1, 2], [3, 4], [5, 6]):
+            copy.add_transitions(observation=pair)
+    elif kind == "HERReplayBuffer":
+        goals = {"observation": np.zeros((3, 2)), "achieved_goal": [[0.], [1.], [2.]],
+                 "desired_goal": np.full((3, 1), 9.)}
+        copy.add_path({"observations": goals, "next_observations": goals, "actions": np.zeros((3, 1)),
+                       "rewards": -np.ones((3, 1)), "terminals": np.zeros((3, 1), bool)})
+    else:
+        copy.add_path({"observations": np.zeros((3, 2)), "actions": np.zeros((3, 1))})
+    assert buf.n_transitions_stored == copy.n_transitions_stored > 0  # the copy's path, seen here
+    again = pickle.loads(pickle.dumps(buf))  # after the first path: pickles as its name (attaches)
+    assert again.n_transitions_stored == buf.n_transitions_stored
+    again.close()
+    buf.unlink()
+    copy.close(), buf.close()
+
+
+def _zero_reward(achieved, desired, info):
+    return 0.0
