@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .d3rlpy_types import d3rlpy_module
+from .d3rlpy_types import Trajectory, d3rlpy_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,16 +43,8 @@ class Transition:
 
 
 @dataclasses.dataclass(frozen=True)
-class PartialTrajectory:
+class PartialTrajectory(Trajectory):
     """d3rlpy's ``PartialTrajectory`` (used where d3rlpy is not installed)."""
-    observations: Any
-    actions: np.ndarray
-    rewards: np.ndarray
-    returns_to_go: np.ndarray
-    terminals: np.ndarray
-    timesteps: np.ndarray
-    masks: np.ndarray
-    length: int
 
     def __len__(self) -> int:
         return self.length

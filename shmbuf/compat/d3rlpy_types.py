@@ -125,8 +125,9 @@ class TransitionMiniBatch:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrajectoryMiniBatch:
-    """d3rlpy's ``TrajectoryMiniBatch`` fields (used where d3rlpy is not installed)."""
+class Trajectory:
+    """The fields of d3rlpy's ``PartialTrajectory`` (one window, ``(L, ...)``) and
+    ``TrajectoryMiniBatch`` (``(B, L, ...)``), which are the same."""
     observations: Any
     actions: np.ndarray
     rewards: np.ndarray
@@ -135,6 +136,11 @@ class TrajectoryMiniBatch:
     timesteps: np.ndarray
     masks: np.ndarray
     length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryMiniBatch(Trajectory):
+    """d3rlpy's ``TrajectoryMiniBatch`` (used where d3rlpy is not installed)."""
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
