@@ -40,6 +40,13 @@ class Active:
             a[self.n] = step[k]
         self.n += 1
 
+    @classmethod
+    def of(cls, data: dict[str, np.ndarray], obs: Sequence[str]) -> "Active":
+        """A whole episode's arrays (``append_episode``), without a copy step by step."""
+        self = cls({k: (v.shape[1:], v.dtype) for k, v in data.items()}, obs, len(data["action"]))
+        self._arrays, self.n = dict(data), len(data["action"])
+        return self
+
     def step(self, i: int) -> dict[str, np.ndarray]:
         return {k: a[i] for k, a in self._arrays.items()}
 

@@ -41,12 +41,17 @@ class Samples:
     _transition_picker: Any
     _trajectory_slicer: Any
 
-    def _populations(self) -> tuple[int, int, int]:
+    def _local(self) -> tuple[int, int]:
         """(first index, end) of the active episode's transitions sampled out of this
-        process, and how many transitions shared memory holds besides them."""
+        process (a FIFO's newest ``limit``; none before the clip with write_at_termination)."""
         end = 0 if self._write_at_termination else self._active.transition_count  # type: ignore[attr-defined]
         limit = self._limit  # type: ignore[attr-defined]
-        first = 0 if limit is None else max(end - limit, 0)
+        return (0 if limit is None else max(end - limit, 0)), end
+
+    def _populations(self) -> tuple[int, int, int]:
+        """:meth:`_local`, and how many transitions shared memory holds besides them
+        (a scan of the lane table: not for every append)."""
+        first, end = self._local()
         shared = self._ebuf.transition_count - max(self._active_rows - 1, 0)  # type: ignore[attr-defined]
         shared -= self._below()  # type: ignore[attr-defined]
         return first, end, max(shared, 0)

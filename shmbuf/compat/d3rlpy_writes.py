@@ -156,7 +156,7 @@ class Appends:
         its frames and n-step rows, as d3rlpy keeps them) but are not drawn."""
         if self._limit is None or not self._rows:
             return
-        first, end, _ = self._populations()  # type: ignore[attr-defined]
+        first, end = self._local()  # type: ignore[attr-defined]
         drop = self._stored - self._active_rows - max(self._limit - (end - first), 0)
         if drop <= 0:
             return
@@ -188,11 +188,10 @@ class Appends:
             return
         self._room(steps, steps + 1)
         saved = self._active, self._written, self._start, self._active_rows
-        self._active = d3rlpy_episodes.Active(self._ebuf.user_fields, self._obs, len(data["action"]))
+        data = {k: np.asarray(v, self._ebuf.user_fields[k][1]) for k, v in data.items()}
+        self._active = d3rlpy_episodes.Active.of(data, self._obs)
         self._written, self._start, self._active_rows = 0, None, 0
         try:
-            for i in range(len(data["action"])):
-                self._active.append({k: v[i] for k, v in data.items()})
             self._write(0, steps, bool(episode.terminated))
         finally:
             self._active, self._written, self._start, self._active_rows = saved
