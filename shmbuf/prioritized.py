@@ -44,12 +44,8 @@ def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.
 
     def fill(todo: np.ndarray) -> np.ndarray | None:
         m = len(todo)
-        with trees.change(max(0.0, deadline - time.monotonic())):
-            trees.sync()
-        s, leaf, q, least = trees.draw(engine.rng, m, deadline, timeout)
+        s, leaf, q, least, drawn = trees.pick(engine.rng, m, deadline, timeout)
         low[0] = min(low[0], least)
-        drawn = (leaf > 0) & (q >= 0)  # (rounding may reach an empty leaf)
-        np.maximum(q, 0, out=q)
         got = out if m == n else {f.name: np.empty((m,) + f.shape, f.dtype) for f in fields}
         ok = sampling.copy_windows(engine.ring, s // trees.lc, q, 1, None, [got.get(f.name) for f in engine.fields])
         ok = drawn if ok is None else drawn & ok

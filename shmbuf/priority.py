@@ -266,6 +266,17 @@ class Trees:
 
     # -- reading them (no lock) ------------------------------------------------------
 
+    def pick(self, rng: np.random.Generator, n: int, deadline: float,
+             timeout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]:
+        """Sync, then :meth:`draw`: ``(slots, leaves, seqs, smallest leaf, drawn)``, where
+        ``drawn`` is False where rounding reached an empty leaf (its seq reads 0)."""
+        with self.change(max(0.0, deadline - time.monotonic())):
+            self.sync()
+        slots, p, seq, least = self.draw(rng, n, deadline, timeout)
+        drawn = (p > 0) & (seq >= 0)
+        np.maximum(seq, 0, out=seq)
+        return slots, p, seq, least, drawn
+
     def draw(self, rng: np.random.Generator, n: int, deadline: float,
              timeout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """``n`` slots drawn by priority, with their leaves, their rows' sequence

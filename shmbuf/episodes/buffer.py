@@ -9,6 +9,7 @@ import numpy as np
 from ..buffer import DEFAULT_TIMEOUT, Buffer
 from ..core.batch import count
 from ..core.layout import normalize_fields
+from ..priority import check_beta
 from . import gather, trajectories, transitions, whole
 from .rows import FINAL, SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
@@ -216,7 +217,8 @@ class EpisodeBuffer:
         see :meth:`shmbuf.Buffer.update_priorities`."""
         return self.transitions.update(index, priorities, self.engine.seconds(timeout))
 
-    def sample_trajectories(self, batch: int, length: int, *,
+    def sample_trajectories(self, batch: int, length: int, *, burn_in: int = 0,
+                            beta: float | None = None,
                             timeout: float | None = None) -> dict[str, np.ndarray]:
         """``batch`` windows of ``length`` steps of one episode each, ending at a step
         drawn uniformly over transitions (d3rlpy's trajectory slicer): every field
@@ -226,6 +228,17 @@ class EpisodeBuffer:
         the episode, 0 on padding), ``returns_to_go`` (the rewards from each step to the
         episode's end; for an episode still in progress, to its newest step),
         ``terminated`` and ``truncated`` (on the episode's last step).
+
+        ``burn_in=k`` (recurrent agents, R2D2): every array gets ``k`` more positions in
+        front, the up to ``k`` steps of the same episode before the window (padding where
+        the episode starts later), read with the same checks; ``burn_in_mask`` is True on
+        the burn-in positions that hold a step. A recurrent state stored as a field comes
+        back for every step: take it at the first burn-in step.
+
+        In a buffer created with ``priority=``, the end step is drawn by its priority (a
+        sequence's priority is its last step's), and the batch carries ``weight``
+        (importance sampling with exponent ``beta``, default 0.4) and ``index`` for
+        :meth:`update_priorities`, which then sets one priority per sequence.
 
         Example:
             >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16, seed=0)
@@ -237,7 +250,13 @@ class EpisodeBuffer:
         """
         batch = count(batch, "batch")
         length = count(length, "length", 1)
-        return self.engine.sample(batch, batch, timeout, lambda t: trajectories.sample(self, batch, length, t))
+        burn_in = count(burn_in, "burn_in")
+        if self.engine.trees is not None:
+            beta = check_beta(beta)
+        elif beta is not None:
+            raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
+        return self.engine.sample(batch, batch * (burn_in + length), timeout,
+                                  lambda t: trajectories.sample(self, batch, length, t, burn_in=burn_in, beta=beta))
 
     def sample_episodes(self, n: int, *, timeout: float | None = None) -> list[dict[str, np.ndarray]]:
         """``n`` whole episodes, uniformly over the complete ones (ended, none of their

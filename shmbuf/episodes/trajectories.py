@@ -31,6 +31,7 @@ step for an episode that has ended, the newest step written so far for one in pr
 
 from __future__ import annotations
 
+import time
 
 import numpy as np
 
@@ -39,28 +40,69 @@ from ..core.layout import LANE_HEAD
 from ..core.read import until_filled
 from . import gather
 from .rows import FINAL, TERMINATED, TRUNCATED
-from .transitions import NONE_YET
+from .transitions import NONE_YET, none_yet
 from .parts import Episodes
 from ..core.layout import published
 
 
 
-def sample(ebuf: Episodes, batch: int, length: int, timeout: float, where: bool = False) -> dict[str, np.ndarray]:
-    """``batch`` trajectories of ``length`` steps: every field ``(batch, length, ...)``
-    and ``mask``, ``timestep`` (1-based), ``returns_to_go``, ``terminated``,
-    ``truncated``; with ``where``, also each one's ``_lane``, ``_seq`` (its last row) and
-    ``_start`` (its episode's first row), for samplers built on this one."""
-    out = _empty(ebuf, batch, length, where)
+def sample(ebuf: Episodes, batch: int, length: int, timeout: float, where: bool = False,
+           burn_in: int = 0, beta: float | None = None) -> dict[str, np.ndarray]:
+    """``batch`` trajectories of ``burn_in + length`` steps: every field ``(batch,
+    burn_in + length, ...)`` and ``mask``, ``timestep`` (1-based), ``returns_to_go``,
+    ``terminated``, ``truncated``; with ``burn_in``, ``burn_in_mask`` (True on the first
+    ``burn_in`` positions that hold a step). The end step is drawn uniformly over
+    transitions, or with ``beta`` by its priority (then with ``weight`` and ``index``,
+    as :func:`shmbuf.episodes.transitions.sample_by_priority` gives them). With
+    ``where``, also each one's ``_lane``, ``_seq`` (its last row) and ``_start`` (its
+    episode's first row), for samplers built on this one."""
+    total = burn_in + length
+    out = _empty(ebuf, batch, total, where)
+    deadline = time.monotonic() + timeout
+    trees = ebuf.engine.trees if beta is not None else None
+    leaf, index, low = np.empty(batch), np.empty((batch, 2), np.int64), [np.inf]
 
     def fill(todo: np.ndarray) -> np.ndarray:
-        more = _empty(ebuf, len(todo), length, where)
-        good = np.flatnonzero(_fill(ebuf, more, length))
+        m = len(todo)
+        if trees is None:
+            lane, end, drawn, p, slots = *_draw(ebuf, m), True, None, None
+        else:
+            slots, p, end, least, drawn = trees.pick(ebuf.engine.rng, m, deadline, timeout)
+            low[0] = min(low[0], least)
+            lane = slots // trees.lc
+            drawn &= end + 1 < ebuf.engine.ring.lane_table[lane, LANE_HEAD]  # a transition: not the newest row
+        more = _empty(ebuf, m, total, where)
+        good = np.flatnonzero(_fill(ebuf, more, total, lane, end) & drawn)
         for key, a in out.items():
             a[todo[:len(good)]] = more[key][good]
-        return np.arange(len(todo)) < len(good)
+        if trees is not None:
+            leaf[todo[:len(good)]] = p[good]
+            index[todo[:len(good)], 0], index[todo[:len(good)], 1] = slots[good], end[good]
+        return np.arange(m) < len(good)
 
-    until_filled(fill, batch, timeout, "trajectories")
+    until_filled(fill, batch, timeout, "trajectories", deadline=deadline,
+                 check=None if trees is None else none_yet(ebuf))
+    if burn_in:
+        out["burn_in_mask"] = out["mask"] & (np.arange(total) < burn_in)
+    if trees is not None:
+        out["weight"] = np.power(low[0] / leaf, beta)
+        out["index"] = index
     return out
+
+
+def _draw(ebuf: Episodes, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lanes and end rows of ``m`` candidates, uniformly over pairs of adjacent
+    rows (the pairs that are not transitions are rejected by :func:`_fill`)."""
+    ring = ebuf.engine.ring
+    try:
+        lane, end, _ = sampling.draw_windows(ring, ebuf.engine.rng, m, 2, None)
+    except ValueError:
+        if ring.size() == 0:
+            raise
+        raise ValueError(NONE_YET) from None
+    if type(lane) is not np.ndarray:
+        lane = np.full(m, lane, np.int64)
+    return lane, end
 
 
 def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str, np.ndarray]:
@@ -76,19 +118,12 @@ def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str
     return out
 
 
-def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int) -> np.ndarray:
-    """Draw ``len(out)`` trajectories into ``out``; returns the mask of the ones proven
-    intact (the others are drawn again)."""
-    ring, rng = ebuf.engine.ring, ebuf.engine.rng
+def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int, lane: np.ndarray,
+          end: np.ndarray) -> np.ndarray:
+    """Read the trajectories ending at rows ``end`` of ``lane`` into ``out``; returns the
+    mask of the ones proven intact (the others are drawn again)."""
+    ring = ebuf.engine.ring
     m = len(out["mask"])
-    try:
-        lane, end, _ = sampling.draw_windows(ring, rng, m, 2, None)
-    except ValueError:
-        if ring.size() == 0:
-            raise
-        raise ValueError(NONE_YET) from None
-    if type(lane) is not np.ndarray:
-        lane = np.full(m, lane, np.int64)
     # 1. The window, row by row through the checked read: fields, episode, flags
     seq = end[:, None] - np.arange(length - 1, -1, -1)
     want = {name: a.reshape((m * length,) + a.shape[2:]) for name, a in out.items() if name in ebuf.user_fields}

@@ -159,10 +159,7 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
             a[todo[:len(good)]] = more[key][good]
         return np.arange(len(todo)) < len(good)
 
-    def check(rounds: int) -> None:
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(NONE_YET)
-
+    check = none_yet(ebuf)
     until_filled(fill, n, timeout, "transitions", check=check,
                  hint=(f": with n_step={n_step}, the newest steps of an episode in progress wait until "
                        f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
@@ -255,12 +252,8 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
     def fill(todo: np.ndarray) -> np.ndarray:
         nonlocal low
         m = len(todo)
-        with trees.change(max(0.0, deadline - time.monotonic())):
-            trees.sync()
-        slots, p, seq, least = trees.draw(ebuf.engine.rng, m, deadline, timeout)
+        slots, p, seq, least, ok = trees.pick(ebuf.engine.rng, m, deadline, timeout)
         low = min(low, least)
-        ok = (p > 0) & (seq >= 0)
-        np.maximum(seq, 0, out=seq)
         got = plan.empty(m) if m < n else out
         valid = _fill(ebuf, plan, got, gamma, (slots // trees.lc, seq))
         if valid is not None:
@@ -272,10 +265,7 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
         index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
         return ok
 
-    def check(rounds: int) -> None:
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
-            raise ValueError(NONE_YET)
-
+    check = none_yet(ebuf)
     until_filled(fill, n, timeout, "transitions by priority", deadline=deadline, check=check)
     out["weight"] = np.power(low / leaf, beta)
     out["index"] = index
@@ -344,6 +334,16 @@ def _n_step(plan: _Reads, out: dict[str, np.ndarray], flags: np.ndarray, rews: n
     for _, name, a in nobs:
         out[name][which] = a[steps - 1, which]
     return valid, last
+
+
+def none_yet(ebuf: Episodes) -> Any:
+    """The ``check`` of :func:`shmbuf.core.read.until_filled` for samplers of
+    transitions: after a few redraws, raise ``ValueError(NONE_YET)`` if an exact scan
+    finds no transition at all."""
+    def check(rounds: int) -> None:
+        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+            raise ValueError(NONE_YET)
+    return check
 
 
 def _any_transition(ebuf: Episodes) -> bool:
