@@ -10,9 +10,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import priority as _priority
+from . import queues
 from .core import counters, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
+from .core.queue import Consumed
 from .core.sampler import Uniform
 from .prioritized import Prioritized
 from .lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.LaneWriter)
@@ -26,7 +28,7 @@ from .core.segment import Segment
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots):
+class Buffer(Properties, Lanes, Snapshots, queues.Queues):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -70,18 +72,20 @@ class Buffer(Properties, Lanes, Snapshots):
         self._native = engine.native  # None: pure Python, or closed
         # The hot paths' one check: the C ring when no capability is on (no priorities,
         # no rate gate), else None; and whether a sample is a plain uniform one.
-        plain = engine.trees is None and engine.gate is None
+        plain = engine.trees is None and engine.gate is None and engine.queue is None
         self._plain = engine.native if plain else None
         self._uniform = plain
         self._outputs = Outputs(layout.fields)
-        self.sampler = (Prioritized if engine.trees is not None else Uniform)(engine, self._outputs)
+        self.sampler = (Consumed if engine.queue is not None else Prioritized if engine.trees is not None
+                        else Uniform)(engine, self._outputs)
         return self
 
     @classmethod
     def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
-               rate: RateLimit | None = None, priority: float | None = None) -> "Buffer":
+               rate: RateLimit | None = None, priority: float | None = None,
+               mode: str = "replay") -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment.
 
         Args:
@@ -101,6 +105,9 @@ class Buffer(Properties, Lanes, Snapshots):
             priority: the exponent ``a`` of prioritized replay (0.6 is usual): samples are
                 then drawn with probability ``p**a / sum p**a`` and carry ``weight`` and
                 ``index``; see :meth:`update_priorities` and :mod:`shmbuf.priority`.
+            mode: ``"replay"`` (default) or ``"queue"``: rows consumed in order by
+                :meth:`take`, each delivered once; writes wait while it is full
+                instead of overwriting (see :mod:`shmbuf.core.queue`).
 
         Raises:
             FileExistsError: the name is taken.
@@ -124,6 +131,7 @@ class Buffer(Properties, Lanes, Snapshots):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
+        fields, meta = queues.plan(mode, fields, meta, regions, lanes, rate, priority)
         if priority is not None:
             meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
             if not isinstance(fields, Mapping) or _priority.FIELD in fields:
@@ -259,6 +267,8 @@ class Buffer(Properties, Lanes, Snapshots):
         if plain is not None and priority is None and plain.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
+        if engine.queue is not None:
+            transition = engine.queue.stamp(transition, True)
         if engine.trees is not None or priority is not None:
             transition = _priority.with_priority(engine, transition, priority, None)
             c_ring = self._native
@@ -289,6 +299,10 @@ class Buffer(Properties, Lanes, Snapshots):
                 and plain.extend(batch, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
+        if engine.queue is not None:
+            if truncate_ok is not False:
+                raise ValueError("a queue never drops rows: truncate_ok= is for replay buffers")
+            batch = engine.queue.stamp(batch, False)
         if engine.trees is not None or priority is not None:
             batch = _priority.with_priority(engine, batch, priority, 0)
             c_ring = self._native

@@ -48,6 +48,7 @@ import math
 import os
 import secrets
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from . import state
 from .core import procs, ratelimit, segment
 from .core.engine import Engine
 from .core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
+from .core.queue import FIELD as QUEUED
 from .core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
 from .savefiles import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
@@ -95,19 +97,23 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     ring, layout = engine.ring, engine.layout
     try:
         leaves = engine.trees.snapshot(timeout) if engine.trees is not None else None
-        pos = state.positions(ring, timeout)  # (after the leaves: rows newer than them are synced anew)
-        sampled = ratelimit.sampled(ring)
-        heads, bases = pos[:, 0], pos[:, 1]
         fields = engine.layout.stored()
         files, data = {}, {}
+        # a queue's rows not yet taken, exactly: no take runs during the copy
+        quiet = nullcontext(None) if engine.queue is None else engine.queue.quiet(timeout)
         try:
-            for i, (name, (shape, dtype)) in enumerate(fields.items()):
-                files[name] = _field_file(i)
-                data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
-            stamps = np.empty(layout.capacity, np.int64)
-            bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
-            kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
-            bar.close()
+            with quiet as pos:
+                if pos is None:
+                    pos = state.positions(ring, timeout)  # (after the leaves: rows newer are synced anew)
+                sampled = ratelimit.sampled(ring)
+                heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
+                for i, (name, (shape, dtype)) in enumerate(fields.items()):
+                    files[name] = _field_file(i)
+                    data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
+                stamps = np.empty(layout.capacity, np.int64)
+                bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
+                kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+                bar.close()
         finally:
             for out in data.values():
                 out.f.close()
@@ -274,6 +280,10 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         if "priority" in meta:
             kwargs["priority"] = meta.pop("priority").get("alpha")
             fields.pop(_priority.FIELD, None)
+        if "queue" in meta:
+            meta.pop("queue")
+            kwargs["mode"] = "queue"
+            fields.pop(QUEUED, None)
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
                                 f"({' '.join(str(exc).split())})"[:500]) from None
@@ -316,6 +326,8 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
                     r.close()
         bar.close()
         ratelimit.restore_sampled(buf.engine.ring, got["sampled"], timeout)
+        if buf.engine.queue is not None:
+            buf.engine.queue.reset(timeout)  # every row restored is one not yet taken
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
             buf.engine.trees.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)

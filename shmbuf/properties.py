@@ -10,6 +10,7 @@ import numpy as np
 
 from .core.engine import Engine
 from .priority import FIELD
+from .core.queue import FIELD as QUEUED
 from .core.layout import FLAG_PERSIST, LANE_HEAD
 
 
@@ -62,9 +63,9 @@ class Properties:
 
     @property
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """``{name: (shape, dtype)}``, in schema order (a prioritized buffer's hidden
-        ``_priority`` left out)."""
-        return {f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name != FIELD}
+        """``{name: (shape, dtype)}``, in schema order (the hidden ``_priority`` of a
+        prioritized buffer and ``_queued`` of a queue left out)."""
+        return {f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name not in (FIELD, QUEUED)}
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -100,8 +101,10 @@ class Properties:
         return len(self) == self.capacity
 
     def __len__(self) -> int:
-        """Rows currently held: written, or reserved by a writer still writing them."""
-        return self.engine.ring.size()
+        """Rows currently held: written, or reserved by a writer still writing them (in
+        a queue: not yet taken)."""
+        queue = self.engine.queue
+        return self.engine.ring.size() if queue is None else queue.depth()
 
     @property
     def total_added(self) -> int:

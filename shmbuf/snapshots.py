@@ -31,7 +31,8 @@ class Snapshots:
             >>> import numpy as np, shmbuf
             >>> buf.close()
         """
-        self.engine.ring.clear(self.engine.seconds(timeout))
+        e = self.engine
+        (e.ring if e.queue is None else e.queue).clear(e.seconds(timeout))
 
     def stats(self) -> dict[str, Any]:
         """Counters of the buffer, kept by every handle of every process in the segment
@@ -50,7 +51,8 @@ class Snapshots:
             >>> import numpy as np, shmbuf
             >>> buf.close()
         """
-        return stats.read(self.engine)
+        e = self.engine
+        return stats.read(e) if e.queue is None else {**stats.read(e), **e.queue.stats()}
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.
@@ -71,7 +73,8 @@ class Snapshots:
             >>> a.close(); b.close()
         """
         e = self.engine
-        return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout))
+        return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
+                               None if e.queue is None else e.queue.quiet)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -84,6 +87,8 @@ class Snapshots:
         e = self.engine
         checked = _state.check(state, e.layout, e.layout.stored())
         _state.restore(e.ring, checked, e.seconds(timeout))
+        if e.queue is not None:
+            e.queue.reset(e.seconds(timeout))  # every row restored is one not yet taken
         self.sampler.restore(checked["rng"])
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False,

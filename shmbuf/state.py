@@ -113,13 +113,19 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
 
 
 def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
-             timeout: float) -> dict[str, Any]:
-    """A consistent copy of ``ring``'s rows (see the module docstring)."""
-    pos = positions(ring, timeout)
-    heads, bases = pos[:, 0], pos[:, 1]
+             timeout: float, quiet: Any = None) -> dict[str, Any]:
+    """A consistent copy of ``ring``'s rows (see the module docstring). ``quiet``: a
+    queue's :meth:`~shmbuf.core.queue.Queue.quiet`, held during the copy (the rows not
+    yet taken, exactly)."""
     data = {name: np.empty_like(a) for name, a in ring.arrays.items()}
     stamps = np.empty(ring.layout.capacity, np.int64)
-    copy_rows(ring, heads, bases, data, stamps)
+    if quiet is None:
+        pos = positions(ring, timeout)
+        copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
+    else:
+        with quiet(timeout) as pos:
+            copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
+    heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
     return {"format": FORMAT, "version": VERSION, "fields": fields,
             "capacity": ring.layout.capacity, "lanes": ring.lanes,
             "heads": heads, "bases": bases, "stamps": stamps, "data": data,

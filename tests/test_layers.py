@@ -24,7 +24,7 @@ LAYERS = [
      "shmbuf.spaces", "shmbuf.envs", "shmbuf.savefiles",
      "shmbuf.prioritized"],                                  # capabilities on the engine
     ["shmbuf.persist"],                                                # saving what the parts hold
-    ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots"],         # the parts of Buffer
+    ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots", "shmbuf.queues"],  # the parts of Buffer
     ["shmbuf.buffer"],                                                 # the Buffer facade
     ["shmbuf.episodes", "shmbuf.her"],                                 # episodes on Buffer
     ["shmbuf.torch", "shmbuf.hdf5", "shmbuf.demo"],                    # interop

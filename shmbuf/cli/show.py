@@ -50,7 +50,8 @@ def describe(name: str) -> dict[str, Any]:
         s = buf.stats()
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}
         writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"]}
-        return {"name": name, "kind": lay.meta.get("kind", "buffer"), "rows": len(buf),
+        kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
+        return {"name": name, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
                 "capacity": buf.capacity, "lanes": buf.lanes,
                 "lane_rows": buf.lane_sizes(), "total_added": buf.total_added,
                 "bytes": lay.total_size, "bytes_per_row": lay.row_bytes + 8,
@@ -138,6 +139,11 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
         out.append(f"sampled {s['batches_sampled']:,} batches / {s['rows_sampled']:,} rows, "
                    f"{s['torn_read_retries']:,} torn-read retries, {s['lock_acquisitions']:,} lock "
                    f"acquisitions ({s['lock_wait_seconds']:.3f} s waited), {s['writes']:,} writes")
+    if "queue_depth" in s:
+        out.append(f"queue: {s['queue_depth']:,} rows waiting; {s['rows_taken']:,} taken in {s['takes']:,} "
+                   f"takes, {s['rows_given_back']:,} given back by takers that died, {s['rows_skipped']:,} "
+                   f"skipped (writers that died); takers waited {s['take_wait_s']:.3f} s, writers "
+                   f"{s['write_wait_s']:.3f} s")
     if r is not None:
         out.append("rates over the last interval: " + ", ".join(f"{v:,.0f} {k}" for k, v in r.items()))
     now = s["time"]

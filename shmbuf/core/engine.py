@@ -12,7 +12,8 @@ What a capability may use:
 
 * ``layout``, ``fields``, ``schema``, ``seg``, ``name``: what the segment holds;
 * ``ring`` (lane table, stamps, arrays, ``put``, ``window``), ``native``, ``lock``;
-* ``rng``, ``seconds(timeout)``, ``counters``, ``gate`` (the rate limit, or None);
+* ``rng``, ``seconds(timeout)``, ``counters``, ``gate`` (the rate limit, or None),
+  ``queue`` (a queue's :class:`~shmbuf.core.queue.Queue`, or None);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
 * the read path: :mod:`shmbuf.core.read` with this engine.
 
@@ -38,6 +39,7 @@ from . import native, procs, sampling, validate
 from .counters import Counters
 from .layout import CTRL_LOCK_HOLDER, Layout
 from .lock import HeaderLock
+from .queue import REGION as QUEUE, Consumed, Queue
 from .ratelimit import Limiter, RateLimit
 from .ring import Ring, WriteTimeout
 from .segment import NotReadyError, Segment
@@ -151,6 +153,8 @@ class Engine:
         rate = layout.meta.get("rate")
         self.gate = None if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
         self.trees: Any = None  # a prioritized buffer's shmbuf.priority.Trees (set by its facade)
+        q = layout.meta.get("queue")
+        self.queue = None if q is None else Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
@@ -204,7 +208,7 @@ class Engine:
             lane = self.resolve_lane(lane, timeout)
         if not self.prefaulted[lane]:
             self.prefault(lane)
-        self.ring.put(lane, n, arrays, timeout)
+        (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
         """Check and write rows of every stored field, hidden ones included (for the
@@ -242,6 +246,8 @@ class Engine:
         """Fill ``arrays`` (one per stored field, ``(n * length, *shape)``) with ``n``
         intact windows drawn uniformly (of ``lane`` only, if given)."""
         timeout = self.seconds(timeout)
+        if self.queue is not None:
+            Consumed(self, None).sample()  # raises
         if self.gate is not None:
             self.gate.before_sample(n, timeout)
         if lane is not None:

@@ -75,6 +75,15 @@ def published(seq: Any) -> Any:
     return 2 * seq + 2
 
 
+def c_strides(f: Any) -> tuple[int, ...]:
+    """Strides of one C-ordered row of field ``f``."""
+    strides, step = [], f.dtype.itemsize
+    for dim in reversed(f.shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
 MAX_RESERVATIONS = 1 << 16
 MAX_SEQ = (1 << 62) - 1
 """The largest head a lane may reach (a row a nanosecond for 146 years): every stamp

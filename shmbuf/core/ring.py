@@ -55,10 +55,9 @@ from . import procs
 from .claims import Claims
 from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
-                     Layout)
+                     Layout, c_strides, published)
 from .lock import HeaderLock, owner_lock
 from .tables import check_head, owners
-from .layout import published
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 # The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
@@ -95,19 +94,12 @@ def _stamp_run(stamps: np.ndarray, lo: int, hi: int, first_stamp: int) -> None:
         stamps[lo:hi] = np.arange(first_stamp, first_stamp + 2 * (hi - lo), 2)
 
 
-def _c_strides(f: Any) -> tuple[int, ...]:
-    """Strides of one C-ordered row of field ``f``."""
-    strides, step = [], f.dtype.itemsize
-    for dim in reversed(f.shape):
-        strides.append(step)
-        step *= dim
-    return tuple(reversed(strides))
-
-
-
-
 class WriteTimeout(TimeoutError):
     """A write could not finish in time (another live writer holds the slots)."""
+
+
+class QueueFull(Exception):
+    """A queue's reservation that would overwrite rows not yet taken (nothing reserved)."""
 
 
 class Ring(Claims):
@@ -136,7 +128,7 @@ class Ring(Claims):
         self.stamps = np.ndarray((layout.capacity,), i8, mem, layout.rows_offset,
                                  (layout.row_stride,))
         self.arrays = {f.name: np.ndarray((layout.capacity,) + f.shape, f.dtype, mem, f.offset,
-                                          (f.stride,) + _c_strides(f))
+                                          (f.stride,) + c_strides(f))
                        for f in layout.fields}
         self.rows = np.ndarray((layout.capacity, layout.row_stride), np.uint8, mem, layout.rows_offset)
         self.index = {f.name: i for i, f in enumerate(layout.fields)}  # field name -> position
@@ -144,6 +136,7 @@ class Ring(Claims):
         self._hint = threading.local()
         self._own_lock = owner_lock(lock)
         self.counters: Any = None  # the handle's shmbuf.stats.Counters (set by Buffer)
+        self.bounded = False  # a queue's: never reserve past base + lane capacity
 
     # -- lane state ------------------------------------------------------------------
 
@@ -180,7 +173,7 @@ class Ring(Claims):
         writers. Whatever happens, the reservation is released: published, or abandoned
         (never sampled) if anything raised.
         """
-        if self.native is not None:
+        if self.native is not None and not self.bounded:  # (a queue's writes check room here)
             rows = [np.ascontiguousarray(a, f.dtype) for a, f in zip(sources, self.layout.fields)]
             deadline = time.monotonic() + timeout
             while self.native.put(lane, n, rows, timeout) is False:
@@ -219,6 +212,8 @@ class Ring(Claims):
             if owner:
                 first = int(lt[lane, LANE_HEAD])
                 check_head(lane, first, n)
+                if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
+                    raise QueueFull(lane)
                 lt[lane, LANE_OWN_START] = first
                 lt[lane, LANE_OWN_COUNT] = n
                 lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
@@ -232,6 +227,8 @@ class Ring(Claims):
                         return False
                     first = int(lt[lane, LANE_HEAD])
                     check_head(lane, first, n)
+                    if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
+                        raise QueueFull(lane)
                     entry = self._free_entry()
                     res = self.res
                     res[entry, RES_LANE] = lane

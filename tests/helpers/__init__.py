@@ -12,3 +12,4 @@ from .persist import *  # noqa: F401,F403
 from .weights import *  # noqa: F401,F403
 from .tensors import *  # noqa: F401,F403
 from .compat import *  # noqa: F401,F403
+from .queues import *  # noqa: F401,F403

@@ -1,0 +1,378 @@
+"""Queue mode: rows consumed in order, each delivered to exactly one ``take``.
+
+A queue is a ring whose writers never overwrite a row that was not taken: a lane's
+``base`` (see :mod:`shmbuf.core.ring`) is its *delivered* frontier, and a reservation
+that would reach past ``base + lane_capacity`` is refused (``QueueFull``) and waits,
+backing off, until takers free room. A region of the segment holds::
+
+    head    rows taken, rows given back, takes, rows skipped (dead writers'), ns takers
+            waited for rows, ns writers waited for room, spare words
+    next    per lane: the first row no take has claimed yet
+    takes   T entries: state (0 free, 1 taking, 2 given back), pid, start time, lane,
+            start, count, time of the oldest row, token
+
+**Taking** (:meth:`Queue.take`):
+
+1. Under the header lock: entries of takers that died (or of this process's takes
+   that no thread runs any more, after a Ctrl-C) are *given back* (state 2). Then the
+   rows are chosen: given-back ranges first, oldest first; then, per lane, the rows
+   from ``next`` up to the first row a live writer still holds (rows of writers that
+   died are skipped), merged across lanes by the monotonic time each write began.
+   The chosen rows of a lane are always a prefix of its rows. Each range becomes an
+   entry of ours and ``next`` moves past it; until it does, nothing changed.
+2. Outside the lock: copy the rows through the read path's checked gather. They cannot
+   change meanwhile (writers wait for ``base``, which our entries hold back).
+3. Under the lock: free our entries (one store: from here on the rows are delivered)
+   and move each lane's ``base`` to its oldest row still claimed or not yet taken.
+
+A taker SIGKILLed before step 3's store leaves entries with a dead pid: the next take
+gives them back and delivers them before newer rows. An exception (Ctrl-C) gives them
+back at once. A writer killed mid-write leaves rows that are never published: takes
+skip them once no live writer holds them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from . import procs, sampling, takes
+from .layout import LANE_BASE, LANE_HEAD
+from .lock import HeaderLock
+from .read import SampleTimeout, until_filled
+from .ring import QueueFull, WriteTimeout
+
+from .takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
+                    H_RETURNED, H_SKIPPED, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
+                    RETURNED, TAKING, WIDTH)
+
+REGION = "queue"
+HOOK: Callable[[str, Any], None] | None = None
+"""Test hook, called as ``HOOK(point, rows)`` in a take at "claimed" (rows claimed, lock
+released, nothing copied; rows None) and "copied" (the rows copied, not yet delivered),
+and in every change at "commit" (journal committed, words not yet written). Never set
+outside tests."""
+GIVE_BACK = True
+"""Test switch: False drops a dead taker's rows instead of giving them back (the storm
+test proves with it that it would see rows lost). Never set outside tests."""
+
+_TOKENS = itertools.count(1)
+_TAKING: set[int] = set()  # tokens of this process's takes in flight
+
+
+def entries(lanes: int) -> int:
+    return 64 + 8 * lanes
+
+
+def _words(lanes: int) -> int:
+    """Words of the head, next and take table (the journal follows them)."""
+    return HEAD_WORDS + lanes + WIDTH * entries(lanes)
+
+
+def region_bytes(lanes: int) -> int:
+    return 8 * (_words(lanes) + 1 + 2 * _words(lanes))
+
+
+def _backoff(delay: float) -> float:
+    time.sleep(delay)
+    return min(max(2 * delay, 50e-6), 2e-3)
+
+
+class Words:
+    """Views of the queue's words: the live ones, or a copy being edited."""
+
+    def __init__(self, w: np.ndarray, lanes: int) -> None:
+        self.w = w
+        self.head = w[:HEAD_WORDS]
+        self.next = w[HEAD_WORDS:HEAD_WORDS + lanes]
+        self.table = w[HEAD_WORDS + lanes:].reshape(-1, WIDTH)
+        self.table_f = self.table.view(np.float64)
+
+
+class Queue:
+    """A queue's take protocol and room wait over one engine's ring (see the module).
+
+    **Every change is all or nothing.** A change (a claim, a delivery, a give-back) is
+    made on a copy of the words under the header lock, then committed through a redo
+    journal: the changed words and their new values are written, then their count (one
+    store: the commit), then the words themselves, then the count is zeroed. Whoever
+    takes the lock next and finds a count applies the journal again (a holder killed
+    mid-change), so a SIGKILL at any instant leaves the change made or not made.
+    """
+
+    def __init__(self, ring: Any, lock: HeaderLock, region: tuple[int, int], mem: Any) -> None:
+        off, size = region
+        lanes = ring.lanes
+        if size != region_bytes(lanes):
+            from .segment import FormatError
+            raise FormatError(f"the queue region holds {size} bytes, expected {region_bytes(lanes)}")
+        self.ring, self.lock, self.lanes = ring, lock, lanes
+        self.n = _words(lanes)
+        words = np.ndarray((size // 8,), np.int64, mem, off)
+        self.live = Words(words[:self.n], lanes)
+        self.journal = words[self.n:]
+        self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
+        self.names = [f.name for f in ring.layout.fields]
+        ring.bounded = True
+
+    # -- changes ---------------------------------------------------------------------
+
+    @contextmanager
+    def _edit(self, timeout: float) -> Iterator[Words]:
+        """Hold the lock; yield a copy of the words; commit it if the body returns."""
+        with self.lock.hold(timeout):
+            self._replay()
+            edit = Words(self.live.w.copy(), self.lanes)
+            self._reap(edit)
+            yield edit
+            self._commit(edit.w)
+
+    def _commit(self, w: np.ndarray) -> None:
+        changed = np.flatnonzero(w != self.live.w)
+        k = len(changed)
+        if k:
+            j = self.journal
+            j[1:1 + k], j[1 + self.n:1 + self.n + k] = changed, w[changed]
+            j[0] = k  # the commit
+            if HOOK is not None:
+                HOOK("commit", None)
+            self.live.w[changed] = w[changed]
+            j[0] = 0
+        self._settle()
+
+    def _replay(self) -> None:
+        """(Under the lock) finish a change whose maker died halfway."""
+        j = self.journal
+        k = int(j[0])
+        if k:
+            if 0 < k <= self.n:
+                at, values = j[1:1 + k], j[1 + self.n:1 + self.n + k]
+                ok = (at >= 0) & (at < self.n)
+                self.live.w[at[ok]] = values[ok]
+            j[0] = 0
+        self._settle()
+
+    def _settle(self) -> None:
+        """(Under the lock) move each lane's base to its oldest row still claimed or
+        given back, or not yet claimed: the rows below it are delivered, their slots free."""
+        t, lt = self.table.copy(), self.ring.lane_table
+        heads = lt[:, LANE_HEAD].copy()
+        low = np.minimum(self.next, heads)
+        used = (t[:, E_STATE] != FREE) & (t[:, E_LANE] >= 0) & (t[:, E_LANE] < self.lanes)
+        np.minimum.at(low, t[used, E_LANE], t[used, E_START])
+        lt[:, LANE_BASE] = np.maximum(lt[:, LANE_BASE], low)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def stamp(self, data: Any, single: bool) -> dict[str, Any]:
+        """``data`` with the hidden field: the time this write began."""
+        data = dict(data)
+        data.pop(FIELD, None)
+        now = time.monotonic_ns()
+        if single:
+            data[FIELD] = now
+        else:
+            rows = next(iter(data.values()), None)
+            data[FIELD] = np.full(len(rows) if hasattr(rows, "__len__") else 1, now, np.int64)
+        return data
+
+    def put(self, lane: int, n: int, arrays: list[np.ndarray], timeout: float) -> None:
+        """Write ``n`` rows into ``lane``, waiting (backing off) while it is full."""
+        start = time.monotonic()
+        deadline, delay = start + timeout, 0.0
+        while True:
+            try:
+                self.ring.put(lane, n, arrays, max(0.0, deadline - time.monotonic()))
+                break
+            except QueueFull:
+                if time.monotonic() >= deadline:
+                    raise WriteTimeout(self._full(lane, n, timeout)) from None
+                delay = _backoff(delay)
+        if delay:
+            with self._edit(max(1.0, timeout)) as s:
+                s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
+
+    def _full(self, lane: int, n: int, timeout: float) -> str:
+        lt = self.ring.lane_table
+        waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
+        t = self.table.copy()
+        takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
+        who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
+               "no take is in flight: nobody took rows from it")
+        return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
+                f"(it holds {waiting} rows not yet delivered, of {self.ring.lane_capacity}; {who}). "
+                "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
+
+    # -- taking ----------------------------------------------------------------------
+
+    def depth(self) -> int:
+        """Rows not yet taken: published or being written, plus rows given back."""
+        lt = self.ring.lane_table
+        nxt = np.clip(self.next, lt[:, LANE_BASE], lt[:, LANE_HEAD])
+        t = self.table.copy()
+        back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
+        return int((lt[:, LANE_HEAD] - nxt).sum()) + back
+
+    def take(self, n: int, partial: bool, timeout: float) -> dict[str, np.ndarray]:
+        """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
+        to this call only; waits up to ``timeout`` for them (see the module)."""
+        token = next(_TOKENS)
+        pid, ctime = procs.identity()
+        start = time.monotonic()
+        deadline, delay = start + timeout, 0.0
+        _TAKING.add(token)
+        try:
+            while True:
+                # (the lock is held for microseconds: a last try after the deadline may wait for it)
+                with self._edit(max(1.0, deadline - time.monotonic())) as s:
+                    got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
+                if got is not None:
+                    break
+                if time.monotonic() >= deadline:
+                    raise SampleTimeout(
+                        f"could not take {n if not partial else 'any'} row(s) within {timeout:g} s: the "
+                        f"queue holds {self.depth()} row(s) not yet taken"
+                        + ("" if partial else "; pass partial=True to take fewer"))
+                delay = _backoff(delay)
+            lanes, seqs = got
+            if HOOK is not None:
+                HOOK("claimed", None)
+            out = self._copy(lanes, seqs, deadline, timeout)
+            if HOOK is not None:
+                HOOK("copied", out)
+            with self._edit(max(10.0, timeout)) as s:
+                s.table[self._mine(s, pid, token), E_STATE] = FREE  # delivered, once committed
+                s.head[H_TAKEN] += len(seqs)
+                s.head[H_TAKES] += 1
+                s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
+            return out
+        except BaseException:
+            try:
+                with self._edit(max(10.0, timeout)) as s:
+                    self._give_back(s, self._mine(s, pid, token))
+            finally:
+                _TAKING.discard(token)
+            raise
+        finally:
+            _TAKING.discard(token)
+
+    @staticmethod
+    def _mine(s: Words, pid: int, token: int) -> np.ndarray:
+        t = s.table
+        return np.flatnonzero((t[:, E_STATE] == TAKING) & (t[:, E_PID] == pid) & (t[:, E_TOKEN] == token))
+
+    @staticmethod
+    def _give_back(s: Words, which: np.ndarray) -> None:
+        """Entries whose taker will never return them: given back."""
+        if len(which):
+            if GIVE_BACK:
+                s.table[which, E_STATE] = RETURNED
+                s.head[H_RETURNED] += int(s.table[which, E_COUNT].sum())
+            else:
+                s.table[which, E_STATE] = FREE
+
+    def _reap(self, s: Words) -> None:
+        """Give back the entries of dead takers and of this process's takes that no
+        thread runs any more; free entries that cannot be right."""
+        t = s.table
+        lt = self.ring.lane_table
+        state = t[:, E_STATE]
+        bad = (state < FREE) | (state > RETURNED)
+        used = np.flatnonzero(~bad & (state != FREE))
+        if len(used):
+            lane = t[used, E_LANE]
+            ok = (lane >= 0) & (lane < self.lanes)
+            ln = np.where(ok, lane, 0)
+            ok &= (t[used, E_COUNT] >= 0) & (t[used, E_START] >= lt[ln, LANE_BASE]) \
+                & (t[used, E_START] + t[used, E_COUNT] <= np.minimum(s.next[ln], lt[ln, LANE_HEAD]))
+            bad[used[~ok]] = True
+        t[bad, E_STATE] = FREE
+        me = procs.identity()[0]
+        alive = procs.Liveness()
+        gone = [i for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
+                if (int(t[i, E_TOKEN]) not in _TAKING if int(t[i, E_PID]) == me
+                    else not alive(int(t[i, E_PID]), float(s.table_f[i, E_CTIME])))]
+        self._give_back(s, np.array(gone, np.int64))
+
+    def _copy(self, lanes: np.ndarray, seqs: np.ndarray, deadline: float, timeout: float) -> dict[str, np.ndarray]:
+        """The rows, through the read path's checked gather (they cannot change while we
+        hold them: a failed check is copied again until the deadline)."""
+        fields = [f for f in self.ring.layout.fields if f.name != FIELD]
+        out = {f.name: np.empty((len(seqs),) + f.shape, f.dtype) for f in fields}
+
+        def fill(todo: np.ndarray) -> np.ndarray | None:
+            got = out if len(todo) == len(seqs) else {k: np.empty_like(a[:len(todo)]) for k, a in out.items()}
+            ok = sampling.copy_windows(self.ring, lanes[todo], seqs[todo], 1, None,
+                                       [got.get(name) for name in self.names])
+            if got is not out:
+                for k, a in out.items():
+                    a[todo] = got[k]
+            return ok
+
+        until_filled(fill, len(seqs), timeout, "taken rows", deadline=max(deadline, time.monotonic() + 1.0),
+                     hint=": their stamps changed while they were claimed (the segment was written "
+                          "by something that does not follow the protocol)")
+        return out
+
+    # -- whole-queue operations ------------------------------------------------------
+
+    @contextmanager
+    def quiet(self, timeout: float) -> Iterator[np.ndarray]:
+        """Hold the lock with no take in flight (dead takers' rows given back):
+        yields every lane's ``[head, base, 0]``; the rows from base to head are exactly
+        the rows not yet taken, and stay so while this is held."""
+        deadline, delay = time.monotonic() + timeout, 0.0
+        while True:
+            with self._edit(max(0.0, deadline - time.monotonic())):
+                pass  # (a dead taker's rows given back, committed)
+            with self.lock.hold(max(0.0, deadline - time.monotonic())):
+                self._replay()
+                if not (self.table[:, E_STATE] == TAKING).any():
+                    lt = self.ring.lane_table
+                    yield np.stack([lt[:, LANE_HEAD], lt[:, LANE_BASE], 0 * lt[:, LANE_BASE]], 1)
+                    return
+            if time.monotonic() >= deadline:
+                raise WriteTimeout(f"takes were still in flight after {timeout:g} s")
+            delay = _backoff(delay)
+
+    def reset(self, timeout: float) -> None:
+        """After a restore: every row from base to head is untaken, no entry."""
+        with self._edit(timeout) as s:
+            s.table[:, E_STATE] = FREE
+            s.next[:] = self.ring.lane_table[:, LANE_BASE]
+
+    def clear(self, timeout: float) -> None:
+        """Drop every row not yet taken (takes in flight still deliver theirs)."""
+        with self._edit(timeout) as s:
+            s.table[s.table[:, E_STATE] == RETURNED, E_STATE] = FREE
+            s.next[:] = self.ring.lane_table[:, LANE_HEAD]
+
+    def stats(self) -> dict[str, Any]:
+        h = self.head
+        return {"queue_depth": self.depth(), "rows_taken": int(h[H_TAKEN]), "takes": int(h[H_TAKES]),
+                "rows_given_back": int(h[H_RETURNED]), "rows_skipped": int(h[H_SKIPPED]),
+                "take_wait_s": int(h[H_TAKE_WAIT]) / 1e9, "write_wait_s": int(h[H_WRITE_WAIT]) / 1e9}
+
+
+class Consumed:
+    """The sampler of a queue: a queue is consumed with ``take``, never sampled."""
+
+    def __init__(self, engine: Any, outputs: Any) -> None:
+        self.engine = engine
+
+    def sample(self, *args: Any) -> Any:
+        raise ValueError("this buffer is a queue (mode='queue'): its rows are consumed in order with "
+                         "take(n), not sampled; create a replay buffer (the default mode) to sample")
+
+    update = sample
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": self.engine.rng.bit_generator.state}
+
+    def restore(self, rng: np.random.Generator) -> None:
+        self.engine.rng = rng
+

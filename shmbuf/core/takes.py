@@ -1,0 +1,119 @@
+"""Which rows a queue's take gets (part of :mod:`shmbuf.core.queue`, step 1 of a
+take): rows given back first, oldest first; then per lane the rows from ``next`` up to
+the first row a live writer still holds (rows of writers that died are skipped), merged
+across lanes by the time their writes began, each lane's share a prefix of its rows.
+Both functions work on a copy of the queue's words (:class:`~shmbuf.core.queue.Words`)
+that the caller commits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .layout import LANE_BASE, LANE_HEAD, published
+
+FIELD = "_queued"
+"""The hidden field of a queue's rows: ``time.monotonic_ns()`` when their write began
+(CLOCK_MONOTONIC: one clock for every process of a machine)."""
+HEAD_WORDS, WIDTH = 8, 8  # the queue's head words; words per take entry
+H_TAKEN, H_RETURNED, H_TAKES, H_SKIPPED, H_TAKE_WAIT, H_WRITE_WAIT = range(6)
+E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
+FREE, TAKING, RETURNED = 0, 1, 2
+
+
+def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
+           token: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Choose and claim the rows of a take in ``s``; None if there are not enough
+    yet (then only the rows of dead writers at the front of lanes are skipped)."""
+    t = s.table
+    lc, stamps = ring.lane_capacity, ring.stamps
+    plan: list[tuple[int, int, int, int, np.ndarray]] = []  # (entry or -1, lane, start, end, rows)
+    want = n
+    back = np.flatnonzero(t[:, E_STATE] == RETURNED)
+    for e in back[np.lexsort((t[back, E_START], t[back, E_LANE], t[back, E_TIME]))].tolist():
+        if want == 0:
+            break
+        lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+        seq = np.arange(start, start + count)
+        rows = seq[stamps[lane * lc + seq % lc] == published(seq)]
+        end = start + count if len(rows) <= want else int(rows[want - 1]) + 1
+        plan.append((e, lane, start, end, rows[:want]))
+        want -= len(rows[:want])
+    fresh_, lead = fresh(ring, s, want) if want else ([], {})
+    got = n - want + sum(len(p[4]) for p in fresh_)
+    if got == 0 or (got < n and not partial):
+        for lane, to in lead.items():  # only skip the rows of dead writers at the front
+            s.head[H_SKIPPED] += to - int(s.next[lane])
+            s.next[lane] = to
+        return None
+    for e, lane, start, end, rows in plan + fresh_:
+        if e >= 0 and end < start + int(t[e, E_COUNT]):  # split: the rest stays given back
+            t[e, E_START], t[e, E_COUNT] = end, int(t[e, E_START] + t[e, E_COUNT]) - end
+            e = -1
+        if e < 0:
+            free = np.flatnonzero(t[:, E_STATE] == FREE)
+            if not len(free):
+                raise RuntimeError(f"more than {len(t)} takes are in flight at once on this queue; "
+                                   "use fewer taker threads/processes")
+            e = int(free[0])
+            t[e, E_LANE], t[e, E_START], t[e, E_COUNT] = lane, start, end - start
+            t[e, E_TIME] = int(ring.arrays[FIELD][lane * lc + start % lc]) if len(rows) else 0
+        t[e, E_PID], t[e, E_TOKEN] = pid, token
+        s.table_f[e, E_CTIME] = ctime
+        t[e, E_STATE] = TAKING
+    for _, lane, _, end, rows in fresh_:
+        s.head[H_SKIPPED] += end - int(s.next[lane]) - len(rows)
+        s.next[lane] = end
+    parts = []
+    for part in (plan, fresh_):  # given back first, then the fresh rows oldest first
+        lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
+        seq = np.concatenate([p[4] for p in part] or [np.zeros(0, np.int64)])
+        order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
+        parts.append((lane[order], seq[order]))
+    return np.concatenate([parts[0][0], parts[1][0]]), np.concatenate([parts[0][1], parts[1][1]])
+
+def fresh(ring: Any, s: Any, want: int) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+    """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
+    end, rows)``, oldest first across lanes (see the module); and per lane whose
+    first rows are dead writers' rows, the first row after them."""
+    lt, lc, stamps = ring.lane_table, ring.lane_capacity, ring.stamps
+    heads = lt[:, LANE_HEAD].copy()
+    nxt = np.clip(s.next, lt[:, LANE_BASE], heads)
+    s.next[:] = nxt
+    lanes, seqs, settled = [], [], {}
+    for lane in np.flatnonzero(heads > nxt).tolist():
+        seq = np.arange(nxt[lane], heads[lane])
+        slots = lane * lc + seq % lc
+        pub = stamps[slots] == published(seq)
+        if not pub.all():  # stop at the first row a live writer holds; skip the dead ones
+            held = ring.held(np.full(len(seq), lane), seq)
+            pub = stamps[slots] == published(seq)  # (again, after held: see Claims.held)
+            live = held & ~pub
+            if live.any():
+                stop = int(np.argmax(live))
+                seq, pub = seq[:stop], pub[:stop]
+        settled[lane] = (seq, pub)
+        lanes.append(np.full(int(pub.sum()), lane, np.int64))
+        seqs.append(seq[pub])
+    plan: list[tuple[int, int, int, int, np.ndarray]] = []
+    lead = {}
+    for lane, (seq, pub) in settled.items():
+        to = int(seq[np.argmax(pub)]) if pub.any() else (int(seq[-1]) + 1 if len(seq) else int(nxt[lane]))
+        if to > nxt[lane]:
+            lead[lane] = to
+    if not settled:
+        return plan, lead
+    lane_of, seq_of = np.concatenate(lanes), np.concatenate(seqs)
+    when = ring.arrays[FIELD][lane_of * lc + seq_of % lc]
+    chosen = lane_of[np.lexsort((seq_of, lane_of, when))[:want]]
+    per_lane = np.bincount(chosen, minlength=ring.lanes)
+    for lane, (seq, pub) in settled.items():
+        k = int(per_lane[lane])
+        rows = seq[pub][:k]
+        # end: past the last row chosen and the dead rows after it (all of them if none chosen)
+        later = seq[pub][k:]
+        end = int(later[0]) if len(later) else (int(seq[-1]) + 1 if len(seq) else int(nxt[lane]))
+        if end > nxt[lane]:
+            plan.append((-1, lane, int(nxt[lane]), end, rows))
+    return plan, lead
