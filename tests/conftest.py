@@ -24,7 +24,7 @@ collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else ["
 if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
     collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
-    collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "compat/test_compat_velora.py",
+    collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_examples.py", "compat/test_compat_velora.py",
                        "compat/test_compat_d3rlpy_dump.py"]
 
 # Child processes that import this module (spawn re-imports test modules) keep the

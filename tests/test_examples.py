@@ -1,0 +1,35 @@
+"""The worked examples in ``examples/`` that use queue mode and prioritized sequences,
+run in a short form: they start their actor processes, move data through shmbuf and
+make updates (learning itself is timed by hand: see the README's numbers)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="torch is an optional extra: pip install torch==2.13.0")
+pytest.importorskip("gymnasium", reason="gymnasium is an optional extra")
+pytestmark = pytest.mark.extras
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+
+@pytest.mark.timeout(300)
+def test_ppo_with_async_actors_takes_every_unroll_once():
+    import ppo_queue
+
+    got = ppo_queue.train(seconds=2.0, actors=2)
+    assert got["updates"] >= 1
+    assert got["rows_taken"] == got["updates"] * ppo_queue.BATCH  # each take: one batch, nothing twice
+    assert all(0 < r <= 500 for r in got["returns"])
+
+
+@pytest.mark.timeout(300)
+def test_r2d2_learner_trains_on_prioritized_sequences_with_burn_in():
+    import r2d2_sequences
+
+    got = r2d2_sequences.train(seconds=0.0, min_updates=3)
+    assert got["updates"] == 3 and np.isfinite(got["losses"]).all() and got["episodes"] > 0
