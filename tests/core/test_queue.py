@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import signal
 
-import numpy as np
 import pytest
 
 import shmbuf
@@ -19,6 +18,30 @@ CTX = mp.get_context("fork")
 
 def make(name, capacity=16, lanes=1, **kw):
     return shmbuf.Buffer.create(QUEUE_FIELDS, capacity, name=name, lanes=lanes, mode="queue", **kw)
+
+
+def kill_writer_in_a_write(name, tmp_path) -> None:
+    """A writer that stops inside its first write (rows reserved, not published), SIGKILLed."""
+    flag = str(tmp_path / "flag")
+    p = CTX.Process(target=queue_writer, args=(name, 1, 100, 3, str(tmp_path / "w.log"), "writing", flag, 0))
+    p.start()
+    wait_for_file(flag, p, "the writer to stop inside its write")
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
+
+
+def kill_taker_at(name, tmp_path, point: str, check=None) -> None:
+    """Start a taker of 4 rows that stops at ``point`` of its take; ``check()`` there;
+    SIGKILL it."""
+    flag = str(tmp_path / "flag")
+    p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 4,
+                                             point, flag))
+    p.start()
+    wait_for_file(flag, p, f"the taker to stop at {point}")
+    if check is not None:
+        check()
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
 
 
 def test_rows_are_taken_in_order_each_once(name):
@@ -82,14 +105,10 @@ def test_a_taker_killed_inside_a_take_gives_its_rows_back(name, tmp_path, point)
     next take delivers those rows first, before newer ones."""
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
-        flag = str(tmp_path / "flag")
-        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 4,
-                                                 point, flag))
-        p.start()
-        wait_for_file(flag, p, "the taker to stop inside its take")
-        assert len(q) == 2  # 4 claimed by the taker
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+
+        def claimed():
+            assert len(q) == 2  # 4 claimed by the taker
+        kill_taker_at(name, tmp_path, point, claimed)
         q.extend(queue_rows(0, 6, 8))
         assert q.take(8)["i"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
         assert q.stats()["rows_given_back"] == 4
@@ -100,13 +119,7 @@ def test_without_the_give_back_a_killed_takers_rows_are_lost(name, tmp_path, mon
     monkeypatch.setattr(core_queue, "GIVE_BACK", False)
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
-        flag = str(tmp_path / "flag")
-        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 4,
-                                                 "claimed", flag))
-        p.start()
-        wait_for_file(flag, p, "the taker to stop inside its take")
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+        kill_taker_at(name, tmp_path, "claimed")
         assert q.take(6, partial=True)["i"].tolist() == [4, 5]
 
 
@@ -128,12 +141,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_a_taker_sees(name, tmp_path):
     """Its rows are never delivered (they are skipped once no live writer holds them);
     rows written after them into the same lane are."""
     with make(name, 16) as q:
-        flag = str(tmp_path / "flag")
-        p = CTX.Process(target=queue_writer, args=(name, 1, 100, 3, str(tmp_path / "w.log"), "writing", flag, 0))
-        p.start()
-        wait_for_file(flag, p, "the writer to stop inside its write")
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+        kill_writer_in_a_write(name, tmp_path)
         q.extend(queue_rows(0, 0, 3))
         b = q.take(3, timeout=5)
         assert b["w"].tolist() == [0, 0, 0] and queue_torn(b) == 0
@@ -194,7 +202,7 @@ def test_garbage_in_the_take_table_is_ignored(name):
 
 
 def test_attach_by_name_writes_and_takes(name):
-    with make(name, 8) as q:
+    with make(name, 8):
         w = shmbuf.Buffer.attach(name)
         w.extend(queue_rows(3, 0, 2))
         assert keys(shmbuf.Buffer.attach(name).take(2)).tolist() == [3_000_000_000, 3_000_000_001]
@@ -205,12 +213,7 @@ def test_rows_of_a_dead_writer_do_not_keep_room_from_the_living(name, tmp_path):
     """A lane whose front holds only a dead writer's rows: a take that finds nothing
     else still skips them, so writers get their room back."""
     with make(name, 4) as q:
-        flag = str(tmp_path / "flag")
-        p = CTX.Process(target=queue_writer, args=(name, 1, 100, 3, str(tmp_path / "w.log"), "writing", flag, 0))
-        p.start()
-        wait_for_file(flag, p, "the writer to stop inside its write")
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+        kill_writer_in_a_write(name, tmp_path)
         with pytest.raises(shmbuf.SampleTimeout):
             q.take(1, timeout=0.05)
         assert len(q) == 0
@@ -225,14 +228,10 @@ def test_a_taker_killed_inside_a_commit_leaves_the_change_whole(name, tmp_path, 
     change. A claim's rows are then given back and delivered; a delivery stands."""
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
-        flag = str(tmp_path / "flag")
-        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 4,
-                                                 point, flag))
-        p.start()
-        wait_for_file(flag, p, "the taker to stop inside a commit")
-        assert q.engine.queue.journal[0] > 0  # committed, not yet applied
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+
+        def committed():
+            assert q.engine.queue.journal[0] > 0  # committed, not yet applied
+        kill_taker_at(name, tmp_path, point, committed)
         rest = q.take(6, partial=True)["i"].tolist()
         assert rest == ([0, 1, 2, 3, 4, 5] if point == "commit@1" else [4, 5])
         assert q.engine.queue.journal[0] == 0 and len(q) == 0

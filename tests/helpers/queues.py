@@ -13,7 +13,8 @@ import numpy as np
 
 import shmbuf
 from shmbuf.core import queue as core_queue
-from shmbuf.core import ring
+
+from .processes import hang_at
 
 QUEUE_FIELDS = {"w": ((), "int64"), "i": ((), "int64"), "img": ((3, 16), "uint8")}
 
@@ -60,12 +61,7 @@ def queue_writer(name: str, writer: int, rows: int, chunk: int, log: str, hang: 
     i = 0
     while i < rows and not (stop and os.path.exists(stop)):
         if hang and i >= after:
-            def hook(where: str) -> None:
-                if where == hang:
-                    open(flag, "w").close()
-                    while True:
-                        time.sleep(1)
-            ring.set_hook(hook)
+            hang_at(hang, flag)
         k = int(min(rows - i, rng.integers(1, chunk + 1)))
         q.extend(queue_rows(writer, i, i + k), timeout=120)
         i += k
