@@ -76,6 +76,9 @@ class EpisodeBuffer:
             reward = None
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
             raise ValueError(f"frame_stack must be an int >= 1 (frames per stacked observation), got {frame_stack!r}")
+        if kwargs.get("mode", "replay") != "replay":
+            raise ValueError(f"an EpisodeBuffer is a replay buffer, got mode={kwargs['mode']!r}; for a queue of "
+                             "unrolls use shmbuf.Buffer.create(..., mode='queue') with a time axis per field")
         specs, observations = plan(fields, observations, reward)
         if her is not None:
             her.check(specs, observations, reward, int(frame_stack))

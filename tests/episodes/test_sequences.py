@@ -127,3 +127,8 @@ def test_bad_arguments_are_refused_and_change_nothing(name):
         buf.add_episode(episode(0, 5))
         with pytest.raises(ValueError, match="beta"):
             buf.sample_trajectories(2, 2, beta=-1.0)
+
+
+def test_an_episode_buffer_has_no_queue_mode():
+    with pytest.raises(ValueError, match="mode='queue'"):
+        shmbuf.EpisodeBuffer.create(FIELDS, 32, mode="queue")
