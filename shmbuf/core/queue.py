@@ -250,12 +250,9 @@ class Queue:
                 s.head[H_TAKES] += 1
                 s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
             return out
-        except BaseException:
-            try:
-                with self._edit(max(10.0, timeout)) as s:
-                    self._give_back(s, self._mine(s, pid, token))
-            finally:
-                _TAKING.discard(token)
+        except BaseException:  # (an exception in here still leaves them to the next _reap)
+            with self._edit(max(10.0, timeout)) as s:
+                self._give_back(s, self._mine(s, pid, token))
             raise
         finally:
             _TAKING.discard(token)
