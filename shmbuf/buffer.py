@@ -11,7 +11,7 @@ import numpy as np
 
 from . import priority as _priority
 from . import queues
-from .core import counters, procs, sampling, segment, validate
+from .core import counters, files, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from .core.queue import Consumed
@@ -22,6 +22,7 @@ from .properties import Properties
 from .snapshots import Snapshots
 from .core.layout import FLAG_PERSIST, Layout
 from .core.ratelimit import RateLimit
+from .core.files import FileSegment
 from .core.segment import Segment
 
 
@@ -85,8 +86,8 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
-               mode: str = "replay") -> "Buffer":
-        """Create a buffer of ``capacity`` rows in a new shared-memory segment.
+               mode: str = "replay", path: str | None = None) -> "Buffer":
+        """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
             fields: ``{name: (shape, dtype)}``; shape a tuple or int, ``()`` for scalars.
@@ -108,10 +109,16 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
             mode: ``"replay"`` (default) or ``"queue"``: rows consumed in order by
                 :meth:`take`, each delivered once; writes wait while it is full
                 instead of overwriting (see :mod:`shmbuf.core.queue`).
+            path: keep the buffer in this file on a local disk instead of ``/dev/shm``
+                (the same as a ``name`` with a ``/``): it may be larger than memory,
+                it is persistent (``close`` never removes it), and :meth:`flush` makes
+                it survive a restart of the machine (see :mod:`shmbuf.core.durable`).
+                Others attach with ``Buffer.attach(path)``.
 
         Raises:
-            FileExistsError: the name is taken.
-            ShmSpaceError: ``/dev/shm`` cannot hold it (nothing is allocated).
+            FileExistsError: the name (or path) is taken.
+            ShmSpaceError: ``/dev/shm`` (or the disk) cannot hold it (nothing is allocated).
+            OSError: ``path`` is on a network or FUSE file system (refused).
             ValueError, TypeError: a bad schema, capacity, lanes, seed, timeout or persist.
 
         Example:
@@ -120,10 +127,18 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
             (10, 'doc-create')
             >>> buf.close()
         """
+        if path is not None:
+            if name is not None:
+                raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
+            name = files.check_path(path)
         if name is None:
             name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        segment.check_name(name)
-        persist = validate.flag(persist, "persist")
+        in_file = files.is_path(name)
+        if in_file:
+            name = files.check_path(name)
+        else:
+            segment.check_name(name)
+        persist = validate.flag(persist, "persist") or in_file
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         if rate is not None:
@@ -142,10 +157,11 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                                                                count(lanes, "lanes", 1))
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time(), meta, regions)
-        seg = Segment.create(name, layout.total_size)
+        seg = (FileSegment if in_file else Segment).create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
             buf = cls._open(seg, layout, owner=not persist, rng=rng, timeout=timeout)
+            seg.publish()  # (a file gets its path only now, complete)
         except BaseException:
             seg.unlink()
             seg.close()
@@ -156,7 +172,8 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
-        """Attach to an existing buffer by name; its schema is read from the segment.
+        """Attach to an existing buffer by name (a name with ``/`` is the path of a
+        buffer file); its schema is read from the segment.
 
         Waits up to ``timeout`` seconds for a buffer that is still being created.
         The attaching process never destroys the buffer when it exits.
@@ -190,7 +207,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
     @classmethod
     def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
         """:meth:`attach` (``counted``) or :meth:`observe`."""
-        segment.check_name(name)
+        name = files.check_path(name) if files.is_path(name) else segment.check_name(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         seg, layout = open_segment(name, timeout)

@@ -177,8 +177,9 @@ class Trees:
         makes every later sync read a whole lap again."""
         ring, lc = self.ring, self.lc
         heads, bases = ring.lane_table[:, LANE_HEAD].copy(), ring.lane_table[:, LANE_BASE].copy()
-        for lane in np.flatnonzero(bases != self.synced[:, 1]).tolist():
-            # cleared or restored: its rows are gone (the ones written since: synced again)
+        for lane in np.flatnonzero((bases != self.synced[:, 1]) | (self.synced[:, 0] > heads)).tolist():
+            # cleared, restored or rolled back by a restart (shmbuf.core.durable): its rows
+            # are gone (the ones written since, or kept: synced again, at their writers' priority)
             slots = np.arange(lane * lc, (lane + 1) * lc)
             self.set(slots, np.zeros(lc))
             self.seq[slots] = 0

@@ -34,6 +34,25 @@ class Snapshots:
         e = self.engine
         (e.ring if e.queue is None else e.queue).clear(e.seconds(timeout))
 
+    def flush(self, *, timeout: float | None = None) -> None:
+        """A durability point of a buffer in a file: every row published before the call
+        is on the disk when it returns, and a restart of the machine (a power loss, a
+        crash, a reboot) rolls the buffer back to the last flush, never further. It
+        writes the pages changed since the last flush (``msync`` + ``fsync``); it costs
+        what the disk takes to write them. Writers and samplers go on meanwhile. For a
+        buffer in ``/dev/shm`` (gone at a restart anyway) it does nothing.
+
+        Example:
+            >>> import numpy as np, shmbuf, tempfile, os
+            >>> path = os.path.join(tempfile.mkdtemp(), "doc.shmbuf")
+            >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, path=path)
+            >>> buf.extend({"x": np.arange(3)}); buf.flush()
+            >>> buf.close(); len(shmbuf.Buffer.attach(path))
+            3
+            >>> shmbuf.Buffer.attach(path).unlink()
+        """
+        self.engine.flush(timeout)
+
     def stats(self) -> dict[str, Any]:
         """Counters of the buffer, kept by every handle of every process in the segment
         (no lock on the hot path; see :mod:`shmbuf.stats`): rows held and inserted,

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .core import sampling
-from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
+from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from .core.layout import published
 from .core.ring import Ring
 
@@ -306,6 +306,7 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
                 progress(min(chunk, ring.layout.capacity - lo) * (ring.layout.row_bytes + 8))
         if checked.get("episodes") is not None:  # (an episode buffer's episode numbers)
             ring.lane_table[:, LANE_EPISODES] = checked["episodes"]
+        ring.lane_table[:, LANE_FLUSHED] = 0  # (a buffer file's restored rows are on disk at its next flush)
         # head before base: a sampler reads base before head (Ring.window), so it never
         # sees a new base with an old head, an empty window in the middle of a restore
         ring.lane_table[:, LANE_HEAD] = checked["heads"] + shift

@@ -44,10 +44,27 @@ def no_leaked_segments():
     assert not leaked, f"the suite left shared-memory segments behind: {sorted(leaked)}"
 
 
+def pytest_generate_tests(metafunc):
+    """Tests marked ``both_storages`` run twice: on a buffer in ``/dev/shm`` and on a
+    buffer in a file (their ``name`` fixture is then a path)."""
+    if metafunc.definition.get_closest_marker("both_storages") and "storage" in metafunc.fixturenames:
+        metafunc.parametrize("storage", ["shm", "file"], indirect=True)
+
+
 @pytest.fixture
-def name(request):
-    """A unique buffer name; the test fails if a segment of that name outlives it."""
+def storage(request):
+    """Where the test's buffer lives: "shm" (default) or "file" (see both_storages)."""
+    return getattr(request, "param", "shm")
+
+
+@pytest.fixture
+def name(request, storage, tmp_path_factory):
+    """A unique buffer name (for ``storage == "file"`` the path of a file in a fresh
+    directory); the test fails if a segment of that name outlives it."""
     n = f"t{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    if storage == "file":
+        yield str(tmp_path_factory.mktemp("file") / f"{n}.shmbuf")
+        return
     yield n
     gc.collect()
     if segment.unlink_name(n):

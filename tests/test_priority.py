@@ -149,6 +149,7 @@ def test_a_sample_after_clear_sees_only_new_rows(name):
         check_trees(buf.engine.trees)
 
 
+@pytest.mark.both_storages
 def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
     """Two writer processes add storm rows (64 per call, wrapping a small ring) while two
     learner processes sample by priority and update, and this one too: no torn row, and
@@ -171,6 +172,7 @@ def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
         assert ((leaves > 0) == (t.seq > 0)).all()  # a leaf for every row, none for no row
 
 
+@pytest.mark.both_storages
 def test_a_process_killed_inside_a_tree_change_leaves_a_usable_buffer(name, tmp_path):
     """Deterministic: a process stops between setting leaves and their ancestors (the
     header lock held, the version odd) and is SIGKILLed there. The next sampler takes
@@ -248,6 +250,7 @@ def test_a_rate_limit_holds_prioritized_samples_too(name):
             buf.sample(8, timeout=0.05)  # ahead of the writers by more than the error buffer
 
 
+@pytest.mark.both_storages
 @pytest.mark.parametrize("where", ["set", "after set"])
 def test_a_learner_killed_inside_the_sync_loses_no_row(name, tmp_path, where):
     """Round 2, item 5: 8 rows at priority 1 (synced), 8 new ones at 1000; a learner is
@@ -265,6 +268,7 @@ def test_a_learner_killed_inside_the_sync_loses_no_row(name, tmp_path, where):
     assert (x >= 8).sum() > 0.98 * len(x), np.bincount(x, minlength=16)
 
 
+@pytest.mark.both_storages
 def test_a_dead_writers_row_does_not_hold_the_sync_back(name, tmp_path):
     """Round 2, item 6: a writer SIGKILLed with a row reserved leaves it unpublished for
     good. The sync passes over it at once: rows written after it are synced up to the
@@ -281,6 +285,7 @@ def test_a_dead_writers_row_does_not_hold_the_sync_back(name, tmp_path):
         assert (buf.sample(500)["x"] < 10).all()
 
 
+@pytest.mark.both_storages
 def test_a_live_writers_row_holds_the_sync_back_until_it_is_published(name, tmp_path):
     """The other side of item 6: a row a live writer has reserved (here stopped inside its
     write) is not passed over; once published it gets its leaf, and is drawn by its

@@ -2,7 +2,7 @@
 removal (rm, gc), and the demo and benchmark.
 
 Every command works from any process: buffers are found by name in /dev/shm (in the
-namespace of $SHMBUF_NAMESPACE, if set). One module per group of verbs: ``show``,
+namespace of $SHMBUF_NAMESPACE, if set), or, for a name with a ``/``, at that file path. One module per group of verbs: ``show``,
 ``files``, ``remove``.
 
 Exit status: 0 on success; 1 if a named buffer is missing or unusable, or could not
@@ -61,13 +61,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--batch", type=int, default=256, help="rows per sampled batch (default 256)")
     c.set_defaults(run=_demo)
     sub.add_parser("bench", help="benchmark against the peers (see: shmbuf bench --help)")
-    c = sub.add_parser("ls", help="list the buffers in /dev/shm",
-                       description="List this namespace's buffers (and shmbuf.Weights): kind, rows, "
-                       "capacity, size, live writers, creator. Reads headers only.")
+    c = sub.add_parser("ls", help="list the buffers in /dev/shm (or the buffer files in DIRs)",
+                       description="List this namespace's buffers (and shmbuf.Weights), or with DIR "
+                       "the buffer files in each DIR: kind, rows, capacity, size, live writers, "
+                       "creator. Reads headers only.")
+    c.add_argument("dirs", nargs="*", metavar="DIR", help="directories of buffer files")
     c.add_argument("--json", action="store_true", help="print JSON instead of a table")
     c.set_defaults(run=show.ls)
     c = sub.add_parser("info", help="describe buffers (JSON)",
-                       description="Print each named buffer's header facts as JSON.")
+                       description="Print each named buffer's header facts as JSON (a NAME "
+                       "with a '/' is the path of a buffer file).")
     c.add_argument("names", nargs="+", metavar="NAME")
     c.set_defaults(run=show.info)
     c = sub.add_parser("stat", help="a buffer's counters and rates",
@@ -104,7 +107,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=_positive, default=10.0, help="seconds to wait for the header lock")
     c.set_defaults(run=files.load)
     c = sub.add_parser("rm", help="destroy buffers by name",
-                       description="Remove buffers' names; processes attached keep working "
+                       description="Remove buffers' names (a NAME with a '/' is the path of a "
+                       "buffer file: removed only if it is one); processes attached keep working "
                        "until they close.")
     c.add_argument("names", nargs="+", metavar="NAME")
     c.set_defaults(run=remove.rm)

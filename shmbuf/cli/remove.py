@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..core import segment
+from ..core import files, segment
+from ..core.layout import MAGIC
 from .. import persist
 from .problem import problem
 from .show import describe
@@ -15,6 +16,10 @@ def rm(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
         try:
+            if files.is_path(n):
+                _remove_file(files.check_path(n))
+                print(f"removed {n}")
+                continue
             if segment.unlink_name(n):
                 print(f"removed {n}")
                 continue
@@ -28,6 +33,16 @@ def rm(args: argparse.Namespace) -> int:
         problem("rm", n, why)
         status = 1
     return status
+
+
+def _remove_file(path: str) -> None:
+    """Remove a buffer file; refuse any other file (the path may be a typo)."""
+    if not os.path.lexists(path):
+        raise FileNotFoundError(2, "no such buffer file")
+    if files.head(path, len(MAGIC)) != MAGIC:
+        raise ValueError("not a shmbuf buffer file (it does not start with a buffer's header); "
+                         "left as it is")
+    os.unlink(path)
 
 
 def gc(args: argparse.Namespace) -> int:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
-from ..core import procs, segment
+from ..core import files, procs, segment
 from .. import weights
 from ..buffer import Buffer
-from ..core.layout import FLAG_PERSIST, MAGIC
+from ..core.layout import CTRL_FLUSHES, FLAG_PERSIST, MAGIC
 from .problem import problem
 
 
@@ -51,7 +52,9 @@ def describe(name: str) -> dict[str, Any]:
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}
         writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"]}
         kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
-        return {"name": name, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
+        where = {"storage": "file", "flushes": int(buf.engine.ring.control[CTRL_FLUSHES])} \
+            if files.is_path(name) else {}
+        return {"name": name, **where, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
                 "capacity": buf.capacity, "lanes": buf.lanes,
                 "lane_rows": buf.lane_sizes(), "total_added": buf.total_added,
                 "bytes": lay.total_size, "bytes_per_row": lay.row_bytes + 8,
@@ -75,14 +78,24 @@ def is_shmbuf(name: str) -> bool:
 
 
 def ls(args: argparse.Namespace) -> int:
-    found = [describe(n) for n in segment.list_names() if is_shmbuf(n)]
+    status = 0
+    if args.dirs:  # buffer files: regular files that start with a buffer's magic
+        names = []
+        for d in args.dirs:
+            if not os.path.isdir(d):
+                problem("ls", d, "not a directory")
+                status = 1
+            names += files.list_files(d, MAGIC)
+    else:
+        names = [n for n in segment.list_names() if is_shmbuf(n)]
+    found = [describe(n) for n in names]
     found = [d for d in found if not d.get("error", "").startswith("no such buffer")]  # gone meanwhile
     if args.json:
         print(json.dumps(found, indent=2))
-        return 0
+        return status
     if not found:
-        print("no shmbuf buffers in /dev/shm")
-        return 0
+        print(f"no shmbuf buffers in {', '.join(args.dirs) or '/dev/shm'}")
+        return status
     rows = [["NAME", "KIND", "ROWS", "CAPACITY", "MiB", "WRITERS", "CREATOR"]]
     for d in found:
         mib = f"{d['bytes'] / 2**20:.1f}" if "bytes" in d else "?"
@@ -96,14 +109,14 @@ def ls(args: argparse.Namespace) -> int:
             rows.append([d["name"], d["kind"], f"{d['rows']:,}", f"{d['capacity']:,}", mib,
                          str(d["writers_alive"]), owner])
     print(table(rows, right={2, 3, 4, 5}))
-    return 0
+    return status
 
 
 def info(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
         try:
-            segment.check_name(n)
+            n = files.check_path(n) if files.is_path(n) else segment.check_name(n)
         except ValueError as exc:
             problem("info", n, str(exc))
             status = 1

@@ -35,13 +35,14 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import native, procs, sampling, validate
+from . import durable, native, procs, sampling, validate
 from .counters import Counters
 from .layout import CTRL_LOCK_HOLDER, Layout
 from .lock import HeaderLock
 from .queue import REGION as QUEUE, Consumed, Queue
 from .ratelimit import Limiter, RateLimit
 from .ring import Ring, WriteTimeout
+from .files import FileSegment, is_path
 from .segment import NotReadyError, Segment
 from .tables import check_tables
 
@@ -87,7 +88,7 @@ def open_segment(name: str, timeout: float) -> tuple[Segment, Layout]:
     delay = 0.001
     while True:
         try:
-            seg = Segment.attach(name)
+            seg = (FileSegment if is_path(name) else Segment).attach(name)
         except NotReadyError:
             seg = None
         if seg is not None:
@@ -146,6 +147,7 @@ class Engine:
         self.native = native.make_ring(layout, seg.mmap, self.lock.busy, self.prefaulted,
                                        procs.is_alive, WriteTimeout, self.lock.timeout_error)
         self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native)
+        rewound = seg.durable and durable.recover(self.ring, timeout)
         self.counters = Counters(layout, seg.mmap)
         self.ring.counters = self.lock.stats = self.counters
         if counted:
@@ -155,6 +157,8 @@ class Engine:
         self.trees: Any = None  # a prioritized buffer's shmbuf.priority.Trees (set by its facade)
         q = layout.meta.get("queue")
         self.queue = None if q is None else Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
+        if rewound and self.queue is not None:
+            self.queue.reset(timeout)  # rows taken since the flush are delivered again
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
@@ -227,6 +231,10 @@ class Engine:
         self.seg.populate(ranges)
         for i in lanes:
             self.prefaulted[i] = 1
+
+    def flush(self, timeout: float | None) -> None:
+        """A durability point of a buffer file (see :mod:`shmbuf.core.durable`)."""
+        durable.flush(self.ring, self.seg, self.seconds(timeout))
 
     # -- reading ---------------------------------------------------------------------
 

@@ -60,9 +60,11 @@ FLAG_PERSIST = 1
 LANE_HEAD, LANE_BASE, LANE_CLAIM_PID, LANE_CLAIM_CTIME = 0, 1, 2, 3
 LANE_OWN_START, LANE_OWN_COUNT = 4, 5  # the write in flight of the lane's owner (count 0: none)
 LANE_EPISODES = 6  # the number of the lane's newest episode (shmbuf.episodes numbers them)
+LANE_FLUSHED = 7  # a buffer file's: rows below it were on the disk at the last flush (core/durable.py)
 RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
 CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.core.ratelimit)
+CTRL_BOOT, CTRL_FLUSHES, CTRL_FLUSHED_AT = 2, 3, 4  # a buffer file's: see shmbuf.core.durable
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
 CONTROL_WORDS = 16
 

@@ -181,7 +181,8 @@ class Segment:
         self.fd = fd
         self.mmap: mmap.mmap | None = mapping
         self.size = len(mapping)
-        self.ino = os.fstat(fd).st_ino  # identifies this segment, whatever its name does
+        st = os.fstat(fd)
+        self.dev, self.ino = st.st_dev, st.st_ino  # identify this segment, whatever its name does
         self._os_path = os_path  # fixed at open: the namespace may not change under us
         self._tracked = tracked
         _live.add(self)
@@ -245,6 +246,15 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
+
+    durable = False
+    """True for a segment in a file (:mod:`shmbuf.core.files`), which outlives a restart."""
+
+    def publish(self) -> None:
+        """Make a complete new segment visible (a named segment already is)."""
+
+    def sync(self, header: int | None = None) -> None:
+        """Write the memory to its file; nothing to do for shared memory."""
 
     def ensure_allocated(self) -> None:
         """Make sure every page has memory behind it, or raise :class:`FormatError`.
@@ -343,15 +353,19 @@ class Segment:
         try:
             fd = os.open(f"/proc/self/fd/{old}", os.O_RDWR | os.O_CLOEXEC)
         except OSError:  # no /proc: reopen by name, only if it is still the same segment
-            try:
-                fd = _posixshmem.shm_open(self._os_path, os.O_RDWR, mode=0o600)
-            except OSError:
-                fd = -1
-            if fd >= 0 and os.fstat(fd).st_ino != self.ino:
-                os.close(fd)
-                fd = -1
+            fd = self._reopen_by_name()
         os.close(old)
         self.fd = fd
+
+    def _reopen_by_name(self) -> int:
+        try:
+            fd = _posixshmem.shm_open(self._os_path, os.O_RDWR, mode=0o600)
+        except OSError:
+            return -1
+        if os.fstat(fd).st_ino != self.ino:
+            os.close(fd)
+            return -1
+        return fd
 
 
 def _reopen_all_in_child() -> None:

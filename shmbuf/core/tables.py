@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .layout import (LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START,
+from .layout import (LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START,
                      MAX_SEQ, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, TABLE_WIDTH, Layout)
 from .segment import FormatError
 
@@ -45,6 +45,8 @@ def check_tables(layout: Layout, mem: Any, name: str) -> None:
     bad("the owner's write in flight (rows) of lane", (count < 0) | (count > lc), count)
     bad("the owner's write in flight (start) of lane", (count > 0) & ((start < 0) | (start > MAX_SEQ)), start)
     bad("the episode count of lane", lanes[:, LANE_EPISODES] < 0, lanes[:, LANE_EPISODES])
+    flushed = lanes[:, LANE_FLUSHED]
+    bad("the flush frontier of lane", (flushed < 0) | (flushed > MAX_SEQ), flushed)
     pid = res[:, RES_PID]
     bad("the pid of reservation", pid < 0, pid)
     used = pid != 0

@@ -365,6 +365,14 @@ class EpisodeBuffer:
         observation fields as stored (single frames with ``frame_stack``)."""
         return dict(self.user_fields)
 
+    def flush(self, *, timeout: float | None = None) -> None:
+        """A durability point of an episode buffer in a file: see :meth:`shmbuf.Buffer.flush`."""
+        self.core.flush(timeout=timeout)
+
+    def unlink(self) -> None:
+        """Destroy the buffer's name (or file) now: see :meth:`shmbuf.Buffer.unlink`."""
+        self.core.unlink()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()

@@ -17,6 +17,8 @@ from shmbuf.core import native
 from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
                      start_hanging_writer, wait_for_file, write_and_hang)
 
+pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
+
 
 def storm(name: str, seconds: float, capacity: int = 64, chunks=(7, 1), lanes: int = 1,
           stop_when_torn: bool = False, pause: float = 0.0,

@@ -21,7 +21,7 @@ METHODS = ["fork", "spawn", "forkserver"]
 
 
 def exists(name: str) -> bool:
-    return os.path.exists(shm_path(name))
+    return os.path.exists(name if "/" in name else shm_path(name))
 
 
 def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -29,8 +29,9 @@ def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.both_storages
 @pytest.mark.parametrize("method", METHODS)
-def test_child_attaches_by_name_and_by_pickle(name, method):
+def test_child_attaches_by_name_and_by_pickle(name, method, storage):
     ctx = mp.get_context(method)
     with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name) as buf:
         buf.extend({"x": np.arange(10)})
@@ -51,7 +52,7 @@ def test_child_attaches_by_name_and_by_pickle(name, method):
             assert p.exitcode == 0
         assert len(buf) == 16 and buf.is_full
         assert set(buf.sample(2000)["x"].tolist()) >= set(range(100, 106))
-    assert not exists(name)
+    assert exists(name) is (storage == "file")  # (a file is persistent)
 
 
 def _report_handle(buf, q):
@@ -59,7 +60,8 @@ def _report_handle(buf, q):
     buf.close()
 
 
-def test_fresh_interpreter_attaches_by_name_only(name):
+@pytest.mark.both_storages
+def test_fresh_interpreter_attaches_by_name_only(name, storage):
     with shmbuf.Buffer.create({"x": ((2,), "float32")}, 8, name=name) as buf:
         buf.extend({"x": np.arange(10, dtype=np.float32).reshape(5, 2)})
         res = run_python("""
@@ -72,9 +74,10 @@ def test_fresh_interpreter_attaches_by_name_only(name):
         assert res.stderr == ""  # no resource-tracker warning, nothing
         assert res.stdout.strip() == "5 8 (2,) [(0.0, 1.0), (2.0, 3.0), (4.0, 5.0), (6.0, 7.0), (8.0, 9.0)]"
         assert len(buf) == 6 and buf.sample_sequences(1, 6)["x"][0, -1].tolist() == [-1, -2]
-    assert not exists(name)
+    assert exists(name) is (storage == "file")  # (a file is persistent)
 
 
+@pytest.mark.both_storages
 @pytest.mark.parametrize("how", ["exit", "SIGKILL"])
 def test_attacher_exit_leaves_buffer_intact(name, how):
     with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:

@@ -17,6 +17,8 @@ import shmbuf
 from shmbuf.core import ring
 from helpers import add_through_interrupts, start_hanging_writer, wait_for_file
 
+pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
+
 
 def _stop(*procs):
     for p in procs:

@@ -74,6 +74,7 @@ def test_a_full_queue_makes_writers_wait_and_never_overwrites(name):
         assert q.take(8)["i"].tolist() == list(range(1, 9))
 
 
+@pytest.mark.both_storages
 def test_a_blocked_writer_goes_on_once_a_taker_frees_room(name, tmp_path):
     """A writer process fills the queue and then waits inside its write; each take lets
     it on; nothing it wrote is lost or overwritten."""
@@ -99,6 +100,7 @@ def test_take_waits_then_times_out_and_changes_nothing(name):
         assert len(q) == 2 and q.take(2)["i"].tolist() == [0, 1]
 
 
+@pytest.mark.both_storages
 @pytest.mark.parametrize("point", ["claimed", "copied"])
 def test_a_taker_killed_inside_a_take_gives_its_rows_back(name, tmp_path, point):
     """SIGKILLed after claiming rows (or after copying them) and before returning: the
@@ -137,6 +139,7 @@ def test_an_interrupted_take_gives_its_rows_back_at_once(name, monkeypatch):
         assert len(q) == 5 and q.take(5)["i"].tolist() == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.both_storages
 def test_a_writer_killed_mid_write_leaves_nothing_a_taker_sees(name, tmp_path):
     """Its rows are never delivered (they are skipped once no live writer holds them);
     rows written after them into the same lane are."""
@@ -201,6 +204,7 @@ def test_garbage_in_the_take_table_is_ignored(name):
         assert not (t[:, 0] != 0).any()
 
 
+@pytest.mark.both_storages
 def test_attach_by_name_writes_and_takes(name):
     with make(name, 8):
         w = shmbuf.Buffer.attach(name)
@@ -209,6 +213,7 @@ def test_attach_by_name_writes_and_takes(name):
         w.close()
 
 
+@pytest.mark.both_storages
 def test_rows_of_a_dead_writer_do_not_keep_room_from_the_living(name, tmp_path):
     """A lane whose front holds only a dead writer's rows: a take that finds nothing
     else still skips them, so writers get their room back."""
@@ -221,6 +226,7 @@ def test_rows_of_a_dead_writer_do_not_keep_room_from_the_living(name, tmp_path):
         assert q.take(4)["i"].tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.both_storages
 @pytest.mark.parametrize("point", ["commit@1", "commit@2"])
 def test_a_taker_killed_inside_a_commit_leaves_the_change_whole(name, tmp_path, point):
     """SIGKILLed after committing a change to the journal and before writing it (its

@@ -14,8 +14,11 @@ import time
 import numpy as np
 
 import shmbuf
+import pytest
 from helpers import QUEUE_FIELDS, keys, queue_taker, queue_writer, read_log, wait_for_file
 from shmbuf.core import queue as core_queue
+
+pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
 
 CTX = mp.get_context("fork")
 ROWS, CHUNK, BATCH = 10**6, 6, 7  # writers write until told to stop

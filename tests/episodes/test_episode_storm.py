@@ -13,8 +13,11 @@ import time
 import numpy as np
 
 import shmbuf
+import pytest
 from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer, wait_for_file
 from shmbuf.core import native, sampling
+
+pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
 
 
 def episode_storm(name: str, seconds: float, writers: int = 2, envs: int = 3, lane_capacity: int = 48,

@@ -108,6 +108,7 @@ def test_a_plain_buffer_is_not_attached_as_an_episode_buffer(name):
             shmbuf.EpisodeBuffer.attach(name)
 
 
+@pytest.mark.both_storages
 def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tmp_path):
     with shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 40,
                                      name=name, seed=0) as buf:
@@ -128,6 +129,7 @@ def test_a_writer_killed_mid_episode_leaves_transitions_and_a_free_lane(name, tm
         assert buf.num_episodes == 3
 
 
+@pytest.mark.both_storages
 def test_an_episode_numbered_but_never_written_is_not_counted(name, tmp_path):
     """A writer numbers an env's next episode as soon as one ends. If it closes before
     writing a step, the number goes back; if it is killed, the next claimer renumbers."""
@@ -189,6 +191,7 @@ def test_fifo_keeps_whole_episodes_of_the_d3rlpy_limit_example(name):
         assert {int(e["obs"][0, 0]) for e in buf.sample_episodes(100)} == {10, 20}
 
 
+@pytest.mark.both_storages
 def test_a_writer_killed_inside_a_write_leaves_no_torn_or_false_transition(name, tmp_path):
     """Deterministic: the writer stops in the middle of copying env 0's row (one lane per
     env, no lock), is SIGKILLed there; the learner goes on, the half-written row is never

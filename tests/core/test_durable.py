@@ -1,0 +1,219 @@
+"""What a buffer in a file keeps: after processes are killed (everything published), and
+after a restart of the machine (the rows of the last flush; see shmbuf.core.durable).
+
+A restart is simulated by writing another boot id into the header: the next open then
+does exactly what the first open after a real restart does."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmbuf
+from helpers import STORM, storm_rows, storm_torn, storm_writer, wait_for_file, write_and_hang
+from shmbuf.core import durable
+from shmbuf.core.layout import CTRL_BOOT, CTRL_FLUSHES, LANE_CLAIM_PID, LANE_FLUSHED, RES_PID, published
+
+
+def restart(buf) -> None:
+    """Make the next open of ``buf``'s file see another boot, then close ``buf``."""
+    buf.engine.ring.control[CTRL_BOOT] = durable.boot_id() ^ 0x5A5A
+    buf.close()
+
+
+def values(buf, n: int = 500) -> set:
+    return set(buf.sample(n)["x"].tolist()) if len(buf) else set()
+
+
+def test_a_restart_keeps_the_rows_of_the_last_flush_and_drops_the_rest(tmp_path):
+    p = str(tmp_path / "b.shmbuf")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 20, path=p, lanes=2)
+    buf.extend({"x": np.arange(8)}, lane=0)
+    buf.extend({"x": np.arange(100, 104)}, lane=1)
+    buf.flush()
+    assert buf.engine.ring.lane_table[:, LANE_FLUSHED].tolist() == [8, 4]
+    buf.extend({"x": np.arange(8, 12)}, lane=0)  # after the flush: reuses the slots of rows 0, 1
+    buf.extend({"x": np.arange(104, 106)}, lane=1)  # after the flush, no slot reused
+    restart(buf)
+    back = shmbuf.Buffer.attach(p)
+    # lane 0: rows 2..7 (0 and 1 were overwritten after the flush, 8..11 came after it)
+    assert back.lane_sizes() == [6, 4] and len(back) == 10
+    assert values(back, 2000) == set(range(2, 8)) | set(range(100, 104))
+    stamps = back.engine.ring.stamps
+    assert stamps[:10].tolist() == [0, 0] + [published(s) for s in range(2, 8)] + [0, 0]
+    back.extend({"x": np.arange(50, 53)}, lane=0)  # the run goes on from row 8 of lane 0
+    assert values(back, 2000) == set(range(2, 8)) | {50, 51, 52} | set(range(100, 104))
+    back.unlink()
+    back.close()
+
+
+def test_without_a_restart_nothing_is_rolled_back_and_a_never_flushed_file_keeps_nothing(tmp_path):
+    p = str(tmp_path / "b.shmbuf")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, path=p)
+    buf.extend({"x": np.arange(5)})
+    buf.close()
+    again = shmbuf.Buffer.attach(p)
+    assert len(again) == 5  # the same boot: all published rows, flush or not
+    restart(again)
+    back = shmbuf.Buffer.attach(p)
+    assert len(back) == 0 and int(back.engine.ring.control[CTRL_FLUSHES]) == 0
+    with pytest.raises(ValueError, match="empty"):
+        back.sample(1)
+    back.unlink()
+    back.close()
+
+
+def test_a_flush_vouches_only_for_rows_no_live_writer_holds(tmp_path):
+    p = str(tmp_path / "b.shmbuf")
+    flag = str(tmp_path / "flag")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 16, path=p)
+    buf.extend({"x": np.arange(3)})
+    child = mp.get_context("spawn").Process(target=write_and_hang, args=(p, "writing", flag))
+    child.start()
+    try:
+        wait_for_file(flag, child)  # rows 3..6 reserved, being written
+        buf.extend({"x": np.arange(7, 9)})  # rows 7, 8 published after them
+        buf.flush()
+        assert buf.engine.ring.lane_table[0, LANE_FLUSHED] == 3  # not past the live writer
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+    buf.flush()  # the writer is dead: its rows will never be published; the frontier moves on
+    assert buf.engine.ring.lane_table[0, LANE_FLUSHED] == 9
+    restart(buf)
+    back = shmbuf.Buffer.attach(p)
+    assert values(back, 2000) == {0, 1, 2, 7, 8}  # the dead writer's rows never appear
+    assert back.engine.ring.res[:, RES_PID].tolist() == [0] * len(back.engine.ring.res)
+    back.unlink()
+    back.close()
+
+
+def test_a_restart_drops_claims_and_keeps_priorities_queues_and_episodes_usable(tmp_path):
+    # a prioritized buffer: leaves of rows after the flush are dropped from the trees
+    p = str(tmp_path / "p.shmbuf")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 32, path=p, priority=0.6, lanes=2)
+    buf.claim_lane(0)
+    buf.extend({"x": np.arange(6)})
+    b = buf.sample(4)
+    buf.update_priorities(b["index"], np.full(4, 5.0))
+    buf.flush()
+    buf.extend({"x": np.arange(6, 10)})
+    buf.sample(4)  # rows 6..9 enter the trees
+    restart(buf)
+    back = shmbuf.Buffer.attach(p)
+    assert back.engine.ring.lane_table[:, LANE_CLAIM_PID].tolist() == [0, 0]
+    assert values(back, 2000) == set(range(6))
+    leaves = back.engine.trees.seq
+    assert sorted(leaves[leaves > 0].tolist()) == list(range(1, 7))  # no leaf of a dropped row
+    back.extend({"x": [77]}, lane=1)
+    assert values(back, 4000) == set(range(6)) | {77}
+    back.unlink()
+    back.close()
+    # a queue: the rows of the flush not yet taken are delivered, those after it dropped
+    q = str(tmp_path / "q.shmbuf")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 16, path=q, mode="queue")
+    buf.extend({"x": np.arange(6)})
+    assert buf.take(2)["x"].tolist() == [0, 1]
+    buf.flush()
+    buf.extend({"x": np.arange(6, 8)})
+    assert buf.take(2)["x"].tolist() == [2, 3]
+    restart(buf)
+    back = shmbuf.Buffer.attach(q)
+    assert back.take(10, partial=True)["x"].tolist() == [4, 5]
+    back.unlink()
+    back.close()
+    # an episode buffer: the episode cut by the rollback is never sampled as a whole one
+    e = str(tmp_path / "e.shmbuf")
+    ebuf = shmbuf.EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 32, path=e)
+    ebuf.add_episode({"obs": np.arange(3, dtype=np.float32)[:, None], "reward": np.ones(3, np.float32),
+                      "next_obs": np.arange(1, 4, dtype=np.float32)[:, None]})
+    ebuf.flush()
+    ebuf.add_episode({"obs": np.arange(10, 14, dtype=np.float32)[:, None], "reward": np.ones(4, np.float32),
+                      "next_obs": np.arange(11, 15, dtype=np.float32)[:, None]})
+    ebuf.engine.ring.control[CTRL_BOOT] = durable.boot_id() ^ 1
+    ebuf.close()
+    back = shmbuf.EpisodeBuffer.attach(e)
+    assert back.num_episodes == 1
+    assert [ep["obs"][:3, 0].tolist() for ep in back.sample_episodes(3)] == [[0, 1, 2]] * 3
+    back.unlink()
+    back.close()
+
+
+def _storm_and_hang(path: str, flag: str) -> None:
+    from helpers import hang_at
+    hang_at("writing", flag)
+    buf = shmbuf.Buffer.attach(path)
+    buf.extend(storm_rows(99, np.arange(5)))
+
+
+def _drop_page_cache() -> bool:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_every_process_killed_mid_storm_then_a_restart_leaves_only_whole_rows(tmp_path):
+    """Three writers storm one lane while a fourth is stopped inside a write; the test
+    flushes while they write, then SIGKILLs every one of them (nobody closes anything).
+    Re-attached, with the page cache dropped where permitted (the pages then come from
+    the disk): every row whole, len as the lanes say. Then a simulated restart: only rows
+    below the flush's frontiers, every one whole, and the run goes on."""
+    p = str(tmp_path / "storm.shmbuf")
+    flag = str(tmp_path / "flag")
+    lc = 1024
+    buf = shmbuf.Buffer.create(STORM, 4 * lc, path=p, lanes=4)
+    ctx = mp.get_context("spawn")
+    ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    hung = ctx.Process(target=_storm_and_hang, args=(p, flag))
+    hung.start()
+    wait_for_file(flag, hung)
+    writers = [ctx.Process(target=storm_writer, args=(p, w, 7, 600.0, ready, stop, results)) for w in range(3)]
+    for w in writers:
+        w.start()
+    ready.set()
+    heads = buf.engine.ring.lane_table[:, 0]
+
+    def wait_for(rows: int) -> None:  # rows reserved in all (the writers never stop by themselves)
+        deadline = time.monotonic() + 200
+        while int(heads.sum()) < rows:
+            assert time.monotonic() < deadline and all(w.is_alive() for w in writers)
+            time.sleep(0.01)
+
+    wait_for(5 + 2 * lc)  # the writers' lane has wrapped
+    front = durable.flush(buf.engine.ring, buf.engine.seg, 30)  # while they write
+    wait_for(int(front.sum()) + 1)  # and went on after it
+    for proc in writers + [hung]:
+        os.kill(proc.pid, signal.SIGKILL)
+    for proc in writers + [hung]:
+        proc.join(30)
+    buf.close()
+    dropped = _drop_page_cache()
+    back = shmbuf.Buffer.attach(p)
+    assert len(back) == sum(back.lane_sizes()) > 0
+    assert storm_torn(back.sample(2000)) == 0, f"torn rows after the kill (page cache dropped: {dropped})"
+    restart(back)
+    back = shmbuf.Buffer.attach(p)
+    ring = back.engine.ring
+
+    lc = back.lane_capacity
+    for lane in range(4):
+        st = ring.stamps[lane * lc:(lane + 1) * lc]
+        kept = st[st != 0]
+        assert (kept % 2 == 0).all() and (kept <= published(front[lane] - 1)).all()
+    assert len(back) == sum(back.lane_sizes()) <= int(front.sum())  # (0 if a lap came after the flush)
+    if len(back):
+        assert storm_torn(back.sample(2000)) == 0
+    back.extend(storm_rows(7, np.arange(100)), lane=1)
+    assert storm_torn(back.sample(2000)) == 0 and len(back) == sum(back.lane_sizes())
+    back.unlink()
+    back.close()
