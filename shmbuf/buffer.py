@@ -127,17 +127,11 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
             (10, 'doc-create')
             >>> buf.close()
         """
-        if path is not None:
-            if name is not None:
-                raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
-            name = files.check_path(path)
-        if name is None:
-            name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        in_file = files.is_path(name)
-        if in_file:
-            name = files.check_path(name)
-        else:
-            segment.check_name(name)
+        if path is not None and name is not None:
+            raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
+        name = path if path is not None else f"{os.getpid()}-{secrets.token_hex(4)}" if name is None else name
+        in_file = path is not None or files.is_path(name)
+        name = files.check_path(name) if in_file else segment.check_name(name)
         persist = validate.flag(persist, "persist") or in_file
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)

@@ -57,7 +57,7 @@ from numpy.lib import format as npformat
 
 from . import priority as _priority
 from . import state
-from .core import procs, ratelimit, segment
+from .core import files, procs, ratelimit, segment
 from .core.engine import Engine
 from .core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
 from .core.queue import FIELD as QUEUED
@@ -271,7 +271,8 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     module docstring."""
     got = read(path)
     # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
-    segment.check_space(got["layout"].total_size)
+    if not files.is_path(got["name"] if name is None else name):  # (a file's create checks its disk)
+        segment.check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     kwargs: dict[str, Any] = {}
     try:

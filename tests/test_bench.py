@@ -136,3 +136,19 @@ def test_the_persistence_bench_measures_every_figure(tmp_path):
     c = bench.counter_cost(1)
     assert len(c) == 4 and all(v[0] > 0 for v in c.values())
     assert list(tmp_path.iterdir()) == []  # its saves are removed
+
+
+def test_the_storage_bench_measures_every_figure(tmp_path, monkeypatch):
+    from shmbuf.bench import peers, storage
+
+    small = {k: peers.Workload(w.name, 2048, w.fields) for k, w in peers.WORKLOADS.items()}
+    monkeypatch.setattr(storage, "WORKLOADS", small)
+    res = {"cached": storage.cached(str(tmp_path), 1, 0.05),
+           "larger": {"limit MiB": 1, "file MiB": 4, "rows": 10, "skipped": "not here"},
+           "resume": storage.resume(str(tmp_path), 8192, 1)}
+    assert [r["workload"] for r in res["cached"]] == ["mujoco", "atari"]
+    assert all(v > 0 for r in res["cached"] for k, v in r.items() if k != "workload")
+    assert all(res["resume"][k] > 0 for k in ("attach", "save", "load"))
+    text = storage.markdown(res)
+    assert "| mujoco |" in text and "skipped: not here" in text and "faster than load" in text
+    assert list(tmp_path.iterdir()) == []  # its files are removed

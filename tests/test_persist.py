@@ -474,3 +474,15 @@ def test_saves_are_readable_by_their_owner_alone(name, tmp_path):
         assert d.stat().st_mode & 0o777 == 0o700
         files = {f.name: f.stat().st_mode & 0o777 for f in d.iterdir()}
         assert "priority.npy" in files and set(files.values()) == {0o600}, files
+
+
+def test_a_save_loads_into_a_file(name, tmp_path):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
+        buf.extend({"x": np.arange(6)})
+        buf.save(str(tmp_path / "save"), progress=False)
+    p = str(tmp_path / "loaded.shmbuf")
+    with shmbuf.Buffer.load(str(tmp_path / "save"), name=p, progress=False) as back:
+        assert back.name == p and len(back) == 6
+    with shmbuf.Buffer.attach(p) as again:
+        assert set(again.sample(200)["x"].tolist()) == set(range(6))
+        again.unlink()

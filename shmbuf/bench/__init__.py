@@ -27,6 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="EpisodeBuffer beside Buffer on the same workloads (only: that part alone)")
     p.add_argument("--strategies", choices=("yes", "no", "only"), default="yes",
                    help="prioritized replay beside cpprb's, and hindsight relabelling (only: that part alone)")
+    p.add_argument("--storage", choices=("yes", "no", "only"), default="no",
+                   help="a buffer in a file against /dev/shm, against TorchRL's LazyMemmapStorage "
+                   "larger than memory, and resume times (only: that part alone; see shmbuf.bench.storage)")
+    p.add_argument("--storage-dir", default=None, help="where the storage part's files go (default: $TMPDIR)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -34,6 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
           if v is not None}
+    if a.storage != "no":
+        from . import storage
+        stored = storage.run(a.storage_dir, a.quick)
+        print(storage.markdown(stored) + "\n")
+        print(f"saved {storage.save(stored, a.results)}", file=sys.stderr)
+        if a.storage == "only":
+            return 0
     peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
     cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers),
                           episodes=a.episodes, strategies=a.strategies, **kw)

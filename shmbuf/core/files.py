@@ -40,7 +40,7 @@ import os
 import secrets
 import stat
 
-from .segment import FormatError, Segment, ShmSpaceError, _allocate, free_bytes
+from .segment import FormatError, Segment, ShmSpaceError, allocate, free_bytes
 
 REFUSED = {"nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "ceph", "glusterfs",
            "lustre", "gpfs", "afs", "fuse", "fuseblk", "virtiofs", "ncpfs", "coda", "beegfs"}
@@ -143,7 +143,7 @@ class FileSegment(Segment):
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, size)
             try:
-                _allocate(fd, size)
+                allocate(fd, size)
             except ShmSpaceError:
                 raise _space_error(path, size) from None
             seg = cls(path, path, fd, mmap.mmap(fd, size), tracked=False)
@@ -229,15 +229,8 @@ class FileSegment(Segment):
         them in as they are touched."""
         return False
 
-    def _reopen_by_name(self) -> int:
-        try:
-            fd = os.open(self._os_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return -1
-        if os.fstat(fd).st_ino != self.ino:
-            os.close(fd)
-            return -1
-        return fd
+    def _open_name(self) -> int:
+        return os.open(self._os_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def sync(self, header: int | None = None) -> None:
         """Write the mapping's changed pages (only the first ``header`` bytes, if given) to

@@ -124,7 +124,7 @@ def check_space(size: int) -> None:
         raise _space_error(size, available)
 
 
-def _allocate(fd: int, size: int) -> None:
+def allocate(fd: int, size: int) -> None:
     """Give every page of the file memory now (ENOSPC here, not SIGBUS later)."""
     try:
         os.posix_fallocate(fd, 0, size)
@@ -215,7 +215,7 @@ class Segment:
         try:
             resource_tracker.register(path, "shared_memory")
             os.ftruncate(fd, size)
-            _allocate(fd, size)
+            allocate(fd, size)
             mapping = mmap.mmap(fd, size)
             return cls(name, path, fd, mapping, tracked=True)
         except BaseException:
@@ -357,9 +357,13 @@ class Segment:
         os.close(old)
         self.fd = fd
 
+    def _open_name(self) -> int:
+        """A new descriptor on whatever the name refers to now (OSError if nothing)."""
+        return _posixshmem.shm_open(self._os_path, os.O_RDWR, mode=0o600)
+
     def _reopen_by_name(self) -> int:
         try:
-            fd = _posixshmem.shm_open(self._os_path, os.O_RDWR, mode=0o600)
+            fd = self._open_name()
         except OSError:
             return -1
         if os.fstat(fd).st_ino != self.ino:

@@ -45,12 +45,12 @@ def test_problems_are_one_line_each_and_the_other_names_are_still_handled(name, 
     other = name + "-b"
     with shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, persist=True), \
             shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=other, persist=True):
-        res = cli("rm", "bad/name", name, "missing-" + name, other)
+        res = cli("rm", "bad:name", name, "missing-" + name, other)
         assert res.returncode == 1
         assert res.stdout.splitlines() == [f"removed {name}", f"removed {other}"]
         lines = res.stderr.splitlines()
         assert len(lines) == 2 and "Traceback" not in res.stderr
-        assert lines[0].startswith("shmbuf rm: bad/name: invalid buffer name")
+        assert lines[0].startswith("shmbuf rm: bad:name: invalid buffer name")
         assert lines[1] == f"shmbuf rm: missing-{name}: no such buffer"
     res = cli("info", "with\nnewline")
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "invalid buffer name" in res.stderr
@@ -169,3 +169,25 @@ def test_ls_lists_only_shmbuf_segments_and_damaged_ones_with_their_error(name):
         for n in ("-empty", "-other", "-bad"):
             segment.unlink_name(name + n)
     assert layout.MAGIC not in (b"", b"not a bu")
+
+
+def test_ls_dir_info_stat_and_rm_of_buffer_files(tmp_path):
+    p = str(tmp_path / "a.shmbuf")
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, path=p) as buf:
+        buf.extend({"x": np.arange(5)})
+        buf.flush()
+    (tmp_path / "notes.txt").write_text("not a buffer")
+    res = cli("ls", str(tmp_path))
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 2
+    assert res.stdout.splitlines()[1].split()[:4] == [p, "buffer", "5", "16"]
+    info = json.loads(cli("info", p).stdout)
+    assert info["name"] == p and info["storage"] == "file" and info["flushes"] == 1 and info["rows"] == 5
+    assert cli("stat", p).stdout.startswith(f"{p}: 5 of 16 rows")
+    bad = cli("rm", str(tmp_path / "notes.txt"))
+    assert bad.returncode == 1 and "not a shmbuf buffer file" in bad.stderr
+    assert (tmp_path / "notes.txt").exists()
+    assert cli("rm", p).stdout == f"removed {p}\n" and not os.path.exists(p)
+    gone = cli("ls", str(tmp_path), str(tmp_path / "nowhere"))
+    assert gone.returncode == 1 and gone.stdout.startswith("no shmbuf buffers in")
+    assert "nowhere: not a directory" in gone.stderr
+

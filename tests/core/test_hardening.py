@@ -75,12 +75,12 @@ def test_attach_waits_while_another_process_is_creating(name):
 CREATE_AND_HANG = """
 import os, sys, time, shmbuf
 from shmbuf.core import segment
-real = segment._allocate
+real = segment.allocate
 def hang(fd, size):
     real(fd, size)
     open(sys.argv[2], "w").close()
     time.sleep(600)
-segment._allocate = hang
+segment.allocate = hang
 shmbuf.Buffer.create({"x": ((1024,), "float64")}, 4096, name=sys.argv[1], persist=sys.argv[3] == "1")
 """
 
