@@ -120,6 +120,7 @@ def test_goals_of_an_episode_in_progress_come_only_from_steps_written(name):
                 _check_goals(b, written, strategy)
 
 
+@pytest.mark.both_storages
 def test_goals_never_come_from_a_row_being_written(name, tmp_path):
     """Deterministic: a writer stops forever in the middle of writing observation 4 of
     an episode in progress (its row reserved, half copied) and is killed there. No goal

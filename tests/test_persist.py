@@ -137,6 +137,7 @@ def test_an_interrupted_save_leaves_nothing_behind(name, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.both_storages
 @pytest.mark.timeout(120)
 def test_a_save_killed_midway_never_loads(name, tmp_path):
     with shmbuf.Buffer.create({"x": ((1000,), "float64")}, 20_000, name=name) as a:
@@ -305,6 +306,7 @@ def test_save_during_a_storm_holds_only_whole_published_rows_in_lane_order(name,
 X = {"x": ((), "int64")}
 
 
+@pytest.mark.both_storages
 def test_a_loaded_lane_holds_exactly_the_published_rows_consecutively(name, tmp_path):
     """Round 2, item 7: a save taken while a writer was stopped inside its write (its 2
     rows reserved in the middle of the lane, rows written after them) leaves those rows
@@ -321,7 +323,7 @@ def test_a_loaded_lane_holds_exactly_the_published_rows_consecutively(name, tmp_
         with pytest.raises(ValueError, match="no lane holds 14 consecutive published rows: the longest run "
                                              "of published rows is 8, and 2 rows"):
             buf.sample_sequences(1, 14, timeout=1.0)  # (the live buffer: the error says what is true)
-    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+    with shmbuf.Buffer.load(tmp_path / "s", name=name + "-l") as b:
         assert len(b) == 14 and b.lane_sizes() == [14]
         assert b.sample_sequences(3, 14)["x"].tolist() == [list(range(14))] * 3
         stamps = b.engine.ring.stamps[:14]
@@ -329,6 +331,7 @@ def test_a_loaded_lane_holds_exactly_the_published_rows_consecutively(name, tmp_
         assert b.state_dict()["heads"].tolist() == [14]
 
 
+@pytest.mark.both_storages
 def test_a_loaded_episode_lane_closes_the_hole_of_a_writer_that_died(name, tmp_path):
     """The same for an episode buffer: episode A's writer died inside its 4th step; a new
     writer then wrote episode B into the lane. Loaded, B's rows move down over the hole and
@@ -341,7 +344,7 @@ def test_a_loaded_episode_lane_closes_the_hole_of_a_writer_that_died(name, tmp_p
         with buf.writer() as w:
             w.add_episode({"obs": [[10], [11], [12], [13]], "reward": [1, 2, 4, 8], "next_obs": [14]})
         buf.save(tmp_path / "s")
-    with shmbuf.EpisodeBuffer.load(tmp_path / "s", name=name) as b:
+    with shmbuf.EpisodeBuffer.load(tmp_path / "s", name=name + "-l") as b:
         assert len(b.core) == 8  # A's 3 steps, B's 4 and its final row: no hole
         (ep,) = b.sample_episodes(1)
         assert ep["obs"][:, 0].tolist() == [10, 11, 12, 13] and ep["next_obs"][-1].tolist() == [14]

@@ -97,6 +97,7 @@ def test_a_fast_learner_is_held_to_the_ratio_of_real_writers(name):
         assert min(seen) >= low and max(seen) <= high + 2 * chunk * spi, (min(seen), max(seen))
 
 
+@pytest.mark.both_storages
 def test_a_killed_writer_holds_the_learner_only_until_its_timeout(name, tmp_path):
     """A writer that wrote 10 rows (of the 1000 the limit wants first) is SIGKILLed inside
     its 11th write: the learner waits for rows only until its timeout, then gets

@@ -157,6 +157,7 @@ def test_auto_and_explicit_lane_claims(name):
         c.close()
 
 
+@pytest.mark.both_storages
 def test_sequences_of_one_lane_only_even_past_a_writer_stopped_mid_write(name, tmp_path):
     import os
     import signal

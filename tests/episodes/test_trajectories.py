@@ -70,6 +70,7 @@ def test_the_tail_wrapped_over_after_the_window_copy_is_never_summed_short(name,
     assert set(got) <= {100, 101, 102}  # the first draw was redrawn, after the wrap
 
 
+@pytest.mark.both_storages
 def test_a_row_being_written_over_an_ended_episode_never_breaks_the_tail_search(name, tmp_path):
     """Round 2, item 2: the ring's only lap in progress is one episode whose writer is
     stopped inside its write (its rows reserved and stamped odd, their ``_start`` still
