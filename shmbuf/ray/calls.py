@@ -58,7 +58,7 @@ class Shard:
 
     def take(self, info: Mapping[str, Any]) -> None:
         self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
-        self.node = info["node"]
+        self.node, self.segment = info["node"], info.get("segment", self.segment)
 
 
 class Plan:

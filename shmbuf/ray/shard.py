@@ -160,6 +160,12 @@ class Shard:
     def pid(self) -> int:
         return os.getpid()
 
+    def flush(self) -> None:
+        """``flush`` the shard (a durability point of a shard in a file)."""
+        if self.error is not None:
+            raise self.error
+        self.core.flush()
+
     def unlink(self) -> bool:
         """Remove the segment (its rows are gone for every handle); True if it was there."""
         if self.buf is None:

@@ -12,6 +12,7 @@ answers again; a batch is never short.
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import secrets
 import weakref
@@ -74,7 +75,7 @@ class ShardedBuffer(ShardCalls):
     def create(cls, fields: Mapping[str, Any], capacity_per_node: int, *, name: str | None = None,
                nodes: Sequence[str] | None = None, episodes: bool = False, persist: bool = False,
                exist_ok: bool = False, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,
-               **options: Any) -> "ShardedBuffer":
+               directory: str | None = None, **options: Any) -> "ShardedBuffer":
         """Create one shard of ``capacity_per_node`` rows on each node (all alive nodes,
         or the node IDs in ``nodes``), each owned by a Ray actor pinned to its node.
 
@@ -97,6 +98,10 @@ class ShardedBuffer(ShardCalls):
                 (same name, fields and capacity) with their rows.
             seed: seeds this handle's draws and the shards' generators.
             timeout: default of every call's ``timeout=`` (seconds).
+            directory: an absolute path of a directory on each node's local disk: shard
+                ``i`` is then the buffer file ``<directory>/<name>.<i>.shmbuf`` there
+                (see ``path=`` of :meth:`shmbuf.Buffer.create`: larger than memory,
+                kept across restarts of the node with ``flush``); None: ``/dev/shm``.
             options: the rest of :meth:`shmbuf.Buffer.create`'s (or
                 ``EpisodeBuffer.create``'s) keywords, such as ``lanes``, ``priority``,
                 ``rate``: every shard gets them.
@@ -116,6 +121,12 @@ class ShardedBuffer(ShardCalls):
         if name is None:
             name = f"rb-{secrets.token_hex(4)}"
         segment.check_name(f"{name}.{len(nodes) - 1}")
+        if directory is not None and not (isinstance(directory, str) and os.path.isabs(directory)):
+            raise ValueError(f"directory must be an absolute path (each node resolves it on its own), "
+                             f"got {directory!r}")
+
+        def where(i: int) -> str:  # shard i's segment name, or file path
+            return f"{name}.{i}" if directory is None else os.path.join(directory, f"{name}.{i}.shmbuf")
         if "name" in options or "persist" in options:
             raise TypeError("name= and persist= are ShardedBuffer.create's own arguments")
         kind = "episodes" if validate.flag(episodes, "episodes") else "buffer"
@@ -135,9 +146,9 @@ class ShardedBuffer(ShardCalls):
                     name=f"{name}.{i}", namespace=NAMESPACE, lifetime="detached",
                     max_restarts=-1, max_task_retries=0, num_cpus=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                ).remote(f"{name}.{i}", kind, fields, capacity_per_node, options, int(seeds[i]),
+                ).remote(where(i), kind, fields, capacity_per_node, options, int(seeds[i]),
                          exist_ok, None if persist else f"{name}.lease")
-                shards.append(Shard(i, node, f"{name}.{i}", actor))
+                shards.append(Shard(i, node, where(i), actor))
             infos = ray.get([s.actor.info.remote() for s in shards], timeout=timeout)
         except BaseException as exc:
             _end([s.actor for s in shards], timeout, lease)
@@ -334,6 +345,12 @@ class ShardedBuffer(ShardCalls):
         self._inflight.clear()
         if self._finalizer is not None:
             self._finalizer()
+
+    def flush(self, *, timeout: float | None = None) -> None:
+        """:meth:`shmbuf.Buffer.flush` on every shard at once (shards in files, made with
+        ``directory=``, are then on their nodes' disks; shards in ``/dev/shm``: nothing)."""
+        ray = ray_module()
+        ray.get([s.actor.flush.remote() for s in self._shards], timeout=self._t(timeout))
 
     def unlink(self) -> None:
         """End the buffer for everyone: each shard removes its segment (its rows are

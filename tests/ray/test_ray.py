@@ -513,3 +513,18 @@ def test_the_apex_example_runs_on_the_cluster(cluster):
     last = out.stdout.strip().splitlines()[-1]
     assert "steps written on 3 nodes" in last and "rows in 3 shards" in last, out.stdout
     assert shm_segments("apex-example") == []
+
+
+def test_shards_in_files_on_each_node_are_written_sampled_flushed_and_removed(nodes, name, tmp_path):
+    with ShardedBuffer.create(FIELDS, 128, name=name, seed=3, directory=str(tmp_path)) as rb:
+        assert sorted(os.listdir(tmp_path)) == sorted(f"{name}.{i}.shmbuf" for i in range(len(nodes)))
+        assert shm_segments(name) == []  # nothing in /dev/shm
+        ray.get([on(node, write_rows).remote(rb, i, 10) for i, node in enumerate(nodes)])
+        rb.flush()
+        assert len(rb) == 10 * len(nodes) and helpers.storm_torn(rb.sample(64)) == 0
+        again = ShardedBuffer.attach(name)
+        assert [s.segment for s in again._shards] == [str(tmp_path / f"{name}.{i}.shmbuf") for i in range(len(nodes))]
+        assert len(again) == 10 * len(nodes)
+        with pytest.raises(ValueError, match="absolute path"):
+            ShardedBuffer.create(FIELDS, 128, name=name + "r", directory="relative/dir")
+    assert os.listdir(tmp_path) == []  # not persistent: the shards removed their files
