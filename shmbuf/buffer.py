@@ -11,7 +11,7 @@ import numpy as np
 
 from . import priority as _priority
 from . import queues
-from .core import counters, files, procs, sampling, segment, validate
+from .core import counters, durable, files, procs, sampling, segment, validate
 from .core.batch import Outputs, count
 from .core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from .core.queue import Consumed
@@ -140,6 +140,8 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
+        if in_file:  # (where a restart may cut writes: shmbuf.core.durable)
+            regions[durable.REGION] = durable.region_bytes(lanes)
         fields, meta = queues.plan(mode, fields, meta, regions, lanes, rate, priority)
         if priority is not None:
             meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}

@@ -39,14 +39,20 @@
 
 /* ---- the Ring object --------------------------------------------------------------- */
 
-/* configure(pid, ctime, fd, default_lane, timeout): this process's identity and the
- * handle's defaults (again after a fork, a claim, a new timeout). */
+/* configure(pid, ctime, fd, default_lane, timeout[, slot, lane stats, horizon]): this
+ * process's identity and the handle's defaults (again after a fork, a claim, a new
+ * timeout), and where its counters and a buffer file's horizon are. */
 static PyObject *Ring_configure(Ring *r, PyObject *args) {
     long long pid;
-    Py_ssize_t slot_off = -1, lanes_off = -1;  /* byte offsets in the segment; -1: none */
-    if (!PyArg_ParseTuple(args, "Ldind|nn", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout,
-                          &slot_off, &lanes_off))
+    Py_ssize_t slot_off = -1, lanes_off = -1, horizon_off = -1;  /* byte offsets; -1: none */
+    if (!PyArg_ParseTuple(args, "Ldind|nnn", &pid, &r->ctime, &r->fd, &r->default_lane, &r->timeout,
+                          &slot_off, &lanes_off, &horizon_off))
         return NULL;
+    if (horizon_off >= 0 && (horizon_off % 8 || horizon_off + 16 * r->lanes > r->mem.len)) {
+        PyErr_SetString(PyExc_ValueError, "horizon outside the segment");
+        return NULL;
+    }
+    r->horizon = horizon_off >= 0 ? (int64_t *)(r->base + horizon_off) : NULL;
     Py_ssize_t words = 8;                       /* a slot is 8 int64 */
     if (slot_off >= 0 && (slot_off % 8 || slot_off + 8 * words > r->mem.len)) {
         PyErr_SetString(PyExc_ValueError, "stats slot outside the segment");

@@ -17,24 +17,35 @@ pages back in no particular order. So:
 
 The record is on the disk only after the rows it vouches for.
 
+**The horizon** (:class:`Horizon`). The kernel may write a row's pages back before the
+head that reserved it, so after a power loss the head on the disk may not cover every
+write whose bytes reached the disk. A buffer file therefore keeps per lane a *horizon*
+``R`` (a region, two words: on the disk, usable), and no write reserves past the usable
+one (both write paths check it where they check the head, and leave the rest to Python).
+To move it, under the lock: the new value is stored in the first word, that page is
+written to the disk and waited for (``msync``), and only then is it stored in the
+second. So the ``R`` on the disk is past every row any write could have touched. It
+moves to ``lane_capacity // 16`` rows past the write that needs it (more for a lane
+written fast: see :class:`Horizon`): an ``msync`` of one page per sixteenth of a lane
+written, or about every 10 ms at most.
+
 **Recovery** (:func:`recover`), on the first open after the machine restarted (the
 header keeps the boot id of the boot that last opened it): under the lock, each lane is
 rolled back to its flush frontier ``F``. Rows from ``F`` on are dropped (their stamps
-zeroed). So are the rows whose slots the head on the disk, ``H``, says later writes
-reused (rows below ``H - lane_capacity``). What is left are the rows the stamps on disk
-show as published in ``[H - lane_capacity, F)``. The reservation table, lane claims and
-owners' writes in flight (all of processes of the previous boot) are cleared.
-
-**Limit.** A write after the flush that reused the slot of a flushed row, with the
-power lost before the head that reserved it reached the disk, can leave that slot with
-some pages new and its stamp old, and the recovery cannot see it. Only the oldest rows
-of a lane that wrapped since the last flush are exposed; flushing more often narrows
-that, it cannot close it. (A kill of processes, however many, never exposes anything:
-the page cache survives it.)
+zeroed), and so are the rows whose slots later writes may have reused: those below
+``max(H, R) - lane_capacity``, ``H`` and ``R`` the head and horizon on the disk. What is
+left are the rows the stamps show as published in ``[max(H, R) - lane_capacity, F)``:
+each was whole on the disk at the flush, and nothing has touched its slot since. The
+reservation table, lane claims and owners' writes in flight (all of processes of the
+previous boot) are cleared. The price: besides the rows written after the flush and
+those they overwrote, a restart loses up to the horizon's lead more of a lane's oldest
+rows: a sixteenth of the lane, or what it wrote in about 10 to 20 ms if that is more (at
+most half the lane).
 """
 
 from __future__ import annotations
 
+import fcntl
 import time
 import uuid
 
@@ -42,8 +53,72 @@ import numpy as np
 
 from . import procs
 from .layout import (CTRL_BOOT, CTRL_FLUSHED_AT, CTRL_FLUSHES, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
-                     LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START, RES_CTIME, RES_LANE, RES_PID,
-                     RES_START, published)
+                     LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START, MAX_SEQ, RES_CTIME, RES_LANE,
+                     RES_PID, RES_START, Layout, published)
+from .segment import FormatError
+
+REGION = "horizon"
+"""The region of a buffer file that holds its lanes' horizons (int64 ``(lanes, 2)``)."""
+
+
+def region_bytes(lanes: int) -> int:
+    return 16 * lanes
+
+
+def horizon(layout: Layout, mem, name: str) -> np.ndarray | None:
+    """The ``(lanes, 2)`` horizon words of a buffer file (None for a segment): checked,
+    since the file is untrusted (``0 <= usable <= on disk <= MAX_SEQ``)."""
+    off, size = layout.regions.get(REGION, (0, -1))
+    if size == -1:
+        return None
+    if size != region_bytes(layout.lanes) or off % 8:
+        raise FormatError(f"buffer {name!r}: its horizon region ({size} bytes) is not the one its lanes need")
+    h = np.ndarray((layout.lanes, 2), np.int64, mem, off)
+    if not ((0 <= h[:, 1]) & (h[:, 1] <= h[:, 0]) & (h[:, 0] <= MAX_SEQ)).all():
+        raise FormatError(f"buffer {name!r}: its horizon words {h.tolist()} are not ones shmbuf writes")
+    return h
+
+
+class Horizon:
+    """``ring.reach`` of a buffer file: moves a lane's horizon past a write of ``n`` rows
+    at its head, on the disk first, then usable (see the module).
+
+    The lead it gives is ``lane_capacity // 16`` rows, doubled (up to half a lane) each
+    time this process moves the same lane again within 10 ms, halved back otherwise: a
+    fast writer of a small lane pays an ``msync`` about every 10 ms, not every sixteenth
+    of a lap."""
+
+    FAST = 0.01  # seconds
+
+    def __init__(self, ring, seg) -> None:
+        self.ring, self.seg = ring, seg
+        self.off = ring.layout.regions[REGION][0]
+        lc = ring.lane_capacity
+        self.low, self.high = max(lc // 16, 1), max(lc // 2, 1)
+        self.lead = [self.low] * ring.lanes
+        self.last = [-1.0] * ring.lanes
+
+    def __call__(self, lane: int, n: int, timeout: float) -> None:
+        ring, h = self.ring, self.ring.horizon
+        now = time.monotonic()
+        fast = now - self.last[lane] < self.FAST
+        lead = min(self.lead[lane] * 2, self.high) if fast else max(self.lead[lane] // 2, self.low)
+        lock = ring.lock
+        lock.acquire(timeout)
+        try:
+            need = int(ring.lane_table[lane, LANE_HEAD]) + n
+            if int(h[lane, 1]) < need:
+                h[lane, 0] = new = min(need + lead, MAX_SEQ)
+                self.seg.sync(self.off + 16 * lane, self.off + 16 * lane + 16)
+                h[lane, 1] = new
+                self.lead[lane], self.last[lane] = lead, now
+        finally:  # lock.release(), inlined: a Python call could take a Ctrl-C first (it is on
+            try:  # the write path, where an interrupt storm must never leave the lock held)
+                fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
+            finally:
+                lock.busy[0] = 0
+                lock.thread_lock.release()
+
 
 _boot: int | None = None
 
@@ -90,7 +165,7 @@ def flush(ring, seg, timeout: float) -> np.ndarray:
         lt[:, LANE_FLUSHED] = front  # (a racing flush may record older frontiers: all on disk)
         ring.control[CTRL_FLUSHES] += 1
         ring.control.view(np.float64)[CTRL_FLUSHED_AT] = time.time()
-    seg.sync(header=ring.layout.rows_offset)
+    seg.sync(0, ring.layout.rows_offset)
     return front
 
 
@@ -113,11 +188,12 @@ def recover(ring, timeout: float) -> bool:
 
 def rollback(ring) -> None:
     """Keep, per lane, only the rows the disk can vouch for (caller holds the lock)."""
-    lt, lc = ring.lane_table, ring.lane_capacity
+    lt, lc, h = ring.lane_table, ring.lane_capacity, ring.horizon
     for lane in range(ring.lanes):
         head = int(lt[lane, LANE_HEAD])
         front = min(int(lt[lane, LANE_FLUSHED]), head)
-        oldest = max(head - lc, 0)  # below it, later writes reused the slot
+        reach_ = head if h is None else max(head, int(h[lane, 0]))  # no write went past it
+        oldest = max(reach_ - lc, 0)  # below it, later writes may have reused the slot
         stamps = ring.stamps[lane * lc:(lane + 1) * lc]
         keep = (stamps % 2 == 0) & (stamps >= published(oldest)) & (stamps <= published(front - 1))
         stamps[np.flatnonzero(~keep)] = 0
@@ -127,4 +203,6 @@ def rollback(ring) -> None:
         lt[lane, LANE_OWN_COUNT] = 0
         lt[lane, LANE_CLAIM_PID] = 0
         lt[lane, LANE_CLAIM_CTIME] = 0
+        if h is not None:
+            h[lane, 1] = h[lane, 0]
     ring.res[:, RES_PID] = 0

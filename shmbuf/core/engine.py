@@ -44,7 +44,7 @@ from .ratelimit import Limiter, RateLimit
 from .ring import Ring, WriteTimeout
 from .files import FileSegment, is_path
 from .segment import NotReadyError, Segment
-from .tables import check_tables
+from .tables import BeyondHorizon, check_tables
 
 T = TypeVar("T")
 
@@ -147,6 +147,9 @@ class Engine:
         self.native = native.make_ring(layout, seg.mmap, self.lock.busy, self.prefaulted,
                                        procs.is_alive, WriteTimeout, self.lock.timeout_error)
         self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native)
+        self.ring.horizon = durable.horizon(layout, seg.mmap, self.name)
+        if self.ring.horizon is not None:
+            self.ring.reach = durable.Horizon(self.ring, seg)
         rewound = seg.durable and durable.recover(self.ring, timeout)
         self.counters = Counters(layout, seg.mmap)
         self.ring.counters = self.lock.stats = self.counters
@@ -187,7 +190,8 @@ class Engine:
         if self.native is not None:
             c = self.counters
             native.configure(self.native, self.seg.fd, 0 if self.layout.lanes == 1 else self.lane,
-                             self._timeout, c.offset, c.lanes_offset if c.present else -1)
+                             self._timeout, c.offset, c.lanes_offset if c.present else -1,
+                             self.layout.regions.get(durable.REGION, (-1, 0))[0])
 
     def forked(self) -> None:
         """In a forked child: nothing of the parent's process-bound state is ours."""
@@ -212,7 +216,11 @@ class Engine:
             lane = self.resolve_lane(lane, timeout)
         if not self.prefaulted[lane]:
             self.prefault(lane)
-        (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
+        while True:
+            try:
+                return (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
+            except BeyondHorizon:  # (a buffer file's Python-path write: nothing was reserved)
+                self.ring.reach(lane, n, timeout)
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
         """Check and write rows of every stored field, hidden ones included (for the

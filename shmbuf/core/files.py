@@ -232,16 +232,18 @@ class FileSegment(Segment):
     def _open_name(self) -> int:
         return os.open(self._os_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def sync(self, header: int | None = None) -> None:
-        """Write the mapping's changed pages (only the first ``header`` bytes, if given) to
-        the disk and wait for it (``msync(MS_SYNC)``, then ``fsync``)."""
+    def sync(self, start: int = 0, stop: int | None = None) -> None:
+        """Write the mapping's changed pages (of the bytes ``start:stop`` only, if given)
+        to the disk and wait for it (``msync(MS_SYNC)``; the whole file: then ``fsync``)."""
         if self.mmap is None:
             raise ValueError(f"buffer file {self.name!r} is closed")
-        if header is None:
+        if stop is None and start == 0:
             self.mmap.flush()
-        else:
-            self.mmap.flush(0, min(self.size, -(-header // mmap.PAGESIZE) * mmap.PAGESIZE))
-        os.fsync(self.fd)
+            os.fsync(self.fd)
+            return
+        lo = start - start % mmap.PAGESIZE
+        hi = min(self.size, -(-(self.size if stop is None else stop) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self.mmap.flush(lo, hi - lo)
 
 
 def head(path: str, n: int) -> bytes:

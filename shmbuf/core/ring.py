@@ -137,6 +137,8 @@ class Ring(Claims):
         self._own_lock = owner_lock(lock)
         self.counters: Any = None  # the handle's shmbuf.stats.Counters (set by Buffer)
         self.bounded = False  # a queue's: never reserve past base + lane capacity
+        self.horizon: Any = None  # a buffer file's (lanes, 2) view, and what moves it (core/durable.py)
+        self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None
 
     # -- lane state ------------------------------------------------------------------
 
@@ -177,6 +179,7 @@ class Ring(Claims):
             rows = [np.ascontiguousarray(a, f.dtype) for a, f in zip(sources, self.layout.fields)]
             deadline = time.monotonic() + timeout
             while self.native.put(lane, n, rows, timeout) is False:
+                self.reach(lane, n, max(0.0, deadline - time.monotonic()))
                 self._make_way(lane, max(0.0, deadline - time.monotonic()))
             return
         pid = procs.identity()[0]
@@ -211,7 +214,7 @@ class Ring(Claims):
             # 1. reserve: the entry first, then the head (the commit)
             if owner:
                 first = int(lt[lane, LANE_HEAD])
-                check_head(lane, first, n)
+                check_head(lane, first, n, self.horizon)
                 if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
                     raise QueueFull(lane)
                 lt[lane, LANE_OWN_START] = first
@@ -226,7 +229,7 @@ class Ring(Claims):
                     if not self._may_share(lane, pid):
                         return False
                     first = int(lt[lane, LANE_HEAD])
-                    check_head(lane, first, n)
+                    check_head(lane, first, n, self.horizon)
                     if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
                         raise QueueFull(lane)
                     entry = self._free_entry()

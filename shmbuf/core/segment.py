@@ -253,7 +253,7 @@ class Segment:
     def publish(self) -> None:
         """Make a complete new segment visible (a named segment already is)."""
 
-    def sync(self, header: int | None = None) -> None:
+    def sync(self, start: int = 0, stop: int | None = None) -> None:
         """Write the memory to its file; nothing to do for shared memory."""
 
     def ensure_allocated(self) -> None:

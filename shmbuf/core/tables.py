@@ -58,8 +58,16 @@ def check_tables(layout: Layout, mem: Any, name: str) -> None:
         res[:, RES_COUNT])
 
 
-def check_head(lane: int, first: int, n: int) -> None:
-    """FormatError if ``first``, a lane's head, cannot be one (the native path's check)."""
+class BeyondHorizon(Exception):
+    """A buffer file's write that would reserve past its lane's horizon (nothing reserved):
+    :class:`shmbuf.core.durable.Horizon` moves it, then the write is made again."""
+
+
+def check_head(lane: int, first: int, n: int, horizon: Any = None) -> None:
+    """FormatError if ``first``, a lane's head, cannot be one (the native path's check);
+    BeyondHorizon if ``first + n`` is past a buffer file's usable ``horizon``."""
+    if horizon is not None and first + n > horizon[lane, 1]:
+        raise BeyondHorizon(lane)
     if not 0 <= first <= MAX_SEQ - n:
         raise FormatError(f"lane {lane}'s head is {first}, not a sequence number in [0, 2**62): the "
                           "segment's lane table was not written by shmbuf; nothing was written. Create "

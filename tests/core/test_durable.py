@@ -30,26 +30,79 @@ def values(buf, n: int = 500) -> set:
     return set(buf.sample(n)["x"].tolist()) if len(buf) else set()
 
 
-def test_a_restart_keeps_the_rows_of_the_last_flush_and_drops_the_rest(tmp_path):
+@pytest.fixture
+def steady_lead(monkeypatch):
+    """The horizon's lead stays a sixteenth of a lane, however fast the test writes."""
+    monkeypatch.setattr(durable.Horizon, "FAST", -1.0)
+
+
+def test_a_restart_keeps_the_rows_of_the_last_flush_and_drops_the_rest(tmp_path, steady_lead):
     p = str(tmp_path / "b.shmbuf")
-    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 20, path=p, lanes=2)
-    buf.extend({"x": np.arange(8)}, lane=0)
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, path=p, lanes=2)  # lanes of 32: a lead of 2
+    h = buf.engine.ring.horizon
+    buf.extend({"x": np.arange(30)}, lane=0)
     buf.extend({"x": np.arange(100, 104)}, lane=1)
+    assert h.tolist() == [[32, 32], [6, 6]]  # each write's rows, and 32 // 16 more
     buf.flush()
-    assert buf.engine.ring.lane_table[:, LANE_FLUSHED].tolist() == [8, 4]
-    buf.extend({"x": np.arange(8, 12)}, lane=0)  # after the flush: reuses the slots of rows 0, 1
+    assert buf.engine.ring.lane_table[:, LANE_FLUSHED].tolist() == [30, 4]
+    buf.extend({"x": np.arange(30, 34)}, lane=0)  # after the flush: reuses the slots of rows 0, 1
     buf.extend({"x": np.arange(104, 106)}, lane=1)  # after the flush, no slot reused
+    assert h.tolist() == [[36, 36], [6, 6]]
     restart(buf)
     back = shmbuf.Buffer.attach(p)
-    # lane 0: rows 2..7 (0 and 1 were overwritten after the flush, 8..11 came after it)
-    assert back.lane_sizes() == [6, 4] and len(back) == 10
-    assert values(back, 2000) == set(range(2, 8)) | set(range(100, 104))
+    # lane 0: rows 4..29. Rows 0 and 1 were overwritten after the flush; writes could have
+    # reached the slots of rows 2 and 3 (the horizon on the disk, 36); 30..33 came after it.
+    assert back.lane_sizes() == [26, 4] and len(back) == 30
+    assert values(back, 4000) == set(range(4, 30)) | set(range(100, 104))
     stamps = back.engine.ring.stamps
-    assert stamps[:10].tolist() == [0, 0] + [published(s) for s in range(2, 8)] + [0, 0]
-    back.extend({"x": np.arange(50, 53)}, lane=0)  # the run goes on from row 8 of lane 0
-    assert values(back, 2000) == set(range(2, 8)) | {50, 51, 52} | set(range(100, 104))
+    assert stamps[:32].tolist() == [0] * 4 + [published(s) for s in range(4, 30)] + [0, 0]
+    back.extend({"x": np.arange(50, 53)}, lane=0)  # the run goes on from row 30 of lane 0
+    assert values(back, 4000) == set(range(4, 30)) | {50, 51, 52} | set(range(100, 104))
     back.unlink()
     back.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["owner", "shared"])
+def test_the_horizon_is_on_the_disk_before_any_write_may_use_it(tmp_path, monkeypatch, shared, steady_lead):
+    """Both write paths refuse to reserve past the usable horizon; moving it writes the
+    new value to the disk while the usable word still holds the old one."""
+    from shmbuf.core.files import FileSegment
+    p = str(tmp_path / "b.shmbuf")
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 2 * 160, path=p, lanes=2)
+    h, heads = buf.engine.ring.horizon, buf.engine.ring.lane_table[:, 0]
+    if not shared:
+        buf.claim_lane(0)
+    seen = []
+    real = FileSegment.sync
+
+    def sync(self, start=0, stop=None):
+        seen.append((int(h[0, 0]), int(h[0, 1]), int(heads[0])))
+        real(self, start, stop)
+    monkeypatch.setattr(FileSegment, "sync", sync)
+    for i in range(100):
+        buf.add({"x": i}, lane=0)
+        assert heads[0] <= h[0, 1] <= h[0, 0]
+    buf.extend({"x": np.arange(30)}, lane=0)
+    assert len(seen) == 10 + 1  # every 160 // 16 rows, and the batch of 30 that passed it
+    for disk, usable, head in seen:
+        assert head <= usable < disk  # on the disk first, usable after; no write went past it
+
+
+def test_the_lead_doubles_for_a_lane_written_fast_and_halves_back(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(durable.time, "monotonic", lambda: clock[0])
+    buf = shmbuf.Buffer.create({"x": ((), "int64")}, 1024, path=str(tmp_path / "b.shmbuf"))
+    h, reach = buf.engine.ring.horizon, buf.engine.ring.reach
+    leads = []
+    for step in [0.001] * 6 + [1.0] * 4:  # six moves 1 ms apart, then four 1 s apart
+        clock[0] += step
+        head = int(buf.engine.ring.lane_table[0, 0])
+        buf.extend({"x": np.arange(int(h[0, 1]) - head + 1)})  # one row past the horizon
+        leads.append(int(h[0, 1]) - int(buf.engine.ring.lane_table[0, 0]))
+    assert leads == [64, 128, 256, 512, 512, 512, 256, 128, 64, 64]  # 1024 // 16 .. 1024 // 2
+    assert reach.lead == [64]
+    buf.unlink()
+    buf.close()
 
 
 def test_without_a_restart_nothing_is_rolled_back_and_a_never_flushed_file_keeps_nothing(tmp_path):

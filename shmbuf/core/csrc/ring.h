@@ -68,7 +68,14 @@ typedef struct {
     Py_ssize_t hint;         /* the reservation entry used last */
     int64_t *stat_slot;      /* this handle's counters in the segment; NULL: none */
     int64_t *lane_stats;     /* per lane: last writer and time; NULL: none */
+    int64_t *horizon;        /* a buffer file's, per lane [on disk, usable] (durable.py); NULL: none */
 } Ring;
+
+/* A buffer file's writes may not reserve past the lane's usable horizon, which is on the
+ * disk before it is usable (shmbuf/core/durable.py): past it, Python moves it first. */
+static inline int beyond_horizon(Ring *r, Py_ssize_t lane, int64_t end) {
+    return r->horizon != NULL && end > LOAD_ACQ(&r->horizon[2 * lane + 1]);
+}
 
 static int64_t next_token = 0; /* unique per write in this process (with the pid) */
 static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protocol points */

@@ -106,6 +106,8 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         first = LOAD(&lt[LANE_HEAD]);
         if (check_head(r, lane, first, n) < 0)
             return -1;
+        if (beyond_horizon(r, lane, first + n))
+            return 1;                         /* nothing reserved: Python moves the horizon */
         STORE(&lt[LANE_OWN_START], first);   /* the entry first ... */
         STORE(&lt[LANE_OWN_COUNT], (int64_t)n);
         STORE_REL(&lt[LANE_HEAD], first + n); /* ... then the commit */
@@ -134,6 +136,10 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         if (check_head(r, lane, first, n) < 0) {
             unlock(r);
             return -1;
+        }
+        if (beyond_horizon(r, lane, first + n)) {
+            unlock(r);                        /* nothing reserved: Python moves the horizon */
+            return 1;
         }
         e = r->res_tab + entry * TABLE_WIDTH;
         int64_t ctime_bits;
@@ -450,12 +456,17 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f]);
         }
     }
+    /* 3. No write at all if a lane (ours: its head stands still) must first move its
+     * horizon (a buffer file's; Python does it). */
+    for (Py_ssize_t i = 0; i < n && ok == 1; i++)
+        if (beyond_horizon(r, lanes[i], LOAD(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_HEAD]) + 1))
+            ok = 0;
     PyObject *result = NULL;
     if (ok == 0) {
         result = Py_False;
         Py_INCREF(result);
     } else if (ok == 1) {
-        /* 3. One write of one row per lane, in order (write_rows: the protocol). */
+        /* 4. One write of one row per lane, in order (write_rows: the protocol). */
         Py_ssize_t i = 0;
         for (; i < n; i++) {
             for (int k = 0; k < r->nfields; k++)
