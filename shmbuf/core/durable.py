@@ -13,7 +13,8 @@ pages back in no particular order. So:
    (the oldest row a live writer still holds, else the head). Every row below it is
    complete.
 2. Write every changed page of the file to the disk and wait (``msync`` + ``fsync``).
-3. Under the lock, record the frontiers in the lane table (``LANE_FLUSHED``), count the flush, then write and wait for the header pages again.
+3. Under the lock, record the frontiers in the lane table (``LANE_FLUSHED``) and count
+   the flush; then write the header pages to the disk and wait again.
 
 The record is on the disk only after the rows it vouches for.
 

@@ -147,7 +147,7 @@ class FileSegment(Segment):
             except ShmSpaceError:
                 raise _space_error(path, size) from None
             seg = cls(path, path, fd, mmap.mmap(fd, size), tracked=False)
-            seg._temp = temp
+            seg.temp_path = temp
             return seg
         except BaseException:
             os.close(fd)
@@ -155,14 +155,14 @@ class FileSegment(Segment):
                 os.unlink(temp)
             raise
 
-    _temp: str | None = None
+    temp_path: str | None = None  # (where O_TMPFILE is missing: the hidden name it has until published)
 
     def publish(self) -> None:
         """Give the complete file its path; ``FileExistsError`` if someone took it first
         (then this segment is closed and nothing is left)."""
         try:
-            if self._temp is not None:
-                os.link(self._temp, self._os_path)
+            if self.temp_path is not None:
+                os.link(self.temp_path, self._os_path)
             else:  # linkat(/proc/self/fd, "N", ..., AT_SYMLINK_FOLLOW): names the unnamed file
                 fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:
@@ -173,9 +173,9 @@ class FileSegment(Segment):
             self.close()
             raise _exists(self._os_path) from None
         finally:
-            if self._temp is not None:
-                os.unlink(self._temp)
-                self._temp = None
+            if self.temp_path is not None:
+                os.unlink(self.temp_path)
+                self.temp_path = None
 
     @classmethod
     def attach(cls, name: str) -> "FileSegment":

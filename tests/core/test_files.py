@@ -229,3 +229,17 @@ def test_a_buffer_four_times_larger_than_the_memory_limit_fills_and_samples(tmp_
         assert os.path.getsize(tmp_path / "big.shmbuf") > 4 * limit
     finally:
         os.rmdir(cg)
+
+
+def test_without_o_tmpfile_a_hidden_name_is_used_and_never_left_behind(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "O_TMPFILE")  # (macOS, or an old kernel)
+    p = str(tmp_path / "b.shmbuf")
+    first = FileSegment.create(p, 4096)
+    assert first.temp_path is not None and os.listdir(tmp_path) == [os.path.basename(first.temp_path)]
+    assert stat.S_IMODE(os.stat(first.temp_path).st_mode) == 0o600
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, path=p) as buf:
+        buf.add({"x": 1})
+        assert sorted(os.listdir(tmp_path)) == sorted(["b.shmbuf", os.path.basename(first.temp_path)])
+        with pytest.raises(FileExistsError):
+            first.publish()
+    assert os.listdir(tmp_path) == ["b.shmbuf"]  # the loser's hidden file is gone
