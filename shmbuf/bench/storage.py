@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import shmbuf
+from shmbuf.core import files
 
 from .peers import BATCH, WORKLOADS
 
@@ -148,6 +149,9 @@ def larger_than_memory(where: str, limit_mib: int, seconds: float) -> dict[str, 
     systems."""
     rows = 4 * limit_mib * 2**20 // (84 * 84)
     out: dict[str, Any] = {"limit MiB": limit_mib, "file MiB": rows * 84 * 84 // 2**20, "rows": rows}
+    fs = files.filesystem(where)
+    if fs in ("tmpfs", "ramfs"):
+        return {**out, "skipped": f"{where} is in memory ({fs}): pass --storage-dir on a disk"}
     cg = _cgroup(8 << 30)  # (lowered by the child)
     if cg is None:
         return {**out, "skipped": "no memory cgroup can be made here (needs root and the memory controller)"}
