@@ -203,7 +203,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
     @classmethod
     def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
         """:meth:`attach` (``counted``) or :meth:`observe`."""
-        name = files.check_path(name) if files.is_path(name) else segment.check_name(name)
+        name = files.check(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         seg, layout = open_segment(name, timeout)

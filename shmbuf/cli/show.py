@@ -116,7 +116,7 @@ def info(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
         try:
-            n = files.check_path(n) if files.is_path(n) else segment.check_name(n)
+            n = files.check(n)
         except ValueError as exc:
             problem("info", n, str(exc))
             status = 1
