@@ -24,6 +24,7 @@
  *   csrc/ring.h      the constants (layout.py, counters.py), the Ring's state, the shared
  *                    steps: slot of a sequence number, the seqlock read, prefetching
  *   csrc/lock.c      the header lock
+ *   csrc/cast.c      the common casts of incoming values (float64 -> float32, ...)
  *   csrc/write.c     reserving, waiting for older writers, stamping, copying, publishing
  *   csrc/gather.c    drawing windows and copying them with the seqlock check
  *   csrc/episodes.c  n-step windows that stop at an episode's end; an episode's last row
@@ -32,6 +33,7 @@
  */
 #include "csrc/ring.h"
 #include "csrc/lock.c"
+#include "csrc/cast.c"
 #include "csrc/write.c"
 #include "csrc/gather.c"
 #include "csrc/episodes.c"
@@ -53,7 +55,7 @@ static PyObject *Ring_configure(Ring *r, PyObject *args) {
         return NULL;
     }
     r->horizon = horizon_off >= 0 ? (int64_t *)(r->base + horizon_off) : NULL;
-    Py_ssize_t words = 8;                       /* a slot is 8 int64 */
+    Py_ssize_t words = 9;                       /* a slot is 9 int64 (counters.py) */
     if (slot_off >= 0 && (slot_off % 8 || slot_off + 8 * words > r->mem.len)) {
         PyErr_SetString(PyExc_ValueError, "stats slot outside the segment");
         return NULL;

@@ -217,7 +217,7 @@ def test_attach_refuses_a_segment_of_another_format_version(name):
         with open(shm_path(name), "r+b") as f:
             f.seek(8)
             f.write(struct.pack("<I", 1))
-        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 3"):
+        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads version 4"):
             shmbuf.Buffer.attach(name)
 
 
@@ -367,6 +367,26 @@ def test_the_path_switch_takes_0_and_1_and_refuses_the_rest(name, monkeypatch):
 
 
 @pytest.mark.one_path
+@needs_native
+def test_the_common_casts_are_written_by_c_itself(name, monkeypatch):
+    """float64 rewards, int64 actions and bool flags into float32/int32/float fields do
+    not fall back to the Python path (None: written; False: the Python path's turn),
+    while a value that would not survive still does (the Python path then refuses it)."""
+    fields = {"reward": ((), "float32"), "action": ((1,), "int32"), "done": ((), "float32")}
+    monkeypatch.setenv("SHMBUF_PURE_PYTHON", "0")  # (this test is about the native path)
+    with shmbuf.Buffer.create(fields, 16, name=name) as buf:
+        c = buf.engine.native
+        good = {"reward": np.float64(0.5), "action": np.array([3]), "done": np.True_}
+        buf.add(good)  # (a handle's first write to a lane maps its pages, in Python)
+        assert c.add({**good, "reward": 0.5}, None, None) is None
+        assert c.add({**good, "reward": np.array(0.5)}, None, None) is None
+        assert c.extend({"reward": np.ones(3), "action": np.ones((3, 1), np.int64),
+                         "done": np.zeros(3, bool)}, None, None) is None
+        assert c.add({**good, "reward": np.array(1e39)}, None, None) is False
+        assert c.add({**good, "action": np.array([2 ** 40])}, None, None) is False
+        assert len(buf) == 6
+
+
 def test_the_c_constants_are_those_of_layout_and_stats():
     """The C parts keep their own copies of the segment's table columns and the stats
     region's words (shmbuf/core/csrc/ring.h): every one equals its Python definition."""

@@ -94,6 +94,55 @@ def test_integers_that_fit_are_accepted_and_overflow_is_not(name):
         assert len(buf) == 3 and buf.sample_sequences(1, 3)["i"].tolist() == [[-128, 127, 0]]
 
 
+CASTS = [  # (values, their dtype, the field's dtype): the casts gymnasium's values need
+    ([0.5, -1e30, 3.4e38, np.nan, np.inf], "float64", "float32"),
+    ([0.25, -2.5], "float32", "float64"),
+    ([-(2 ** 31), 2 ** 31 - 1, 7], "int64", "int32"),
+    ([0, 255], "int64", "uint8"),
+    ([-5, 2 ** 62, 3], "int64", "float32"),
+    ([-5, 2 ** 53 + 1], "int64", "float64"),
+    ([0, 65535], "uint16", "int32"),
+    ([True, False], "bool", "float32"),
+    ([True, False], "bool", "int64"),
+    ([-128, 127], "int8", "int64"),
+]
+REFUSED = [  # the second value would not survive its cast: an error, nothing written
+    ([0.5, 1e39], "float64", "float32", ValueError, "would become inf"),
+    ([0, 2 ** 31], "int64", "int32", ValueError, "wrap around"),
+    ([3, -1], "int64", "uint32", ValueError, "wrap around"),
+    ([0, 256], "uint16", "uint8", ValueError, "wrap around"),
+    ([1.5, 2.0], "float64", "int64", TypeError, "cannot store float64"),
+    ([1, 0], "int64", "bool", TypeError, "cannot store int64"),
+]
+
+
+@pytest.mark.parametrize("values, src, dst", CASTS)
+def test_common_casts_store_what_numpy_stores(name, values, src, dst):
+    """The C write path casts these itself (csrc/cast.c); the Python path with numpy:
+    both store exactly ``astype``'s values, for add and extend, scalars and rows."""
+    a = np.array(values, src)
+    with shmbuf.Buffer.create({"v": ((), dst), "w": ((2,), dst)}, 16, name=name) as buf:
+        buf.extend({"v": a, "w": np.stack([a, a], axis=1)})
+        for x in a:
+            buf.add({"v": x, "w": np.array([x, x])})
+        want = np.concatenate([a, a]).astype(dst)
+        got = {k: v[:len(want)] for k, v in buf.state_dict()["data"].items()}  # (one lane, in order)
+        np.testing.assert_array_equal(got["v"], want)
+        np.testing.assert_array_equal(got["w"], np.stack([want, want], axis=1))
+        assert got["v"].tobytes() == want.tobytes()  # (NaN payloads and signed zeros too)
+
+
+@pytest.mark.parametrize("values, src, dst, exc, match", REFUSED)
+def test_casts_that_lose_values_are_refused_and_change_nothing(name, values, src, dst, exc, match):
+    a = np.array(values, src)
+    with shmbuf.Buffer.create({"v": ((), dst)}, 16, name=name) as buf:
+        with pytest.raises(exc, match=match):
+            buf.extend({"v": a})
+        with pytest.raises(exc, match=match):
+            buf.add({"v": a[1]})
+        assert len(buf) == 0 and buf.total_added == 0
+
+
 @pytest.mark.parametrize("batch, exc, match", BAD_BATCHES)
 def test_bad_extend_changes_nothing(name, batch, exc, match):
     with shmbuf.Buffer.create(MUJOCO, 8, name=name, seed=0) as buf:

@@ -222,13 +222,16 @@ abandon:  /* an error after the commit: free the entry; no stamp of ours is odd 
 }
 
 /* One value of field f as a pointer to its bytes, if it is the common case: a numpy
- * array (or scalar) of exactly the field's dtype and shape, C-contiguous (with a row
- * axis of n rows if rows >= 0), or a Python number the Python path would accept and
- * store identically. 1 if so, 0 if not (the Python path decides), -1 on an error. */
+ * array (or scalar) of the field's shape, C-contiguous (with a row axis of n rows if
+ * rows >= 0), of the field's dtype or of one cast.c converts (then into memory it
+ * allocates at *owned, which the caller frees); or a Python number the Python path
+ * would accept and store identically. 1 if so, 0 if not (the Python path decides), -1
+ * on an error. */
 static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buffer *view,
-                       char *scratch, const char **out) {
+                       char *scratch, const char **out, char **owned) {
     view->obj = NULL;
-    if (f->scalar && *rows == -1 && (PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
+    *owned = NULL;
+    if (f->scalar && *rows == -1 && (PyFloat_Check(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
         if (PyBool_Check(v)) {
             if (f->scalar != '?')
                 return 0;
@@ -269,17 +272,20 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
         *out = scratch;
         return 1;
     }
-    if (f->format == NULL || (Py_TYPE(v) != (PyTypeObject *)r->ndarray_type &&
-                              Py_TYPE(v) != (PyTypeObject *)f->scalar_type))
+    if (f->format == NULL)
         return 0;
+    if (Py_TYPE(v) != (PyTypeObject *)r->ndarray_type && Py_TYPE(v) != (PyTypeObject *)f->scalar_type) {
+        int scalar = is_numpy_scalar(v);  /* another numpy scalar: one of the casts, maybe */
+        if (scalar <= 0)
+            return scalar;
+    }
     if (PyObject_GetBuffer(v, view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
         PyErr_Clear();                    /* not contiguous, or no buffer: Python path */
         view->obj = NULL;
         return 0;
     }
     int lead = *rows >= 0 || (*rows == -2);
-    if (view->ndim != f->ndim + lead || view->itemsize != f->itemsize
-        || strcmp(view->format, f->format) != 0 || !PyBuffer_IsContiguous(view, 'C'))
+    if (view->ndim != f->ndim + lead || !PyBuffer_IsContiguous(view, 'C'))
         return 0;
     for (int d = 0; d < f->ndim; d++)
         if (view->shape[d + lead] != f->shape[d])
@@ -290,8 +296,18 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
         else if (view->shape[0] != *rows)
             return 0;
     }
-    *out = view->buf;
-    return 1;
+    if (view->itemsize == f->itemsize && strcmp(view->format, f->format) == 0) {
+        *out = view->buf;         /* the field's dtype: copied as it is */
+        return 1;
+    }
+    Py_ssize_t count = view->len / view->itemsize;   /* another: one of the common casts? */
+    if ((*owned = PyMem_Malloc(count * f->itemsize + 1)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *out = *owned;
+    return cast_values(kind_of(view->format, view->itemsize), view->itemsize, view->buf,
+                       kind_of(f->format, f->itemsize), f->itemsize, *owned, count);
 }
 
 /* add(transition, lane, timeout) / extend(batch, lane, timeout): the common case, or
@@ -322,7 +338,7 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         || PyDict_Size(data) != r->nfields)
         Py_RETURN_FALSE;
     Py_buffer views[MAX_FIELDS];
-    char scratch[MAX_FIELDS][8];
+    char scratch[MAX_FIELDS][8], *owned[MAX_FIELDS];
     const char *src[MAX_FIELDS];
     Py_ssize_t rows = batch ? -2 : -1;
     int f = 0, ok = 1;
@@ -331,9 +347,10 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         if (v == NULL) {
             PyErr_Clear();
             views[f].obj = NULL;
+            owned[f] = NULL;
             ok = 0;
         } else {
-            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f]);
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f], &owned[f]);
         }
     }
     PyObject *result = NULL;
@@ -347,9 +364,11 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         result = Py_False;
         Py_INCREF(result);
     }
-    for (int i = 0; i < f; i++)
+    for (int i = 0; i < f; i++) {
         if (views[i].obj != NULL)
             PyBuffer_Release(&views[i]);
+        PyMem_Free(owned[i]);
+    }
     return result;
 }
 
@@ -441,7 +460,7 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
         ok = lanes[i] >= 0 && lanes[i] < r->lanes && ((unsigned char *)r->prefaulted.buf)[lanes[i]]
              && LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_CLAIM_PID]) == r->pid;
     Py_buffer views[MAX_FIELDS];
-    char scratch[MAX_FIELDS][8];
+    char scratch[MAX_FIELDS][8], *owned[MAX_FIELDS];
     const char *src[MAX_FIELDS], *row[MAX_FIELDS];
     int f = 0;
     /* 2. Every field's n rows, the common case only. */
@@ -451,9 +470,10 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             v = PyDict_GetItemWithError(args[2], r->fields[f].name);
         if (v == NULL) {
             views[f].obj = NULL;
+            owned[f] = NULL;
             ok = PyErr_Occurred() ? -1 : 0;
         } else {
-            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f]);
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f], &owned[f]);
         }
     }
     /* 3. No write at all if a lane (ours: its head stands still) must first move its
@@ -481,9 +501,11 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             PyErr_Format(PyExc_RuntimeError, "put_rows: lane %lld stopped being ours", (long long)lanes[i]);
         }
     }
-    for (int i = 0; i < f; i++)
+    for (int i = 0; i < f; i++) {
         if (views[i].obj != NULL)
             PyBuffer_Release(&views[i]);
+        PyMem_Free(owned[i]);
+    }
     if (lanev.obj != NULL)
         PyBuffer_Release(&lanev);
     return result;
