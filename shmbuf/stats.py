@@ -24,6 +24,7 @@ def read(engine: Engine) -> dict[str, Any]:
     lanes = []
     heads = ring.lane_table[:, LANE_HEAD].copy()
     claims = ring.lane_table[:, [LANE_CLAIM_PID, LANE_CLAIM_CTIME]].copy()
+    claim_ctimes = claims[:, 1].view(np.float64)
     lo, head = ring.window()
     sizes = [int(x) for x in head - lo]
     out: dict[str, Any] = {"name": engine.name, "time": time.time(), "rows": int(sum(sizes)),
@@ -56,6 +57,7 @@ def read(engine: Engine) -> dict[str, Any]:
                       "writer_pid": pid or None,
                       "writer_alive": procs.is_alive(pid, float(lane_f[i, L_CTIME])) if pid else None,
                       "last_write": float(lane_f[i, L_TIME]) or None,
-                      "claimed_by": claim or None})
+                      "claimed_by": claim or None,
+                      "claim_alive": procs.is_alive(claim, float(claim_ctimes[i])) if claim else None})
     out["lanes"] = lanes
     return out

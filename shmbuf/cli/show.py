@@ -50,7 +50,7 @@ def describe(name: str) -> dict[str, Any]:
         alive = procs.is_alive(lay.creator_pid, lay.creator_ctime)
         s = buf.stats()
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}
-        writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"]}
+        writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"] and d["claim_alive"]}
         kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
         where = {"storage": "file", "flushes": int(buf.engine.ring.control[CTRL_FLUSHES])} \
             if files.is_path(name) else {}
@@ -150,7 +150,8 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
         out.append("(this buffer keeps no counters: made by an older shmbuf)")
     else:
         out.append(f"sampled {s['batches_sampled']:,} batches / {s['rows_sampled']:,} rows, "
-                   f"{s['torn_read_retries']:,} torn-read retries, {s['lock_acquisitions']:,} lock "
+                   f"{s['torn_read_retries']:,} torn-read retries, {s['redraws']:,} other redraws, "
+                   f"{s['lock_acquisitions']:,} lock "
                    f"acquisitions ({s['lock_wait_seconds']:.3f} s waited), {s['writes']:,} writes")
     if "queue_depth" in s:
         out.append(f"queue: {s['queue_depth']:,} rows waiting; {s['rows_taken']:,} taken in {s['takes']:,} "
@@ -165,7 +166,9 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
         for d in s["lanes"]:
             w = "-" if d["writer_pid"] is None else f"{d['writer_pid']} ({'alive' if d['writer_alive'] else 'dead'})"
             rows.append([str(d["lane"]), f"{d['rows']:,}", f"{d['rows_inserted']:,}", w,
-                         _ago(d["last_write"], now), str(d["claimed_by"] or "-")])
+                         _ago(d["last_write"], now),
+                         "-" if not d["claimed_by"] else
+                         f"{d['claimed_by']} ({'alive' if d['claim_alive'] else 'dead'})"])
         out += ["", table(rows, right={0, 1, 2})]
     if s["processes"]:
         rows = [["PID", "ALIVE", "BATCHES", "ROWS SAMPLED", "RETRIES", "WRITES", "LOCKS", "LOCK WAIT"]]

@@ -5,7 +5,8 @@ A region of the segment holds, besides a small head::
 
     lanes    per lane: pid and start time of its last writer, time of its last write
     slots    NSLOTS x [pid, start time, batches sampled, rows sampled, torn-read
-             retries, lock acquisitions, nanoseconds waited for the lock, writes]
+             retries, lock acquisitions, nanoseconds waited for the lock, writes,
+             redraws (copies drawn again for a reason other than a torn read)]
 
 Each process **claims a slot of its own** when its first handle opens (under the header
 lock, once; its later handles share it), so its counters are plain stores that no other
@@ -31,12 +32,13 @@ from . import procs
 
 REGION = "stats"
 NSLOTS = 64
-HEAD_WORDS, LANE_WORDS, SLOT_WORDS = 8, 4, 8
+HEAD_WORDS, LANE_WORDS, SLOT_WORDS = 8, 4, 9
 H_FOLD = 0
 L_PID, L_CTIME, L_TIME = 0, 1, 2
-S_PID, S_CTIME, S_BATCHES, S_ROWS, S_RETRIES, S_LOCKS, S_LOCK_NS, S_WRITES = range(8)
+S_PID, S_CTIME, S_BATCHES, S_ROWS, S_RETRIES, S_LOCKS, S_LOCK_NS, S_WRITES, S_REDRAWS = range(9)
 COUNTERS = {"batches_sampled": S_BATCHES, "rows_sampled": S_ROWS, "torn_read_retries": S_RETRIES,
-            "lock_acquisitions": S_LOCKS, "lock_wait_ns": S_LOCK_NS, "writes": S_WRITES}
+            "lock_acquisitions": S_LOCKS, "lock_wait_ns": S_LOCK_NS, "writes": S_WRITES,
+            "redraws": S_REDRAWS}
 
 
 def region_bytes(lanes: int) -> int:

@@ -210,17 +210,23 @@ class Engine:
         timeout = self.seconds(timeout)
         if self.gate is not None:
             self.gate.before_insert(n, timeout)
+        claims = lane is None and self.layout.lanes > 1 and self.lane is None  # claimed by this write
         if lane is None and self.layout.lanes == 1:
             lane = 0
         else:
             lane = self.resolve_lane(lane, timeout)
-        if not self.prefaulted[lane]:
-            self.prefault(lane)
-        while True:
-            try:
-                return (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
-            except BeyondHorizon:  # (a buffer file's Python-path write: nothing was reserved)
-                self.ring.reach(lane, n, timeout)
+        try:
+            if not self.prefaulted[lane]:
+                self.prefault(lane)
+            while True:
+                try:
+                    return (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
+                except BeyondHorizon:  # (a buffer file's Python-path write: nothing was reserved)
+                    self.ring.reach(lane, n, timeout)
+        except BaseException:
+            if claims and self.lane is not None:  # a failed first write keeps no lane
+                self.release_lane(0.0)
+            raise
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
         """Check and write rows of every stored field, hidden ones included (for the

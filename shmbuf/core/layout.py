@@ -42,7 +42,7 @@ from .schema import MAX_DIMS, Field, as_count, dtype_from_json, normalize_fields
 from .segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
-VERSION = 3
+VERSION = 4
 ALIGN = 64
 PACK_LIMIT = 1024
 """Fields of at most this many bytes per row are packed into the rows block."""

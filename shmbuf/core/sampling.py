@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .counters import S_REDRAWS, S_RETRIES
 from .layout import LANE_BASE, LANE_HEAD
 from .lock import LockTimeout
 from .read import until_filled
@@ -215,8 +216,9 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
                                       -1 if skip is None else ring.index[skip[0]], 0 if skip is None else skip[1])
         if mask is None:
             return None
-        mask = np.frombuffer(mask, np.bool_)
-        _count_retries(ring, mask)
+        codes = np.frombuffer(mask, np.uint8)  # 1 intact, 0 torn, 2 to draw again (gather.c)
+        mask = codes == 1
+        _count_retries(ring, mask, len(codes) - int(np.count_nonzero(codes)))
         return mask.reshape(-1, length) if per_row else mask
     if out and isinstance(out[0], list):
         flat, scatter = by_position(ring, len(first), length, out)
@@ -234,10 +236,10 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
         np.take(src, rows, axis=0, out=dst, mode="clip")
     kept = filters(ring, rows, length, same, skip)  # on values read between the stamp reads
     if FAULTS & 1:  # (the tests' break_protection: the check switched off)
-        ok = np.ones(len(rows), bool)
+        ok = torn = np.ones(len(rows), bool)
     else:
-        ok = stamps[rows] == before
-        ok &= before == expected
+        torn = stamps[rows] != before  # changed during the copy
+        ok = ~torn & (before == expected)
     if kept is not None:
         ok &= kept
     bases = ring.lane_table[:, LANE_BASE].tolist()
@@ -255,23 +257,28 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
             ok &= ~cleared
         if ok.all():
             return None
-        _count_retries(ring, ok)
+        _count_retries(ring, ok, int(np.count_nonzero(torn & ~ok)))
         return ok.reshape(-1, length)
     if length > 1:
         ok = ok.reshape(-1, length).all(axis=1)
+        torn = torn.reshape(-1, length).any(axis=1)
     if cleared is not None:
         ok &= ~cleared
     if ok.all():
         return None
-    _count_retries(ring, ok)
+    _count_retries(ring, ok, int(np.count_nonzero(torn & ~ok)))
     return ok
 
 
-def _count_retries(ring: Ring, ok: np.ndarray) -> None:
-    """Count the copies that failed their check (torn, overwritten, unpublished) in the
-    handle's stats slot: each is drawn again."""
+def _count_retries(ring: Ring, ok: np.ndarray, torn: int) -> None:
+    """Count the copies that failed their check in the handle's stats slot: ``torn``
+    of them were torn (a row changed during its copy), the others were not to be used
+    for another reason (a row not yet published or no longer there, a sampler's filter,
+    a clear() in between). Each is drawn again."""
     if ring.counters is not None:
-        ring.counters.slot[4] += len(ok) - int(np.count_nonzero(ok))  # stats.S_RETRIES
+        slot = ring.counters.slot
+        slot[S_RETRIES] += torn
+        slot[S_REDRAWS] += len(ok) - int(np.count_nonzero(ok)) - torn
 
 
 def filters(ring: Ring, rows: np.ndarray, length: int, same: str | None,

@@ -172,18 +172,38 @@ class EpisodeBuffer:
 
     def add(self, step: Mapping[str, Any], *, terminated: Any, truncated: Any,
             timeout: float | None = None) -> None:
-        """Add one step of one env, through this handle's own one-env writer."""
-        self.own_writer().add(step, terminated=terminated, truncated=truncated, timeout=timeout)
+        """Add one step of one env, through this handle's own one-env writer (which
+        claims a lane at the first step that is written, and keeps none if that fails)."""
+        self._own("add", step, terminated=terminated, truncated=truncated, timeout=timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     timeout: float | None = None) -> None:
         """Write a whole episode; see :meth:`EpisodeWriter.add_episode`."""
-        self.own_writer().add_episode(episode, terminated=terminated, timeout=timeout)
+        self._own("add_episode", episode, terminated=terminated, timeout=timeout)
+
+    def _own(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``method`` of this handle's own writer; a writer made for this call that
+        fails gives its lane back (a bad first step must not keep the only lane)."""
+        fresh = self._writer is None
+        writer = self.own_writer()
+        try:
+            getattr(writer, method)(*args, **kwargs)
+        except BaseException:
+            if fresh:
+                self.release_lane()
+            raise
 
     def own_writer(self) -> EpisodeWriter:
         if self._writer is None:
             self._writer = EpisodeWriter(self, None, None)
         return self._writer
+
+    def release_lane(self, *, timeout: float | None = None) -> None:
+        """Give back the lane this handle's own writer (:meth:`add`) claimed; the next
+        :meth:`add` claims one again. A no-op without one."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close(timeout)
 
     # -- sampling --------------------------------------------------------------------
 
@@ -339,6 +359,26 @@ class EpisodeBuffer:
     def __len__(self) -> int:
         """Rows stored (steps and final observations)."""
         return len(self.core)
+
+    @property
+    def total_added(self) -> int:
+        """Rows ever added, as :func:`len` counts them (steps and final observations),
+        by every process since creation."""
+        return self.core.total_added
+
+    def stats(self) -> dict[str, Any]:
+        """The buffer's counters from every process (see :meth:`shmbuf.Buffer.stats`).
+
+        Example:
+            >>> import numpy as np, shmbuf
+            >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((2,), np.float32)}, 64)
+            >>> eb.add_episode({"obs": np.zeros((4, 2), np.float32), "next_obs": np.ones((4, 2), np.float32)})
+            >>> _ = eb.sample(8); s = eb.stats()
+            >>> s["rows_inserted"] == eb.total_added == 5, s["rows_sampled"], s["torn_read_retries"]
+            (True, 8, 0)
+            >>> eb.close()
+        """
+        return self.core.stats()
 
     # -- the rest --------------------------------------------------------------------
 

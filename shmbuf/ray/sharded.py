@@ -305,7 +305,7 @@ class ShardedBuffer(ShardCalls):
         total: dict[str, Any] = {"name": self._name, "shards_total": len(per),
                                  "shards_up": sum(e["up"] for e in per), "shards": per}
         for k in ("rows", "capacity", "rows_inserted", "rows_sampled", "batches_sampled", "writes",
-                  "torn_read_retries"):
+                  "torn_read_retries", "redraws"):
             total[k] = sum(e.get(k, 0) for e in per if e["up"])
         return total
 

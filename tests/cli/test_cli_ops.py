@@ -30,6 +30,7 @@ import sys, time, numpy as np, shmbuf
 from multiprocessing import resource_tracker as rt
 buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, lanes=2, name=sys.argv[1], persist=sys.argv[2] == "1")
 buf.extend({"x": np.arange(10)}, lane=1)
+buf.claim_lane(0)
 buf.sample(4)
 print(rt._resource_tracker._pid, flush=True)
 time.sleep(600)
@@ -74,6 +75,10 @@ def test_stat_reads_another_processs_counters_and_sees_it_die(name):
         owner.kill()
         s = json.loads(cli("stat", name, "--json", "--interval", "0.05").stdout)
         assert s["lanes"][1]["writer_alive"] is False and not s["processes"][0]["alive"]
+        assert s["lanes"][0]["claimed_by"] == owner.proc.pid and s["lanes"][0]["claim_alive"] is False
+        listed = {d["name"]: d for d in json.loads(cli("ls", "--json").stdout)}
+        assert listed[name]["writers_alive"] == 0  # its claim is left, but it is dead: not counted
+        assert f"{owner.proc.pid} (dead)" in cli("stat", name, "--interval", "0.05").stdout
     finally:
         owner.kill()
         segment.unlink_name(name)

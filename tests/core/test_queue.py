@@ -90,6 +90,20 @@ def test_a_blocked_writer_goes_on_once_a_taker_frees_room(name, tmp_path):
         assert q.stats()["rows_taken"] == 40
 
 
+def test_a_first_write_that_fails_keeps_no_lane(name):
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 4, lanes=2, name=name, mode="queue") as q:
+        q.extend({"x": [0, 1]}, lane=0)
+        q.extend({"x": [2, 3]}, lane=1)  # full, and no lane claimed
+        with shmbuf.Buffer.attach(name) as w:
+            with pytest.raises(shmbuf.WriteTimeout, match="the queue is full"):
+                w.add({"x": 4}, timeout=0.01)  # claims a lane, then times out
+            assert w.engine.lane is None
+            assert [d["claimed_by"] for d in q.stats()["lanes"]] == [None, None]
+            q.take(4)
+            w.add({"x": 4})  # claims one again
+            assert w.engine.lane is not None
+
+
 def test_take_waits_then_times_out_and_changes_nothing(name):
     with make(name, 8) as q:
         with pytest.raises(shmbuf.SampleTimeout, match="could not take any row"):

@@ -113,3 +113,39 @@ def test_every_sampler_returns_it_once_the_read_paths_check_is_off(name, sampler
     with make(name, **kw) as buf:
         break_protection("stamp check")
         assert any(garbage_in(sample(buf)) for _ in range(5))
+
+
+def test_redraws_that_are_not_torn_reads_have_their_own_counter(name, monkeypatch):
+    """A row overwritten before its copy began, or not yet published, is drawn again
+    without a torn read: ``redraws`` counts it, ``torn_read_retries`` does not (both
+    paths). A row whose stamp changes during the copy is a torn read."""
+    from shmbuf.core import sampling
+    from shmbuf.core.sampling import copy_windows
+    with core_buffer(name) as buf:  # 16 rows in a ring of 16
+        ring = buf.engine.ring
+        out = [np.empty((1,) + f.shape, f.dtype) for f in ring.layout.fields]
+
+        def counts():
+            s = buf.stats()
+            return s["torn_read_retries"], s["redraws"]
+        assert counts() == (0, 0)
+        buf.add({"x": [99, 99]})  # row 16 takes row 0's slot
+        assert copy_windows(ring, 0, np.array([0]), 1, None, out).tolist() == [False]
+        assert counts() == (0, 1)
+        assert copy_windows(ring, 0, np.array([17]), 1, None, out).tolist() == [False]  # not written
+        assert counts() == (0, 2)
+        assert copy_windows(ring, 0, np.array([16]), 1, None, out) is None and out[0][0, 0] == 99
+        assert counts() == (0, 2)
+        native, ring.native = ring.native, None  # the Python gather, stopped mid-copy:
+        real = sampling.filters
+
+        def writer_meanwhile(*args):  # between the two stamp reads, a writer takes row 16's slot
+            ring.stamps[0] = published(16) + 1
+            return real(*args)
+        monkeypatch.setattr(sampling, "filters", writer_meanwhile)
+        try:
+            assert copy_windows(ring, 0, np.array([16]), 1, None, out).tolist() == [False]
+        finally:
+            ring.native = native
+            ring.stamps[0] = published(16)
+        assert counts() == (1, 2)

@@ -4,6 +4,8 @@ one-step and n-step transitions (seed-semantics scenario 43), writers that die."
 from __future__ import annotations
 
 
+import os
+
 import numpy as np
 import pytest
 
@@ -82,6 +84,41 @@ def test_bad_steps_are_refused_and_change_nothing(name, bad, error, match):
         buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=False, truncated=False)
         with pytest.raises(ValueError, match="no transition yet"):
             buf.sample(1)  # one step in progress: no next observation yet
+
+
+@pytest.mark.parametrize("call", ["add", "add_episode"])
+def test_a_first_step_that_fails_keeps_no_lane(name, call):
+    with shmbuf.EpisodeBuffer.create(F, 16, name=name) as buf:  # one lane
+        with pytest.raises(ValueError, match="final observation"):
+            if call == "add":
+                buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=True, truncated=False)
+            else:
+                buf.add_episode({"obs": np.zeros((2, 2)), "action": [1, 1], "reward": [1.0, 1.0]})
+        assert buf.stats()["lanes"][0]["claimed_by"] is None
+        with buf.writer(envs=1) as w:  # the only lane is free
+            w.add({"obs": np.zeros((1, 2)), "action": [1], "reward": [1.0], "next_obs": np.ones((1, 2))},
+                  terminated=np.ones(1, bool), truncated=np.zeros(1, bool))
+        buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=False, truncated=False)
+        with pytest.raises(ValueError, match="final observation"):  # a later failure keeps the lane
+            buf.add({"obs": [0, 0], "action": 1, "reward": 1.0}, terminated=True, truncated=False)
+        assert buf.stats()["lanes"][0]["claimed_by"] == os.getpid()
+        buf.release_lane()
+        assert buf.stats()["lanes"][0]["claimed_by"] is None and buf.total_added == 3
+
+
+def test_torn_read_retries_leave_out_redraws_at_episode_boundaries(name):
+    with shmbuf.EpisodeBuffer.create(F, 64, lanes=2, name=name, seed=0) as buf:
+        with buf.writer(envs=2) as w:
+            for t in range(40):
+                w.add({"obs": np.zeros((2, 2)), "action": [0, 0], "reward": [1.0, 1.0],
+                       "next_obs": np.zeros((2, 2))},
+                      terminated=np.array([t % 3 == 2, t % 4 == 3]), truncated=np.zeros(2, bool))
+        for _ in range(20):
+            buf.sample(32)
+            buf.sample_trajectories(4, 3)
+        s = buf.stats()  # no writer ran meanwhile: no copy can have been torn
+        assert s["torn_read_retries"] == 0 and s["redraws"] > 0 and s["rows_sampled"] > 0
+        assert s["rows_inserted"] == buf.total_added == 80 + 13 + 10  # steps, final rows
 
 
 def test_a_wrong_env_axis_is_refused(name):

@@ -75,9 +75,12 @@ done:
  * one per position in the window, each array of len(first) rows (row j of every
  * window into outs[j]: callers that treat a window's rows differently save a copy).
  * None instead of an array: that field (at that position) is not copied; its row's
- * stamps are checked all the same. Returns None if every window is intact, else bytes:
- * 1 for the intact windows, or with per_row true for the intact rows (n * length).
+ * stamps are checked all the same. Returns None if every window is intact, else bytes,
+ * one verdict per window (with per_row true: per row, n * length): INTACT; TORN, a
+ * row changed during its copy; or REDRAW, not torn but not to be used (a row not yet
+ * published or no longer there, a filter said no, drawn before a clear).
  * (sampling.py: copy_windows.) */
+enum { TORN = 0, INTACT = 1, REDRAW = 2 };
 typedef struct {             /* one field to copy out of each row (gather) */
     char *dst;
     Py_ssize_t offset, stride, bytes;
@@ -174,7 +177,7 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
         Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
         int64_t key0 = 0;                            /* row 0's value of field `same` */
         win = per_row ? ok + w * length : ok + w;    /* where this window's verdicts go */
-        *win = 1;
+        *win = INTACT;
         for (Py_ssize_t j = 0; j < length; j++, at = at + 1 == r->lc ? 0 : at + 1) {
             int64_t s = first[w] + j;
             Py_ssize_t slot = lane * r->lc + at;
@@ -182,9 +185,9 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
             int64_t *stamp = stamp_of(r, slot), before;
             int named = read_begin(stamp, s, &before);   /* 1. the row it names, acquired */
             if (per_row)
-                win[j] = 1;
-            if (!named) {
-                win[per_row ? j : 0] = 0;
+                win[j] = INTACT;
+            if (!named) {                              /* not yet published, or no longer there */
+                win[per_row ? j : 0] = REDRAW;
                 if (per_row)
                     continue;                          /* per row: the others may be intact */
                 break;
@@ -202,7 +205,7 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
             if (skip >= 0 && j == 0)
                 flag = *(unsigned char *)(r->base + r->fields[skip].offset + slot * r->fields[skip].stride);
             if (!read_end(stamp, before)) {            /* 3-4. fenced: unchanged? */
-                win[per_row ? j : 0] = 0;
+                win[per_row ? j : 0] = TORN;
                 if (per_row)
                     continue;
                 break;
@@ -212,7 +215,7 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
             if (j == 0)
                 key0 = key;
             if (((same >= 0 && key != key0) || (flag & skip_mask)) && !(faults & FAULT_NO_SEGMENT_CHECK)) {
-                win[per_row ? j : 0] = 0;
+                win[per_row ? j : 0] = REDRAW;
                 if (per_row)
                     continue;
                 break;
@@ -226,9 +229,9 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
         int64_t base = LOAD_ACQ(&r->lanes_tab[lane * TABLE_WIDTH + LANE_BASE]);
         for (Py_ssize_t j = 0; j < (per_row ? length : 1); j++) {
             char *v = per_row ? ok + w * length + j : ok + w;
-            if (*v && first[w] + j < base)
-                *v = 0;
-            bad += !*v;
+            if (*v == INTACT && first[w] + j < base)
+                *v = REDRAW;
+            bad += *v != INTACT;
         }
     }
     if (ts)

@@ -23,7 +23,7 @@ enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
  * a segment shmbuf did not write, refused before anything is reserved. */
 #define MAX_SEQ (((int64_t)1 << 62) - 1)  /* so every stamp, 2s + 2, fits an int64 */
 /* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
- * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes]. */
+ * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes, redraws]. */
 enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
