@@ -49,7 +49,9 @@ class HER:
     shape and dtype; an observation field or not: where it is, ``next_<desired>`` is
     relabelled too). ``reward_fn(achieved_goal, desired_goal, info)`` takes batches,
     ``(k, *goal_shape)`` each, and returns ``k`` rewards (gymnasium-robotics'
-    ``env.unwrapped.compute_reward`` does); ``info`` is ``{}``.
+    ``env.unwrapped.compute_reward`` does); ``info`` is ``{}``, or what
+    ``info_fn(lanes, seqs)`` returns for the relabelled transitions (their lanes and
+    sequence numbers: a handle that kept its own infos passes them on).
 
     Example:
         >>> import numpy as np, shmbuf
@@ -75,6 +77,7 @@ class HER:
     achieved: str = "achieved_goal"
     desired: str = "desired_goal"
     reward_fn: Callable[[np.ndarray, np.ndarray, Any], Any] | None = None
+    info_fn: Callable[[np.ndarray, np.ndarray], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -123,7 +126,8 @@ class HER:
             rows = np.flatnonzero(got)
             desired[:k][~got] = kept[~got]
         goals = desired[rows]
-        rewards = np.asarray(self.reward_fn(batch["next_" + self.achieved][rows], goals, {}))
+        info = {} if self.info_fn is None else self.info_fn(lane[:k][rows], seq[:k][rows])
+        rewards = np.asarray(self.reward_fn(batch["next_" + self.achieved][rows], goals, info))
         count = len(goals)
         if rewards.size != count:
             raise ValueError(f"HER reward_fn returned an array of shape {rewards.shape} for {count} "

@@ -20,7 +20,8 @@ from shmbuf.core import segment
 # The core step of scripts/test does not collect the optional extras' test files: their
 # dependencies may be being installed meanwhile. The reference libraries' tests run only
 # in scripts/test-libraries (a virtualenv per library).
-collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else ["test_libraries.py"]
+collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else \
+    ["test_libraries.py", "compat/test_compat_sb3.py"]
 if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
     collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":

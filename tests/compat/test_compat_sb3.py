@@ -1,0 +1,254 @@
+"""shmbuf.compat.sb3, called as stable-baselines3 and CleanRL call SB3's replay buffers
+(scripts/test-libraries runs these where stable-baselines3 is installed; SB3's own
+tests run against the facade there too, through tests/helpers/sb3_facade.py)."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sb3 = pytest.importorskip("stable_baselines3")
+th = pytest.importorskip("torch")
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common import buffers  # noqa: E402
+
+from shmbuf.compat.sb3 import DictReplayBuffer, ReplayBuffer  # noqa: E402
+
+pytestmark = pytest.mark.libraries
+BOX = spaces.Box(-10, 10, (3,))
+
+
+def step(t, n=1):
+    """Observations, next observations, actions, rewards of step t (n envs): row values
+    encode t and the env, so a sample shows which row it came from."""
+    obs = np.array([[t, e, 0] for e in range(n)], np.float32)
+    return obs, obs + [0, 0, 1], np.array([[t % 2] for _ in range(n)]), np.full(n, t, np.float64)
+
+
+@pytest.mark.parametrize("obs_dtype", ["uint8", "int8", "uint16", "int32", "int64", "float16", "float32", "float64"])
+@pytest.mark.parametrize("action_space", [spaces.Discrete(10), spaces.Box(-1, 1, (2,), np.float32),
+                                          spaces.Box(-1, 1, (2,), np.float64)])
+def test_dtypes_are_sb3s(name, obs_dtype, action_space):
+    """SB3's test_buffer_dtypes without its ``full = True`` on an empty buffer."""
+    obs_space = spaces.Box(0, 100, (2,), dtype=obs_dtype)
+    rb = ReplayBuffer(4, obs_space, action_space, device="cpu", name=name)
+    want = buffers.ReplayBuffer._maybe_cast_dtype(action_space.dtype)
+    assert rb.observations.dtype == obs_dtype and rb.actions.dtype == want
+    o = np.ones((1, 2), obs_dtype)
+    rb.add(o, o, np.asarray(action_space.sample()).reshape(1, -1), np.ones(1), np.zeros(1, bool), [{}])
+    s = rb.sample(8)
+    assert s.observations.numpy().dtype == obs_dtype and s.actions.numpy().dtype == want
+    assert s.rewards.dtype == s.dones.dtype == th.float32 and s.rewards.shape == s.dones.shape == (8, 1)
+    rb.close()
+
+
+def test_add_sample_size_and_timeouts_as_sb3(name):
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), device="cpu", n_envs=2, name=name, seed=0)
+    assert isinstance(rb, buffers.ReplayBuffer) and rb.buffer_size == 4 and rb.size() == 0 and not rb.full
+    for t in range(5):
+        obs, nxt, act, rew = step(t, 2)
+        done = np.array([t == 2, t == 3])
+        rb.add(obs, nxt, act, rew, done, [{"TimeLimit.truncated": t == 3}, {"TimeLimit.truncated": t == 3}])
+    assert rb.size() == 4 and rb.full and rb.pos == 1  # 5 rows per env in 4: wrapped once
+    s = rb.sample(256)
+    t, env = s.observations[:, 0].numpy(), s.observations[:, 1].numpy()
+    assert set(t.tolist()) == {1, 2, 3, 4} and set(env.tolist()) == {0, 1}
+    np.testing.assert_array_equal(s.next_observations[:, 2].numpy(), 1)
+    np.testing.assert_array_equal(s.rewards[:, 0].numpy(), t)
+    np.testing.assert_array_equal(s.actions[:, 0].numpy(), t % 2)
+    # env 0 ended at t=2 (terminated); env 1 at t=3 by a time limit: not done for the target
+    np.testing.assert_array_equal(s.dones[:, 0].numpy(), (t == 2) & (env == 0))
+    np.testing.assert_array_equal(rb.observations[rb.pos - 1, :, 0], [4, 4])  # SB3's indexing
+    rb.reset()
+    assert rb.size() == 0
+    with pytest.raises(ValueError, match="empty"):
+        rb.sample(1)
+    rb.close()
+
+
+def test_bad_input_is_refused_and_changes_nothing(name):
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), device="cpu", name=name)
+    obs, nxt, act, rew = step(0)
+    with pytest.raises(ValueError):
+        rb.add(np.zeros((1, 4)), nxt, act, rew, np.zeros(1), [{}])
+    with pytest.raises(ValueError, match="a list of infos"):
+        rb.add(obs, nxt, act, rew, np.zeros(1), {"TimeLimit.truncated": [False]})
+    with pytest.raises(AttributeError, match="cannot be set"):
+        rb.full = True
+    with pytest.raises(TypeError, match="DictReplayBuffer"):
+        ReplayBuffer(8, spaces.Dict(a=BOX), spaces.Discrete(2))
+    with pytest.raises(ValueError, match="lanes"):
+        ReplayBuffer(8, BOX, spaces.Discrete(2), n_envs=2, lanes=1)
+    assert rb.size() == 0 and rb._plain().total_added == 0
+    rb.close()
+
+
+def test_cleanrl_passes_gymnasium_infos_without_timeouts(name):
+    """CleanRL's scripts: handle_timeout_termination=False and infos a dict."""
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), "cpu", handle_timeout_termination=False, name=name)
+    obs, nxt, act, rew = step(1)
+    rb.add(obs, nxt, act, rew, np.array([True]), {"episode": {"r": np.ones(1)}, "_episode": np.ones(1, bool)})
+    s = rb.sample(2)
+    assert s.dones.flatten().tolist() == [1.0, 1.0] and s.actions.shape == (2, 1)
+    rb.close()
+
+
+def test_dict_observations(name):
+    space = spaces.Dict(pos=BOX, grip=spaces.Discrete(3))
+    rb = DictReplayBuffer(8, space, spaces.Box(-1, 1, (2,)), "cpu", name=name)
+    assert isinstance(rb, buffers.DictReplayBuffer) and rb.observations["grip"].dtype == np.int64
+    o = {"pos": np.ones((1, 3), np.float32), "grip": np.array([2])}
+    rb.add(o, {"pos": o["pos"] * 2, "grip": np.array([1])}, np.zeros((1, 2)), np.ones(1), np.zeros(1), [{}])
+    s = rb.sample(4)
+    assert s.observations["grip"].tolist() == [[2]] * 4 and s.next_observations["pos"][0].tolist() == [2.0] * 3
+    rb.close()
+
+
+def test_optimize_memory_usage_keeps_the_real_final_observation(name):
+    """SB3's own option stores the next observation in the next row, which the next
+    step's observation (after the reset) overwrites: at a time limit the target then
+    bootstraps from the reset observation. Here each observation is stored once and the
+    final one where the episode ended."""
+    rb = ReplayBuffer(16, BOX, spaces.Discrete(2), "cpu", optimize_memory_usage=True,
+                      handle_timeout_termination=True, name=name, seed=0)
+    theirs = buffers.ReplayBuffer(16, BOX, spaces.Discrete(2), "cpu", optimize_memory_usage=True,
+                                  handle_timeout_termination=False)
+    final = np.array([[99, 99, 99]], np.float32)
+    for t in range(6):  # an episode of 3 steps cut by a time limit, then a new one
+        obs = np.array([[t, 0, 0]], np.float32)
+        nxt = final if t == 2 else obs + [1, 0, 0]
+        args = (obs, nxt, np.array([[0]]), np.array([1.0]), np.array([t == 2]), [{"TimeLimit.truncated": t == 2}])
+        rb.add(*args)
+        theirs.add(*args)
+    ours = rb.sample(512)
+    t = ours.observations[:, 0].numpy()
+    assert set(t.tolist()) == {0, 1, 2, 3, 4}  # the newest step waits for its next observation
+    np.testing.assert_array_equal(ours.next_observations[t == 2].numpy(), np.repeat(final, (t == 2).sum(), 0))
+    assert not ours.dones[t == 2].any()  # a time limit: bootstrap
+    assert theirs.observations[3, 0, 0] == 3  # SB3's: the final observation was overwritten
+    assert rb.next_observations.shape == (16, 1, 3)
+    rb.close()
+
+
+def test_an_env_reset_between_adds_leaves_the_step_out(name):
+    """A new learn() resets the env without an end: the step before it has no next
+    observation in the buffer (SB3 marks it done); it is never joined to the new one."""
+    rb = ReplayBuffer(16, BOX, spaces.Discrete(2), "cpu", optimize_memory_usage=True,
+                      handle_timeout_termination=False, name=name, seed=0)
+    for t in [0, 1, 2, 10, 11, 12]:  # reset between t=2 and t=10
+        obs = np.array([[t, 0, 0]], np.float32)
+        rb.add(obs, obs + [1, 0, 0], np.array([[0]]), np.array([1.0]), np.array([False]), [{}])
+    s = rb.sample(512)
+    pairs = set(zip(s.observations[:, 0].tolist(), s.next_observations[:, 0].tolist()))
+    assert pairs == {(0.0, 1.0), (1.0, 2.0), (10.0, 11.0), (11.0, 12.0)}
+    rb.close()
+
+
+def _child_adds(rb):
+    obs, nxt, act, rew = step(7)
+    rb.add(obs, nxt, act, rew, np.zeros(1), [{}])
+    rb.close()
+
+
+def test_pickles_by_name_to_a_started_process_and_by_value_elsewhere(name):
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), "cpu", n_envs=1, lanes=2, name=name, seed=0)
+    obs, nxt, act, rew = step(1)
+    rb.add(obs, nxt, act, rew, np.zeros(1), [{}])
+    child = mp.get_context("spawn").Process(target=_child_adds, args=(rb,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert sorted(rb.sample(64).observations[:, 0].unique().tolist()) == [1.0, 7.0]  # the child's row is here
+    twin = copy.deepcopy(rb)  # by value: a buffer of its own
+    loaded = pickle.loads(pickle.dumps(rb))
+    for other in (twin, loaded):
+        assert other.name != rb.name and other.size() == rb.size() and other._plain().lane_sizes() == [1, 1]
+        np.testing.assert_array_equal(other.observations, rb.observations)
+    twin.add(obs, nxt, act, rew, np.zeros(1), [{}])
+    assert rb._plain().total_added == 2 and twin._plain().total_added == 3
+    for b in (twin, loaded, rb):
+        b.close()
+
+
+SAVER = """
+import sys, numpy as np, torch
+from stable_baselines3 import DQN
+from shmbuf.compat.sb3 import ReplayBuffer
+model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=ReplayBuffer, learning_starts=10**6, seed=0)
+model.learn(300)
+model.save_replay_buffer(sys.argv[1])
+np.save(sys.argv[2], model.replay_buffer.observations[:300])
+print(model.replay_buffer.name)
+"""
+
+
+def test_save_replay_buffer_loads_in_a_new_process_after_the_original_is_gone(tmp_path):
+    from stable_baselines3 import DQN
+    from shmbuf.core import segment
+
+    res = subprocess.run([sys.executable, "-c", SAVER, str(tmp_path / "rb.pkl"), str(tmp_path / "obs.npy")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() not in segment.list_names()  # the saver's buffer is gone
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=ReplayBuffer)
+    model.load_replay_buffer(tmp_path / "rb.pkl")
+    rb = model.replay_buffer
+    assert isinstance(rb, ReplayBuffer) and rb.size() == 300
+    np.testing.assert_array_equal(rb.observations[:300], np.load(tmp_path / "obs.npy"))
+    model.learn(50, reset_num_timesteps=False)  # and training goes on from it
+    assert rb.size() >= 350
+    rb.close()
+
+
+SAMPLER = """
+import sys, numpy as np
+from shmbuf.compat.sb3 import ReplayBuffer
+rb = ReplayBuffer.attach(sys.argv[1], device="cpu")
+s = rb.sample(64)
+print(rb.size(), s.observations.shape[1], int(np.isin(s.observations.numpy()[:, 0], np.load(sys.argv[2])[:, 0, 0]).all()))
+"""
+
+
+def test_another_process_samples_a_models_live_buffer_by_name(tmp_path):
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=ReplayBuffer, learning_starts=10**6, seed=0)
+    model.learn(200)
+    np.save(tmp_path / "obs.npy", model.replay_buffer.observations[:200])
+    res = subprocess.run([sys.executable, "-c", SAMPLER, model.replay_buffer.name, str(tmp_path / "obs.npy")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["200", "4", "1"]
+    model.replay_buffer.close()
+
+
+def _dqn_return(buffer_class, seed):
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    kw = {} if buffer_class is None else {"replay_buffer_class": buffer_class}
+    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                seed=seed, **kw)
+    model.learn(30_000)
+    ret, _ = evaluate_policy(model, model.get_env(), n_eval_episodes=10)
+    if buffer_class is not None:
+        model.replay_buffer.close()
+    return ret
+
+
+@pytest.mark.timeout(600)
+def test_dqn_learns_cartpole_as_with_sb3s_buffer():
+    """Seeded; the two buffers sample with different generators, so the runs differ:
+    the facade's returns must be of the default's order (both solve, or nearly)."""
+    ours = [_dqn_return(ReplayBuffer, seed) for seed in (0, 1)]
+    theirs = [_dqn_return(None, seed) for seed in (0, 1)]
+    assert np.mean(ours) >= 0.6 * np.mean(theirs), (ours, theirs)
+    assert max(ours) >= 300, (ours, theirs)
