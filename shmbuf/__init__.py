@@ -8,6 +8,7 @@ Example:
     (2, 4)
 """
 
+from .actors import Actor, Actors
 from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
 from .episodes import EpisodeBuffer, EpisodeWriter
 from .her import HER
@@ -21,5 +22,5 @@ from .spaces import fields_from_spaces
 from .version import __version__  # noqa: F401
 from .weights import Weights
 
-__all__ = ["Buffer", "LaneWriter", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
+__all__ = ["Buffer", "LaneWriter", "Actors", "Actor", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
            "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]

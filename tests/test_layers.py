@@ -27,7 +27,7 @@ LAYERS = [
     ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots", "shmbuf.queues"],  # the parts of Buffer
     ["shmbuf.buffer"],                                                 # the Buffer facade
     ["shmbuf.episodes", "shmbuf.her"],                                 # episodes on Buffer
-    ["shmbuf.torch", "shmbuf.hdf5", "shmbuf.demo"],                    # interop
+    ["shmbuf.torch", "shmbuf.hdf5", "shmbuf.demo", "shmbuf.actors"],   # interop, actor processes
     ["shmbuf.compat", "shmbuf.ray"],                                   # other libraries' APIs
     ["shmbuf.cli", "shmbuf.bench", "shmbuf.__main__"],                 # programs
 ]

@@ -1,0 +1,54 @@
+"""Actor functions for tests/test_actors.py (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def write_then_park(actor, flag_dir: str) -> None:
+    """Write 5 rows marked with this actor's index and restarts, say so with a file
+    ``<index>-<restarts>`` holding the pid, then wait to be stopped."""
+    for t in range(5):
+        actor.buffer.add({"who": 10 * actor.index + actor.restarts, "t": t})
+    path = os.path.join(flag_dir, f"{actor.index}-{actor.restarts}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    actor.report(seed=actor.seed, restarts=actor.restarts)
+    while not actor.stopped:
+        time.sleep(0.01)
+
+
+def add_under_the_limit(actor) -> None:
+    """Add rows under a rate limit until stopped, then report how many went in."""
+    n = 0
+    while actor.retry(actor.buffer.add, {"who": actor.index, "t": n}, timeout=0.05):
+        n += 1
+    actor.report(added=n)
+
+
+def pull_weights(actor) -> None:
+    """Wait for a version of the weights newer than none, then report it and its values."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    while not actor.stopped:
+        if actor.pull(model) is not None:
+            actor.report(version=actor.version, bias=float(model.bias.detach()[0]))
+            return
+        time.sleep(0.01)
+
+
+def ignore_the_stop(actor) -> None:
+    while True:
+        time.sleep(0.1)
+
+
+def fail(actor) -> None:
+    raise RuntimeError(f"actor {actor.index} fails on purpose")
+
+
+FIELDS = {"who": ((), np.int64), "t": ((), np.int64)}
