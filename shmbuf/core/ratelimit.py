@@ -102,6 +102,9 @@ def restore_sampled(ring: Ring, count: int, timeout: float) -> None:
         ring.control[CTRL_SAMPLED] = count
 
 
+LOCK_FLOOR = 0.05  # seconds a rate-limited sample waits for the header lock, even at its deadline
+
+
 class Limiter:
     """A handle's view of a buffer's rate limit: waits before samples and inserts."""
 
@@ -125,7 +128,8 @@ class Limiter:
         deadline = time.monotonic() + timeout
         delay = 50e-6
         while True:
-            lock.acquire(max(0.0, deadline - time.monotonic()))
+            lock.acquire(max(LOCK_FLOOR, deadline - time.monotonic()))  # (at the deadline too: a
+            # holder keeps it for microseconds, so a look at the counts is never refused for that)
             try:
                 inserted, sampled = self.counts()
                 if inserted >= self.limit.min_size and inserted * spi - sampled - n >= self.low:

@@ -128,3 +128,24 @@ def test_episode_buffers_keep_to_a_rate_limit(name):
             buf.sample(4)
             w.add({"obs": [[4], [4]], "reward": [1, 1]}, terminated=no, truncated=no, timeout=0.05)
             assert len(buf) == 10
+
+
+def test_a_sample_at_its_deadline_still_waits_a_moment_for_the_lock(name, monkeypatch):
+    """The header lock is held for microseconds: a rate-limited sample whose time is up
+    still gives a holder LOCK_FLOOR to let go, and then says the rate limit held it back
+    (RateLimitTimeout), never that the lock could not be had in 0 s."""
+    from shmbuf.core import ratelimit
+
+    rate = shmbuf.RateLimit(min_size=100, samples_per_insert=1.0, error_buffer=10.0)
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name, rate=rate) as buf:
+        buf.add({"x": 1})
+        lock, asked = buf.engine.ring.lock, []
+        real = lock.acquire
+
+        def acquire(timeout):
+            asked.append(timeout)
+            return real(timeout)
+        monkeypatch.setattr(lock, "acquire", acquire)
+        with pytest.raises(shmbuf.RateLimitTimeout, match="min_size=100"):
+            buf.sample(1, timeout=0)
+        assert asked and min(asked) >= ratelimit.LOCK_FLOOR
