@@ -72,16 +72,17 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     ``name``: the buffer's name (default: a new one); ``seed``: this handle's sampling
     RNG (default: one drawn from numpy's global RNG, as SB3 samples from it: a model's
-    ``seed=`` makes its runs repeat); ``lanes``: lanes in all (default ``n_envs``; more leave room for the envs of
-    other processes, each lane holding ``buffer_size // n_envs`` rows); ``timeout``:
-    seconds any blocking call waits at most."""
+    ``seed=`` makes its runs repeat); ``lanes``: lanes in all (default ``n_envs``; more
+    leave room for the envs of other processes: ``buffer_size`` rows in all, split
+    evenly); ``rate``: a :class:`shmbuf.RateLimit` on every handle's adds and samples;
+    ``timeout``: seconds any blocking call waits at most."""
 
     _core: Any = None
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, name: str | None = None, seed: Any = None,
-                 lanes: int | None = None, timeout: float = 10.0) -> None:
+                 lanes: int | None = None, rate: Any = None, timeout: float = 10.0) -> None:
         self._setup(observation_space, action_space, device, n_envs, optimize_memory_usage,
                     handle_timeout_termination)
         if not isinstance(buffer_size, (int, np.integer)) or isinstance(buffer_size, bool) or buffer_size < 1:
@@ -89,7 +90,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         lanes = self.n_envs if lanes is None else lanes
         if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < self.n_envs:
             raise ValueError(f"lanes must be an int >= n_envs ({self.n_envs}): one lane per env, got {lanes!r}")
-        self.buffer_size = max(int(buffer_size) // self.n_envs, 1)
+        self.buffer_size = max(int(buffer_size) // int(lanes), 1)  # rows per lane (SB3's: per env)
         if seed is None:  # (from numpy's global RNG, which SB3's seed= seeds: seeded runs repeat)
             seed = int(np.random.randint(2 ** 31))
         meta = {"kind": KIND, "observation_space": space_to_json(observation_space),
@@ -99,12 +100,12 @@ class ReplayBuffer(SB3ReplayBuffer):
         if self._episodic:
             core = EpisodeBuffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name,
                                         seed=seed, timeout=timeout, observations=self._obs_names(OBS),
-                                        reward="rewards", meta=meta, her=her)
+                                        reward="rewards", meta=meta, her=her, rate=rate)
         else:
             fields.update({k.replace(OBS, NEXT, 1): v for k, v in fields.items() if k.startswith(OBS)})
             fields.update(dones=((), np.float32), timeouts=((), np.float32))
             core = Buffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name, seed=seed,
-                                 timeout=timeout, meta=meta)
+                                 timeout=timeout, meta=meta, rate=rate)
         self._open(core)
 
     def _setup(self, observation_space: spaces.Space, action_space: spaces.Space, device: Any, n_envs: int,
@@ -182,11 +183,12 @@ class ReplayBuffer(SB3ReplayBuffer):
     # -- adding ----------------------------------------------------------------------
 
     def add(self, obs: Any, next_obs: Any, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
-            infos: list[dict[str, Any]]) -> None:
+            infos: list[dict[str, Any]], *, timeout: float | None = None) -> None:
         """One step of each of the ``n_envs`` envs (SB3's ``add``): ``infos[i]
         ["TimeLimit.truncated"]`` marks a time limit (a timeout, never a terminal state,
-        with ``handle_timeout_termination``)."""
-        n = self.n_envs
+        with ``handle_timeout_termination``). ``timeout``: seconds to wait at most for
+        a rate limit (then ``shmbuf.RateLimitTimeout``, nothing added)."""
+        n, wait = self.n_envs, timeout
         obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
         action = np.asarray(action).reshape((n, self.action_dim))
         reward = np.asarray(reward).reshape(n)
@@ -198,13 +200,13 @@ class ReplayBuffer(SB3ReplayBuffer):
                                  f"(handle_timeout_termination=True), got {type(infos).__name__} of {len(infos)}")
             timeout[:] = [bool(info.get("TimeLimit.truncated", False)) for info in infos]
         if self._episodic:
-            return self._add_steps(obs, next_obs, action, reward, done.astype(bool), timeout)
+            return self._add_steps(obs, next_obs, action, reward, done.astype(bool), timeout, wait)
         core, lanes = self._core, self._claimed()
         for i in range(n):  # each env into its own lane
             row = {k: v[i] for k, v in obs.items()}
             row.update({k: v[i] for k, v in next_obs.items()})
             row.update(actions=action[i], rewards=reward[i], dones=done[i], timeouts=float(timeout[i]))
-            core.add(row, lane=lanes[i])
+            core.add(row, lane=lanes[i], timeout=wait)
 
     def _by_env(self, value: Any, prefix: str) -> dict[str, np.ndarray]:
         """Observations as ``{field: (n_envs, *shape)}``."""
@@ -228,7 +230,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         return self._lanes
 
     def _add_steps(self, obs: dict, next_obs: dict, action: np.ndarray, reward: np.ndarray,
-                   done: np.ndarray, timeout: np.ndarray) -> None:
+                   done: np.ndarray, timeout: np.ndarray, wait: float | None) -> None:
         """Episodes (optimize_memory_usage, HER): one step per env into an episode writer."""
         if self._writer is None:
             self._writer = self._core.writer(envs=self.n_envs)
@@ -236,18 +238,18 @@ class ReplayBuffer(SB3ReplayBuffer):
             self._writer.close()  # an env was reset since the last add (a new learn()): the steps
             self._writer = self._core.writer(envs=self.n_envs)  # before have no next observation
         step = {**obs, **next_obs, "actions": action, "rewards": reward}
-        self._writer.add(step, terminated=done & ~timeout, truncated=done & timeout)
+        self._writer.add(step, terminated=done & ~timeout, truncated=done & timeout, timeout=wait)
         self._next = {k.replace(NEXT, OBS, 1): np.array(v) for k, v in next_obs.items()}
         self._ended = done  # (an env that ended starts its next step from a reset: not compared)
 
     # -- sampling --------------------------------------------------------------------
 
-    def sample(self, batch_size: int, env: Any = None) -> Any:
+    def sample(self, batch_size: int, env: Any = None, *, timeout: float | None = None) -> Any:
         """``batch_size`` transitions, uniformly over every env's rows, as SB3's
         ``ReplayBufferSamples`` of tensors on ``device``: ``dones`` and ``rewards`` of shape
         ``(batch_size, 1)``, float32; ``env`` (a ``VecNormalize``) normalizes observations
-        and rewards."""
-        b = self._core.sample(batch_size)
+        and rewards. ``timeout``: seconds to wait at most for a rate limit."""
+        b = self._core.sample(batch_size, timeout=timeout)
         if self._episodic:
             ended = b["terminated"] if self.handle_timeout_termination else b["terminated"] | b["truncated"]
             dones = ended.astype(np.float32)
@@ -276,6 +278,11 @@ class ReplayBuffer(SB3ReplayBuffer):
     def size(self) -> int:
         """Rows per env (SB3's count: ``buffer_size`` once full)."""
         return len(self._core) // self._plain().lanes
+
+    @property
+    def total_added(self) -> int:
+        """Rows added by every process since the buffer was made (an actor's step count)."""
+        return self._plain().total_added
 
     def reset(self) -> None:
         """Empty the buffer (every process's view of it)."""
@@ -384,7 +391,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         if multiprocessing.context.get_spawning_popen() is not None:  # to a process being started: by name
             return (_attach, (self.name, {"device": str(self.device), "n_envs": self.n_envs}))
         meta = self._plain().meta
-        return (_restore, (type(self), self.buffer_size * self.n_envs, meta["observation_space"],
+        return (_restore, (type(self), self.buffer_size * self._plain().lanes, meta["observation_space"],
                            meta["action_space"], self._config(), self._plain().state_dict()))
 
     def __repr__(self) -> str:

@@ -89,10 +89,11 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
         infos = info if self.copy_info_dict else [{} for _ in range(len(achieved))]
         return self.env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0].astype("float32")
 
-    def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: list[dict[str, Any]]) -> None:
+    def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: list[dict[str, Any]],
+            **kwargs: Any) -> None:
+        super().add(obs, next_obs, action, reward, done, infos, **kwargs)
         if not self.copy_info_dict:
-            return super().add(obs, next_obs, action, reward, done, infos)
-        super().add(obs, next_obs, action, reward, done, infos)
+            return
         core = self._plain()
         if self._infos is None:
             self._infos = np.full(core.capacity, None, object)
