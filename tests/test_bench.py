@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -152,3 +153,25 @@ def test_the_storage_bench_measures_every_figure(tmp_path, monkeypatch):
     text = storage.markdown(res)
     assert "| mujoco |" in text and "skipped: not here" in text and "faster than load" in text
     assert list(tmp_path.iterdir()) == []  # its files are removed
+
+
+def test_bench_clients_switches_one_import_and_reports_medians_and_ratios(tmp_path):
+    from shmbuf.bench import clients
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    cmds = clients.arms(examples, tmp_path)
+    original = (examples / "cleanrl_dqn.py").read_text().splitlines()
+    switched = pathlib.Path(cmds["CleanRL + shmbuf (1 import)"][0]).read_text().splitlines()
+    assert [(a, b) for a, b in zip(original, switched) if a != b] == \
+        [(clients.SB3_IMPORT.strip(), clients.SHMBUF_IMPORT.strip())] and len(original) == len(switched)
+    run = lambda seed, wall, solved: {"seed": seed, "wall_s": wall, "sps": 60000 / wall, "solved_s": solved,
+                                      "last20": 480.0}
+    text = clients.report({"a": [run(1, 30, 20), run(2, 40, None)], "b": [run(1, 27, 18), run(2, 40, 30)],
+                           "c": [run(1, 20, 10), run(2, 30, 12)]}, 60000)
+    assert "| a | 35.0 | 1,750 | 20.0 | 1/2 | 480.0 |" in text
+    assert "shmbuf / SB3 loop time (per seed, median): 0.95" in text  # (0.9 and 1.0)
+    assert "async / CleanRL's original: 11.0 s / 20.0 s = 0.55" in text
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "cleanrl_dqn.py").write_text("import numpy\n")
+    with pytest.raises(SystemExit, match="no longer has the line"):
+        clients.arms(tmp_path / "bad", tmp_path)

@@ -1,0 +1,105 @@
+"""What a CleanRL user gets: ``examples/cleanrl_dqn.py`` (CleanRL's DQN on CartPole with
+SB3's ReplayBuffer) against the same file with its one ReplayBuffer import changed to
+shmbuf's, and against ``examples/cleanrl_dqn_actors.py`` (the same DQN made asynchronous
+with :class:`shmbuf.Actors`). Each seed runs every arm, the arms' order rotating from
+seed to seed, one run at a time; the report gives medians and ratios.
+
+    scripts/bench-clients                 # 5 seeds, 60k steps
+    scripts/bench-clients --seeds 3 --steps 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SB3_IMPORT = "from stable_baselines3.common.buffers import ReplayBuffer\n"
+SHMBUF_IMPORT = "from shmbuf.compat.sb3 import ReplayBuffer\n"
+
+
+def arms(examples: Path, workdir: Path) -> dict[str, list[str]]:
+    """The command of each arm (the shmbuf arm: a copy of the script, one line changed)."""
+    original = (examples / "cleanrl_dqn.py").read_text()
+    if original.count(SB3_IMPORT) != 1:
+        raise SystemExit(f"{examples / 'cleanrl_dqn.py'} no longer has the line {SB3_IMPORT.strip()!r}")
+    switched = workdir / "cleanrl_dqn_shmbuf.py"
+    switched.write_text(original.replace(SB3_IMPORT, SHMBUF_IMPORT))
+    return {"CleanRL + SB3's buffer": [str(examples / "cleanrl_dqn.py")],
+            "CleanRL + shmbuf (1 import)": [str(switched)],
+            "async: shmbuf.Actors, 2 x 4 envs": [str(examples / "cleanrl_dqn_actors.py")]}
+
+
+def run(cmd: list[str], seed: int, steps: int, seconds: float) -> dict[str, Any]:
+    extra = ["--seconds", str(seconds)] if cmd[0].endswith("actors.py") else ["--learning-starts", "10000"]
+    res = subprocess.run([sys.executable, *cmd, "--seed", str(seed), "--total-timesteps", str(steps), *extra],
+                         capture_output=True, text=True, timeout=seconds + 600)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def median(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def report(results: dict[str, list[dict[str, Any]]], steps: int) -> str:
+    names = list(results)
+    base = results[names[0]]
+    lines = [f"CleanRL's DQN on CartPole-v1, {steps:,} steps, seeds {[r['seed'] for r in base]} "
+             "(medians; solved: the mean of the last 20 returns >= 475)", "",
+             "| arm | wall s | steps/s | solved in s | solved runs | last-20 return |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, rs in results.items():
+        solved = [r["solved_s"] for r in rs]
+        lines.append(f"| {name} | {median([r['wall_s'] for r in rs]):.1f} | {median([r['sps'] for r in rs]):,.0f} | "
+                     f"{_fmt(median(solved))} | {sum(s is not None for s in solved)}/{len(rs)} | "
+                     f"{_fmt(median([r['last20'] for r in rs]))} |")
+    sb3, shm, asy = (results[n] for n in names)
+    loop = median([b["wall_s"] / a["wall_s"] for a, b in zip(sb3, shm)])
+    lines += ["", f"shmbuf / SB3 loop time (per seed, median): {loop:.2f}"]
+    a, s = median([r["solved_s"] for r in asy]), median([r["solved_s"] for r in sb3])
+    if a is not None and s is not None:
+        lines.append(f"time to solve, async / CleanRL's original: {a:.1f} s / {s:.1f} s = {a / s:.2f}")
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=60_000)
+    p.add_argument("--seconds", type=float, default=120.0, help="the async arm's time limit")
+    p.add_argument("--examples", type=Path, default=Path(__file__).resolve().parents[2] / "examples")
+    p.add_argument("--out", type=Path, default=Path("results"))
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmds = arms(a.examples, Path(tmp))
+        names = list(cmds)
+        results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for i, seed in enumerate(range(1, a.seeds + 1)):
+            for name in names[i % len(names):] + names[:i % len(names)]:  # the order rotates
+                got = run(cmds[name], seed, a.steps, a.seconds)
+                print(f"seed {seed}: {name}: {got}", file=sys.stderr, flush=True)
+                results[name].append(got)
+        for rs in results.values():
+            rs.sort(key=lambda r: r["seed"])
+    text = report(results, a.steps)
+    print(text)
+    os.makedirs(a.out, exist_ok=True)
+    (a.out / "clients.md").write_text(text + "\n")
+    (a.out / "clients.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
