@@ -189,24 +189,28 @@ class ReplayBuffer(SB3ReplayBuffer):
         with ``handle_timeout_termination``). ``timeout``: seconds to wait at most for
         a rate limit (then ``shmbuf.RateLimitTimeout``, nothing added)."""
         n, wait = self.n_envs, timeout
-        obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
         action = np.asarray(action).reshape((n, self.action_dim))
         reward = np.asarray(reward).reshape(n)
         done = np.asarray(done).reshape(n)
-        timeout = np.zeros(n, bool)
+        timeout = [0.0] * n
         if self.handle_timeout_termination:  # (else infos are not looked at, as by SB3: CleanRL passes a dict)
             if not isinstance(infos, (list, tuple)) or len(infos) != n:
                 raise ValueError(f"expected a list of infos, one per env ({n}), to find time limits in "
                                  f"(handle_timeout_termination=True), got {type(infos).__name__} of {len(infos)}")
-            timeout[:] = [bool(info.get("TimeLimit.truncated", False)) for info in infos]
+            timeout = [float(bool(info.get("TimeLimit.truncated", False))) for info in infos]
+        if self._episodic or isinstance(self.obs_shape, dict):
+            obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
+        else:  # (the common case, with as few calls as can be: this runs at every env step)
+            rows = (n, *self.obs_shape)
+            obs, next_obs = {OBS: np.asarray(obs).reshape(rows)}, {NEXT: np.asarray(next_obs).reshape(rows)}
         if self._episodic:
-            return self._add_steps(obs, next_obs, action, reward, done.astype(bool), timeout, wait)
-        core, lanes = self._core, self._claimed()
+            return self._add_steps(obs, next_obs, action, reward, done.astype(bool), np.array(timeout, bool), wait)
+        add, lanes = self._core.add, self._lanes or self._claimed()
         for i in range(n):  # each env into its own lane
             row = {k: v[i] for k, v in obs.items()}
             row.update({k: v[i] for k, v in next_obs.items()})
-            row.update(actions=action[i], rewards=reward[i], dones=done[i], timeouts=float(timeout[i]))
-            core.add(row, lane=lanes[i], timeout=wait)
+            row.update(actions=action[i], rewards=reward[i], dones=done[i], timeouts=timeout[i])
+            add(row, lane=lanes[i], timeout=wait)
 
     def _by_env(self, value: Any, prefix: str) -> dict[str, np.ndarray]:
         """Observations as ``{field: (n_envs, *shape)}``."""

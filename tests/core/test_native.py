@@ -379,12 +379,13 @@ def test_the_common_casts_are_written_by_c_itself(name, monkeypatch):
         good = {"reward": np.float64(0.5), "action": np.array([3]), "done": np.True_}
         buf.add(good)  # (a handle's first write to a lane maps its pages, in Python)
         assert c.add({**good, "reward": 0.5}, None, None) is None
+        assert c.add(good, None, None) is None  # np.float64: a float subclass
         assert c.add({**good, "reward": np.array(0.5)}, None, None) is None
         assert c.extend({"reward": np.ones(3), "action": np.ones((3, 1), np.int64),
                          "done": np.zeros(3, bool)}, None, None) is None
         assert c.add({**good, "reward": np.array(1e39)}, None, None) is False
         assert c.add({**good, "action": np.array([2 ** 40])}, None, None) is False
-        assert len(buf) == 6
+        assert len(buf) == 7
 
 
 def test_the_c_constants_are_those_of_layout_and_stats():

@@ -236,7 +236,7 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
             if (f->scalar != '?')
                 return 0;
             scratch[0] = (char)(v == Py_True);
-        } else if (PyFloat_CheckExact(v)) {
+        } else if (PyFloat_Check(v)) {           /* (np.float64 too: a float subclass) */
             double d = PyFloat_AsDouble(v);
             if (f->scalar == 'd') {
                 memcpy(scratch, &d, 8);
