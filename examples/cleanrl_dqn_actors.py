@@ -2,8 +2,6 @@
 CartPole envs each add to a shared SB3-style ReplayBuffer while the learner trains, at
 CleanRL's ratio of sampled to added rows (a RateLimit). Stops when solved (the mean of
 the last 20 returns >= 475) or after --seconds; prints one JSON line as cleanrl_dqn.py.
-
-    python examples/cleanrl_dqn_actors.py --seed 1
 """
 
 import argparse
@@ -70,8 +68,7 @@ def learn(args):
     torch.manual_seed(args["seed"])
     torch.set_num_threads(1)
     env = gym.make(args["env_id"])
-    q = QNetwork(int(np.prod(env.observation_space.shape)), env.action_space.n)
-    target = QNetwork(int(np.prod(env.observation_space.shape)), env.action_space.n)
+    q, target = (QNetwork(int(np.prod(env.observation_space.shape)), env.action_space.n) for _ in range(2))
     target.load_state_dict(q.state_dict())
     optimizer = torch.optim.Adam(q.parameters(), lr=args["learning_rate"])
     rate = shmbuf.RateLimit(min_size=args["learning_starts"], error_buffer=100 * args["batch_size"],

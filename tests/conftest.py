@@ -21,7 +21,7 @@ from shmbuf.core import segment
 # dependencies may be being installed meanwhile. The reference libraries' tests run only
 # in scripts/test-libraries (a virtualenv per library).
 collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else \
-    ["test_libraries.py", "compat/test_compat_sb3.py"]
+    ["test_libraries.py", "compat/test_compat_sb3.py", "compat/test_compat_torchrl.py"]
 if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
     collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":

@@ -3,6 +3,9 @@ runs this in a virtualenv of its own per library: their pins conflict with each 
 
 from __future__ import annotations
 
+import os
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -84,3 +87,94 @@ def test_imitation_gail_trains_with_the_facade_as_its_generator_buffer(name, mon
     made[0].close()
     venv.close()
     log.close()
+
+
+@pytest.mark.timeout(900)
+def test_torchrl_dqn_learns_cartpole_from_two_collector_processes_writing_by_name(name):
+    """TorchRL's own DQN: its loss, QValueActor, EGreedyModule and MultiSyncDataCollector,
+    whose 2 worker processes extend the shared buffer themselves (replay_buffer=)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchrl")
+    from tensordict.nn import TensorDictSequential
+    from torchrl.collectors import MultiSyncDataCollector
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.modules import MLP, EGreedyModule, QValueActor
+    from torchrl.objectives import DQNLoss, SoftUpdate
+
+    from helpers.torchrl_envs import cartpole
+    from shmbuf.compat.torchrl import SharedReplayBuffer
+
+    torch.manual_seed(0)
+    env = cartpole()
+    actor = QValueActor(MLP(out_features=2, num_cells=[64, 64]), in_keys=["observation"], spec=env.action_spec)
+    actor(env.reset())  # (lazy layers take their shapes)
+    greedy = EGreedyModule(env.action_spec, annealing_num_steps=20_000, eps_init=1.0, eps_end=0.05)
+    policy = TensorDictSequential(actor, greedy)
+    rb = SharedReplayBuffer(50_000, name=name, lanes=2, batch_size=128, seed=0)
+    loss = DQNLoss(actor, action_space=env.action_spec, delay_value=True)
+    loss.make_value_estimator(gamma=0.99)
+    target = SoftUpdate(loss, eps=0.99)
+    optim = torch.optim.Adam(loss.parameters(), lr=2e-3)
+    collector = MultiSyncDataCollector([cartpole, cartpole], policy, frames_per_batch=200, total_frames=40_000,
+                                       replay_buffer=rb, init_random_frames=1000)
+    writers = set()
+    for _ in collector:  # (with replay_buffer=, the workers write, the loop gets None)
+        writers |= {d["claimed_by"] for d in rb.buffer.stats()["lanes"] if d["claimed_by"]}
+        if len(rb) < 1000:
+            continue
+        for _ in range(20):
+            values = loss(rb.sample())
+            optim.zero_grad()
+            values["loss"].backward()
+            optim.step()
+            target.step()
+        greedy.step(200)
+        collector.update_policy_weights_()
+    collector.shutdown()
+    assert len(writers) == 2 and os.getpid() not in writers  # the two workers wrote, each in a lane
+    assert rb.write_count >= 40_000
+    with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
+        returns = [float(env.rollout(500, actor)["next", "reward"].sum()) for _ in range(5)]
+    rb.close()
+    assert np.mean(returns) >= 150, returns  # (a random policy: about 20)
+
+
+def _cleanrl(script, *args, timeout=600):
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(900)
+def test_sb3_cleanrl_dqn_with_one_import_changed_learns_as_with_sb3s_buffer(tmp_path):
+    """examples/cleanrl_dqn.py (CleanRL's dqn.py for gymnasium 1.x) and the same file
+    with its ReplayBuffer import switched to shmbuf's, seeded alike."""
+    pytest.importorskip("stable_baselines3")
+    from shmbuf.bench import clients
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    arms = clients.arms(examples, tmp_path)
+    args = ["--seed", "2", "--total-timesteps", "150000", "--exploration-fraction", "0.2"]
+    theirs = _cleanrl(arms["CleanRL + SB3's buffer"][0], *args)
+    ours = _cleanrl(arms["CleanRL + shmbuf (1 import)"][0], *args)
+    assert theirs["buffer"] == "stable_baselines3.common.buffers" and ours["buffer"] == "shmbuf.compat.sb3"
+    assert ours["last20"] >= 0.8 * theirs["last20"] and ours["last20"] >= 400, (ours, theirs)
+
+
+@pytest.mark.timeout(300)
+def test_sb3_async_cleanrl_dqn_on_actors_runs_and_stops(tmp_path):
+    """The asynchronous example, for a few seconds: actors add, the learner samples
+    under the rate limit, and everything stops and is removed at the end."""
+    pytest.importorskip("stable_baselines3")
+    from shmbuf.core import segment
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    got = _cleanrl(examples / "cleanrl_dqn_actors.py", "--seconds", "8", "--learning-starts", "500")
+    assert got["buffer"] == "shmbuf.compat.sb3 + shmbuf.Actors" and got["sps"] >= 0
+    assert segment.list_names() == []  # the buffer and the weights were removed

@@ -1,0 +1,274 @@
+"""A TorchRL replay buffer whose rows live in shared memory: TensorDicts in and out,
+written by collectors in other processes, sampled by the learner.
+
+**Why a storage, a writer and a sampler, in a TorchRL ``TensorDictReplayBuffer``.**
+TorchRL splits a replay buffer into a ``Storage`` (rows at indices), a ``Writer`` (which
+indices the next rows take) and a ``Sampler`` (which indices a batch reads), and its
+training loops and collectors (``replay_buffer=``) talk to a ``ReplayBuffer`` made of
+them. A storage alone cannot share a buffer safely: TorchRL's writers keep their cursor
+in each process (two collector processes would write the same slots), and its
+samplers hand the storage indices to read while other processes may be writing them (a
+torn row). So all three parts are shmbuf's, over one :class:`shmbuf.Buffer`:
+
+* :class:`SharedStorage` holds the buffer, made at the first write from the
+  TensorDict's leaves (one field per nested key, ``"next.observation"``), or attached by
+  name; it has TorchRL's storage interface (``len``, ``max_size``, ``_empty``,
+  ``state_dict``) but rows are written and read only through the two parts below.
+* :class:`SharedWriter` writes through shmbuf's write path: each process claims a lane
+  and reserves its rows there, so any number of collector processes write at once.
+* :class:`SharedSampler` samples through shmbuf's read path (draw, checked copy, redraw):
+  no batch ever holds a row half written or overwritten while it was copied. The
+  sampled rows' positions are not stable (a redrawn row replaces a torn one), so the
+  ``"index"`` TorchRL adds to a sample is -1: priorities need shmbuf's ``priority=``.
+
+:class:`SharedReplayBuffer` assembles them; it also keeps TorchRL's ``share()`` from
+putting a cross-process lock around every write (TorchRL's ``share()`` makes one, held
+for the whole copy, which a collector killed while writing would hold forever: shmbuf's
+writes need none). Pickled (to a collector's worker process, by TorchRL's multi-process
+collectors) it travels by name and attaches there.
+
+Example:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> rb = SharedReplayBuffer(1000, batch_size=4)
+    >>> _ = rb.extend(TensorDict({"obs": torch.ones(10, 3), "next": {"reward": torch.arange(10.)[:, None]}}, [10]))
+    >>> batch = rb.sample()
+    >>> batch["obs"].shape, batch["next", "reward"].shape, len(rb)
+    (torch.Size([4, 3]), torch.Size([4, 1]), 10)
+    >>> rb.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.writers import Writer
+
+from ..buffer import Buffer
+from ..core.layout import LANE_HEAD
+
+KIND = "torchrl"
+SEP = "."
+
+
+class SharedStorage(Storage):
+    """TorchRL's ``Storage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows in
+    ``lanes`` lanes (one per process that writes at once); ``name``: the buffer's (made
+    at the first write) or an existing one's (attached). See the module."""
+
+    def __init__(self, max_size: int, *, name: str | None = None, lanes: int = 1, seed: Any = None,
+                 timeout: float = 10.0) -> None:
+        super().__init__(max_size)
+        self.lanes, self.seed, self.timeout = int(lanes), seed, float(timeout)
+        self.buf: Buffer | None = None
+        self.keys: list[str] = []  # the fields: nested keys joined by "."
+        self.sampled: tuple[Any, TensorDictBase] | None = None  # the sampler's last batch
+        self._name = name
+        if name is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._attach(name)
+
+    def _attach(self, name: str) -> None:
+        buf = Buffer.attach(name, seed=self.seed, timeout=self.timeout)
+        if buf.meta.get("kind") != KIND:
+            buf.close()
+            raise ValueError(f"buffer {name!r} is not a TorchRL storage (it holds {buf.meta.get('kind')!r})")
+        self.buf, self.keys = buf, list(buf.fields)
+        self.max_size = buf.capacity
+
+    @property
+    def initialized(self) -> bool:
+        """True once the buffer exists (TorchRL's collectors ask)."""
+        return self.buf is not None
+
+    @property
+    def name(self) -> str | None:
+        return self.buf.name if self.buf is not None else self._name
+
+    def ensure(self, td: TensorDictBase) -> None:
+        """Make the buffer from the first rows' leaves (one field per nested key)."""
+        if self.buf is not None:
+            return
+        flat = td.flatten_keys(SEP)
+        fields = {k: (tuple(v.shape[1:]), _numpy_dtype(v.dtype)) for k, v in flat.items()}
+        self.buf = Buffer.create(fields, self.max_size, lanes=self.lanes, name=self._name, seed=self.seed,
+                                 timeout=self.timeout, meta={"kind": KIND})
+        self.keys = list(fields)
+
+    def write(self, td: TensorDictBase) -> torch.Tensor:
+        """Write the rows of ``td`` (its batch dimensions flattened) into this process's
+        lane; returns their slots."""
+        rows = td.reshape(-1)
+        self.ensure(rows)
+        flat = rows.flatten_keys(SEP)
+        if set(flat.keys()) != set(self.keys):
+            raise ValueError(f"the rows' keys {sorted(flat.keys())} are not the buffer's {sorted(self.keys)} "
+                             "(fixed by its first write)")
+        buf = self.buf
+        lane = buf.claim_lane() if buf.lanes > 1 else 0
+        head = int(buf.engine.ring.lane_table[lane, LANE_HEAD])
+        buf.extend({k: flat.get(k).detach().cpu().numpy() for k in self.keys}, truncate_ok=True)
+        lc = buf.capacity // buf.lanes  # (the slots: exact in a lane this process claimed)
+        return torch.as_tensor(lane * lc + (head + np.arange(min(len(rows), lc))) % lc)
+
+    def batch(self, n: int) -> TensorDictBase:
+        """``n`` rows through shmbuf's read path, as a TensorDict (nested keys again)."""
+        got = self.buf.sample(n, timeout=self.timeout)
+        return TensorDict({k: torch.from_numpy(got[k]) for k in self.keys}, [n]).unflatten_keys(SEP)
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        raise NotImplementedError("rows are written through SharedWriter (shmbuf reserves them: a cursor of "
+                                  "TorchRL's would let two processes write the same slots)")
+
+    def get(self, index: Any) -> Any:
+        if self.sampled is not None and index is self.sampled[0]:
+            return self.sampled[1]
+        raise NotImplementedError("rows are read through SharedSampler (drawn and copied with the torn-read "
+                                  "check); reading given indices is not supported")
+
+    def __len__(self) -> int:
+        return 0 if self.buf is None else len(self.buf)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.buf is None else self.buf.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            if self.buf is None:
+                raise RuntimeError("load a state into a SharedStorage after its first write (its fields are fixed then)")
+            self.buf.load_state_dict(state_dict)
+
+    def _empty(self) -> None:
+        """Empty the buffer, and give back this process's lane (TorchRL's collectors write
+        a row in the learner to make the storage, then empty it: the lane is for a worker)."""
+        if self.buf is not None:
+            self.buf.clear()
+            self.buf.release_lane()
+
+    def close(self) -> None:
+        if self.buf is not None:
+            self.buf.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(buf=None, sampled=None, _name=self.name)  # by name: the other process attaches
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._name is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._attach(self._name)
+
+
+class SharedWriter(Writer):
+    """TorchRL's ``Writer`` for a :class:`SharedStorage`: shmbuf's write path."""
+
+    def add(self, data: Any) -> Any:
+        return self.extend(data.unsqueeze(0))[0]
+
+    def extend(self, data: Any) -> torch.Tensor:
+        return self._storage.write(data)
+
+    @property
+    def _write_count(self) -> int:
+        buf = self._storage.buf
+        return 0 if buf is None else buf.total_added
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        self._storage._empty()
+
+    def dumps(self, path: Any) -> None:
+        pass
+
+    def loads(self, path: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class SharedSampler(Sampler):
+    """TorchRL's ``Sampler`` for a :class:`SharedStorage`: shmbuf's read path."""
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
+        if storage.buf is None or len(storage) == 0:
+            raise RuntimeError("cannot sample from an empty buffer")
+        index = torch.full((batch_size,), -1, dtype=torch.long)
+        storage.sampled = (index, storage.batch(batch_size))
+        return index, {}
+
+    def _empty(self) -> None:
+        pass
+
+    def dumps(self, path: Any) -> None:
+        pass
+
+    def loads(self, path: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class SharedReplayBuffer(TensorDictReplayBuffer):
+    """A ``TensorDictReplayBuffer`` over shared memory (see the module): ``max_size``
+    rows, ``lanes`` of them (one per process that writes at once: a collector worker),
+    ``name`` to make it under or attach to; other arguments as TorchRL's
+    (``batch_size``, ``transform``, ...)."""
+
+    def __init__(self, max_size: int = 1_000_000, *, name: str | None = None, lanes: int = 1, seed: Any = None,
+                 timeout: float = 10.0, **kwargs: Any) -> None:
+        storage = SharedStorage(max_size, name=name, lanes=lanes, seed=seed, timeout=timeout)
+        kwargs.setdefault("collate_fn", _as_it_is)  # (the sampler's batch is a TensorDict already)
+        super().__init__(storage=storage, sampler=SharedSampler(), writer=SharedWriter(), **kwargs)
+
+    @classmethod
+    def attach(cls, name: str, **kwargs: Any) -> "SharedReplayBuffer":
+        """Another handle of the buffer ``name``, from any process."""
+        rb = cls(name=name, **kwargs)
+        if not rb._storage.initialized:
+            raise FileNotFoundError(f"no shmbuf buffer {name!r}")
+        return rb
+
+    @property
+    def name(self) -> str | None:
+        """The buffer's name (None until the first write, unless given)."""
+        return self._storage.name
+
+    @property
+    def buffer(self) -> Buffer | None:
+        """The :class:`shmbuf.Buffer` underneath (None until the first write): its
+        ``stats()``, ``save()``, lanes, ..."""
+        return self._storage.buf
+
+    def share(self, shared: bool = True) -> "SharedReplayBuffer":
+        """Shared it is already: no lock around writes (see the module)."""
+        self.shared = shared
+        self._write_lock = contextlib.nullcontext()
+        return self
+
+    def close(self) -> None:
+        """Detach (the process that made the buffer removes it)."""
+        self._storage.close()
+
+
+def _as_it_is(batch: Any) -> Any:
+    return batch
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty((), dtype=dtype).numpy().dtype

@@ -1,0 +1,86 @@
+"""shmbuf.compat.torchrl: TorchRL's replay buffer over shared memory (scripts/test-libraries
+runs these where torchrl is installed; TorchRL's own DQN drives it in test_libraries.py)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrl")
+from tensordict import TensorDict  # noqa: E402
+
+from shmbuf.compat.torchrl import SharedReplayBuffer  # noqa: E402
+
+pytestmark = pytest.mark.libraries
+
+
+def rows(start, n, lanes_of=0):
+    t = torch.arange(start, start + n, dtype=torch.float32)
+    return TensorDict({"observation": t[:, None].repeat(1, 3), "action": (t % 2).long(),
+                       "next": {"observation": t[:, None].repeat(1, 3) + 1, "reward": t[:, None],
+                                "done": (t % 5 == 4)[:, None]}}, [n])
+
+
+def test_tensordicts_in_and_out_with_nested_keys_and_dtypes(name):
+    rb = SharedReplayBuffer(100, name=name, batch_size=32, seed=0)
+    index = rb.extend(rows(0, 10))
+    assert index.tolist() == list(range(10)) and len(rb) == 10 and rb.write_count == 10
+    b = rb.sample()
+    assert b.batch_size == torch.Size([32]) and b["next", "done"].dtype == torch.bool
+    assert b["action"].dtype == torch.int64 and b["next", "reward"].shape == (32, 1)
+    t = b["observation"][:, 0]
+    assert torch.equal(b["next", "observation"][:, 0], t + 1) and torch.equal(b["next", "reward"][:, 0], t)
+    assert (b["index"] == -1).all()  # positions are not stable under redraws
+    rb.extend(rows(10, 2).reshape(1, 2))  # batch dimensions are flattened into rows
+    assert len(rb) == 12
+    rb.empty()
+    assert len(rb) == 0 and rb.write_count == 12
+    rb.close()
+
+
+def test_bad_rows_are_refused_and_change_nothing(name):
+    rb = SharedReplayBuffer(100, name=name, batch_size=4)
+    rb.extend(rows(0, 4))
+    with pytest.raises(ValueError, match="keys"):
+        rb.extend(TensorDict({"observation": torch.zeros(2, 3)}, [2]))
+    with pytest.raises(ValueError):
+        rb.extend(rows(0, 2).apply(lambda x: x.unsqueeze(-1).repeat_interleave(2, -1)))  # other shapes
+    assert len(rb) == 4
+    with pytest.raises(NotImplementedError, match="SharedSampler"):
+        rb[0]
+    rb.close()
+    empty = SharedReplayBuffer(8, batch_size=2)
+    with pytest.raises(RuntimeError, match="empty"):
+        empty.sample()
+
+
+def test_share_puts_no_lock_around_writes(name):
+    rb = SharedReplayBuffer(16, name=name).share()
+    assert rb.shared and not hasattr(rb._write_lock, "acquire")
+    rb.close()
+
+
+def _extend_in_a_child(rb, start):
+    rb.extend(rows(start, 5))
+
+
+def test_pickled_to_another_process_it_writes_into_the_same_rows(name):
+    rb = SharedReplayBuffer(64, name=name, lanes=3, batch_size=64, seed=0)
+    rb.extend(rows(0, 5))
+    rb.empty()  # (as TorchRL's collectors do after their first write)
+    procs = [mp.get_context("spawn").Process(target=_extend_in_a_child, args=(rb, s)) for s in (100, 200)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    got = set(rb.sample()["observation"][:, 0].long().tolist())
+    assert got == set(range(100, 105)) | set(range(200, 205))
+    assert sorted(rb.buffer.lane_sizes()) == [0, 5, 5]  # a lane each, none left claimed by the learner
+    other = pickle.loads(pickle.dumps(rb))
+    assert other.name == rb.name and len(other) == 10
+    other.close()
+    rb.close()
