@@ -12,7 +12,8 @@ torn row). So all three parts are shmbuf's, over one :class:`shmbuf.Buffer`:
 
 * :class:`SharedStorage` holds the buffer, made at the first write from the
   TensorDict's leaves (one field per nested key, ``"next.observation"``), or attached by
-  name; it has TorchRL's storage interface (``len``, ``max_size``, ``_empty``,
+  name (later rows may lack keys, stored as zeros: TorchRL's storages keep the slot's
+  old value there; a key the first write did not have is an error); it has TorchRL's storage interface (``len``, ``max_size``, ``_empty``,
   ``state_dict``) but rows are written and read only through the two parts below.
 * :class:`SharedWriter` writes through shmbuf's write path: each process claims a lane
   and reserves its rows there, so any number of collector processes write at once.
@@ -59,8 +60,9 @@ SEP = "."
 
 
 class SharedStorage(Storage):
-    """TorchRL's ``Storage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows in
-    ``lanes`` lanes (one per process that writes at once); ``name``: the buffer's (made
+    """TorchRL's ``Storage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows (rounded
+    down to a multiple of ``lanes``) in ``lanes`` lanes (one per process that writes at
+    once); ``name``: the buffer's (made
     at the first write) or an existing one's (attached). See the module."""
 
     def __init__(self, max_size: int, *, name: str | None = None, lanes: int = 1, seed: Any = None,
@@ -98,7 +100,7 @@ class SharedStorage(Storage):
             return
         flat = td.flatten_keys(SEP)
         fields = {k: (tuple(v.shape[1:]), _numpy_dtype(v.dtype)) for k, v in flat.items()}
-        self.buf = Buffer.create(fields, self.max_size, lanes=self.lanes, name=self._name, seed=self.seed,
+        self.buf = Buffer.create(fields, self.max_size // self.lanes * self.lanes, lanes=self.lanes, name=self._name, seed=self.seed,
                                  timeout=self.timeout, meta={"kind": KIND})
         self.keys = list(fields)
 
@@ -108,15 +110,19 @@ class SharedStorage(Storage):
         rows = td.reshape(-1)
         self.ensure(rows)
         flat = rows.flatten_keys(SEP)
-        if set(flat.keys()) != set(self.keys):
-            raise ValueError(f"the rows' keys {sorted(flat.keys())} are not the buffer's {sorted(self.keys)} "
-                             "(fixed by its first write)")
+        extra = sorted(set(flat.keys()) - set(self.keys))
+        if extra:
+            raise ValueError(f"the rows have keys {extra} the buffer does not: its keys {sorted(self.keys)} were "
+                             "fixed by its first write")
         buf = self.buf
+        data = {k: np.zeros((len(rows),) + s, d) for k, (s, d) in buf.fields.items() if k not in flat.keys()}
+        data.update({k: v.detach().cpu().numpy() for k, v in flat.items()})  # (a key missing: zeros)
         lane = buf.claim_lane() if buf.lanes > 1 else 0
         head = int(buf.engine.ring.lane_table[lane, LANE_HEAD])
-        buf.extend({k: flat.get(k).detach().cpu().numpy() for k in self.keys}, truncate_ok=True)
+        buf.extend(data, truncate_ok=True)
         lc = buf.capacity // buf.lanes  # (the slots: exact in a lane this process claimed)
-        return torch.as_tensor(lane * lc + (head + np.arange(min(len(rows), lc))) % lc)
+        slots = torch.as_tensor(lane * lc + (head + np.arange(min(len(rows), lc))) % lc)
+        return slots.reshape(td.shape) if len(slots) == len(rows) else slots  # (TorchRL's shape)
 
     def batch(self, n: int) -> TensorDictBase:
         """``n`` rows through shmbuf's read path, as a TensorDict (nested keys again)."""
@@ -159,6 +165,8 @@ class SharedStorage(Storage):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(buf=None, sampled=None, _name=self.name)  # by name: the other process attaches
+        state.update(_mutation_revision_value=None, _last_cursor_index_value=None)  # (TorchRL's
+        # multiprocessing Values, which plain pickle refuses: made again where needed; shmbuf's rows use none)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -42,13 +42,16 @@ def test_tensordicts_in_and_out_with_nested_keys_and_dtypes(name):
 
 
 def test_bad_rows_are_refused_and_change_nothing(name):
-    rb = SharedReplayBuffer(100, name=name, batch_size=4)
+    rb = SharedReplayBuffer(100, name=name, batch_size=64)
     rb.extend(rows(0, 4))
-    with pytest.raises(ValueError, match="keys"):
-        rb.extend(TensorDict({"observation": torch.zeros(2, 3)}, [2]))
+    with pytest.raises(ValueError, match=r"keys \['other'\] the buffer does not"):
+        rb.extend(TensorDict({"observation": torch.zeros(2, 3), "other": torch.zeros(2)}, [2]))
     with pytest.raises(ValueError):
         rb.extend(rows(0, 2).apply(lambda x: x.unsqueeze(-1).repeat_interleave(2, -1)))  # other shapes
     assert len(rb) == 4
+    rb.extend(TensorDict({"observation": torch.full((4, 3), 7.0)}, [4]))  # keys missing: zeros
+    b = rb.sample()
+    assert (b["next", "reward"][b["observation"][:, 0] == 7] == 0).all() and len(rb) == 8
     with pytest.raises(NotImplementedError, match="SharedSampler"):
         rb[0]
     rb.close()
