@@ -224,13 +224,7 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def _claimed(self) -> list[int]:
         if not self._lanes:
-            ring, t = self._core.engine.ring, self._core.timeout
-            try:
-                for _ in range(self.n_envs):
-                    self._lanes.append(ring.claim(None, t))
-            except BaseException:
-                self._release()
-                raise
+            self._lanes = self._core.engine.ring.claim_many(self.n_envs, self._core.timeout)
         return self._lanes
 
     def _add_steps(self, obs: dict, next_obs: dict, action: np.ndarray, reward: np.ndarray,

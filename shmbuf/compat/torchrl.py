@@ -176,7 +176,26 @@ class SharedStorage(Storage):
                 self._attach(self._name)
 
 
-class SharedWriter(Writer):
+class _Stateless:
+    """What TorchRL asks a writer and a sampler to keep: nothing here, the buffer keeps it."""
+
+    def _empty(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def dumps(self, path: Any) -> None:
+        pass
+
+    def loads(self, path: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class SharedWriter(_Stateless, Writer):
     """TorchRL's ``Writer`` for a :class:`SharedStorage`: shmbuf's write path."""
 
     def add(self, data: Any) -> Any:
@@ -193,20 +212,8 @@ class SharedWriter(Writer):
     def _empty(self, empty_write_count: bool = True) -> None:
         self._storage._empty()
 
-    def dumps(self, path: Any) -> None:
-        pass
 
-    def loads(self, path: Any) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
-
-
-class SharedSampler(Sampler):
+class SharedSampler(_Stateless, Sampler):
     """TorchRL's ``Sampler`` for a :class:`SharedStorage`: shmbuf's read path."""
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
@@ -215,21 +222,6 @@ class SharedSampler(Sampler):
         index = torch.full((batch_size,), -1, dtype=torch.long)
         storage.sampled = (index, storage.batch(batch_size))
         return index, {}
-
-    def _empty(self) -> None:
-        pass
-
-    def dumps(self, path: Any) -> None:
-        pass
-
-    def loads(self, path: Any) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
 
 
 class SharedReplayBuffer(TensorDictReplayBuffer):

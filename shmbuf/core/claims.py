@@ -54,6 +54,19 @@ class Claims:
                 "more lanes, or release a lane (Buffer.release_lane) in a writer that is done")
         raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
 
+    def claim_many(self, n: int, timeout: float) -> list[int]:
+        """Claim ``n`` free lanes (a writer's envs, one each): all or none, the ones
+        already claimed given back if one cannot be."""
+        got: list[int] = []
+        try:
+            for _ in range(n):
+                got.append(self.claim(None, timeout))
+        except BaseException:
+            for lane in got:
+                self.release(lane, timeout)
+            raise
+        return got
+
     def release(self, lane: int, timeout: float) -> None:
         """Give up this process's claim of ``lane`` once its write in flight there (of
         another thread) is published: writers that come next reserve after it."""

@@ -29,13 +29,7 @@ class EpisodeWriter:
         self._axis = envs is not None  # steps come with an env axis
         core = buffer.core
         ring, t = core.engine.ring, core.engine.seconds(timeout)
-        self.lanes: list[int] = []
-        try:
-            for _ in range(self.envs):
-                self.lanes.append(ring.claim(None, t))
-        except BaseException:
-            self.close()
-            raise
+        self.lanes: list[int] = ring.claim_many(self.envs, t)
         n = self.envs
         self._lane_array = np.array(self.lanes, np.int64)
         for lane in self.lanes:
