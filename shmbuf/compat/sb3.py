@@ -380,7 +380,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, Any]:
         """The constructor's arguments that make a buffer like this one (but its size and spaces)."""
         return {"device": str(self.device), "n_envs": self.n_envs, "optimize_memory_usage": self.optimize_memory_usage,
                 "handle_timeout_termination": self.handle_timeout_termination, "lanes": self._plain().lanes}
@@ -390,7 +390,7 @@ class ReplayBuffer(SB3ReplayBuffer):
             return (_attach, (self.name, {"device": str(self.device), "n_envs": self.n_envs}))
         meta = self._plain().meta
         return (_restore, (type(self), self.buffer_size * self._plain().lanes, meta["observation_space"],
-                           meta["action_space"], self._config(), self._plain().state_dict()))
+                           meta["action_space"], self.config(), self._plain().state_dict()))
 
     def __repr__(self) -> str:
         return (f"<shmbuf.compat.sb3.{type(self).__name__} {self.name!r} {self.size()}/{self.buffer_size} "

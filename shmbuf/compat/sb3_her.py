@@ -128,6 +128,6 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
                           "If you are in the same episode as when the replay buffer was saved,\n"
                           "you should use `truncate_last_trajectory=False` to avoid that issue.")
 
-    def _config(self) -> dict[str, Any]:
-        return {**super()._config(), "env": None, "n_sampled_goal": self.n_sampled_goal,
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "env": None, "n_sampled_goal": self.n_sampled_goal,
                 "goal_selection_strategy": STRATEGY[self.goal_selection_strategy]}

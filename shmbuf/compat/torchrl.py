@@ -152,6 +152,9 @@ class SharedStorage(Storage):
             self.buf.load_state_dict(state_dict)
 
     def _empty(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
         """Empty the buffer, and give back this process's lane (TorchRL's collectors write
         a row in the learner to make the storage, then empty it: the lane is for a worker)."""
         if self.buf is not None:
@@ -210,7 +213,7 @@ class SharedWriter(_Stateless, Writer):
         return 0 if buf is None else buf.total_added
 
     def _empty(self, empty_write_count: bool = True) -> None:
-        self._storage._empty()
+        self._storage.clear()
 
 
 class SharedSampler(_Stateless, Sampler):
@@ -240,7 +243,7 @@ class SharedReplayBuffer(TensorDictReplayBuffer):
     def attach(cls, name: str, **kwargs: Any) -> "SharedReplayBuffer":
         """Another handle of the buffer ``name``, from any process."""
         rb = cls(name=name, **kwargs)
-        if not rb._storage.initialized:
+        if rb.buffer is None:
             raise FileNotFoundError(f"no shmbuf buffer {name!r}")
         return rb
 
