@@ -254,3 +254,13 @@ def test_dqn_learns_cartpole_as_with_sb3s_buffer():
     ours = [_dqn_return(ReplayBuffer, seed) for seed in (1, 2)]
     theirs = [_dqn_return(None, seed) for seed in (1, 2)]
     assert np.mean(ours) >= 0.8 * np.mean(theirs) and min(ours) >= 300, (ours, theirs)
+
+
+@pytest.mark.parametrize("module", ['sb3', 'sb3_her', 'sb3_spaces'])
+def test_the_modules_examples(module):
+    """The modules' docstring examples (the package's doctest run leaves them out: they
+    import the library)."""
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(f"shmbuf.compat.{module}")).failed == 0

@@ -87,3 +87,13 @@ def test_pickled_to_another_process_it_writes_into_the_same_rows(name):
     assert other.name == rb.name and len(other) == 10
     other.close()
     rb.close()
+
+
+@pytest.mark.parametrize("module", ['torchrl'])
+def test_the_modules_examples(module):
+    """The modules' docstring examples (the package's doctest run leaves them out: they
+    import the library)."""
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(f"shmbuf.compat.{module}")).failed == 0
