@@ -4,6 +4,7 @@ reserved and not finished. Part of :class:`shmbuf.core.ring.Ring`."""
 
 from __future__ import annotations
 
+import fcntl
 import time
 from typing import Any
 
@@ -82,6 +83,42 @@ class Claims:
                 time.sleep(delay)
                 delay = min(2 * delay, 1e-3)
             self.lane_table[lane, LANE_CLAIM_PID] = 0
+
+    def _make_way(self, lane: int, timeout: float) -> None:
+        """For the native path, which leaves these to Python: drop a dead process's claim
+        of ``lane`` (an error if a live one claims it), and free the entries of dead
+        writers if the reservation table is full."""
+        lock = self.lock
+        lock.acquire(timeout)
+        try:
+            if self._may_share(lane, procs.identity()[0]):
+                self._free_entry()
+        finally:  # lock.release(), inlined: on the write path an interrupt must never fall
+            try:  # between taking the lock and giving it back (a `with`'s __exit__ is a call,
+                fcntl.flock(lock.held_fd, fcntl.LOCK_UN)  # which a Ctrl-C can precede)
+            finally:
+                lock.busy[0] = 0
+                lock.thread_lock.release()
+
+    def _may_share(self, lane: int, pid: int) -> bool:
+        """Under the lock: may this process reserve rows of ``lane`` as a shared writer?
+        True if nobody claims it (a dead claimer's claim is dropped here); False if this
+        process claims it (then it writes as the owner); an error if another live
+        process does (owners write without the lock, so nobody else may)."""
+        lt = self.lane_table
+        owner = int(lt[lane, LANE_CLAIM_PID])
+        if owner == 0:
+            return True
+        if owner == pid:
+            return False
+        if procs.is_alive(owner, float(self.lane_table_f[lane, LANE_CLAIM_CTIME])):
+            raise RuntimeError(
+                f"lane {lane} is claimed by live process {owner}, which writes it without the "
+                "lock: only that process may write to it. Write to a lane of your own "
+                "(claim_lane(), or add() without lane= on a multi-lane buffer)")
+        lt[lane, LANE_OWN_COUNT] = 0  # the dead owner's write in flight, if any, is dead
+        lt[lane, LANE_CLAIM_PID] = 0
+        return True
 
     def live_writers_in_flight(self) -> bool:
         """True if some live process has rows reserved and not yet published."""

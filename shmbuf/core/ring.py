@@ -53,7 +53,7 @@ import numpy as np
 
 from . import procs
 from .claims import Claims
-from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
+from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
                      Layout, c_strides, published)
 from .lock import HeaderLock, owner_lock
@@ -298,34 +298,6 @@ class Ring(Claims):
                 self._abandon(pid, token, runs if stamped else [])
         if self.counters is not None:
             self.counters.wrote(lane)
-        return True
-
-    def _make_way(self, lane: int, timeout: float) -> None:
-        """For the native path, which leaves these to Python: drop a dead process's claim
-        of ``lane`` (an error if a live one claims it), and free the entries of dead
-        writers if the reservation table is full."""
-        with self.lock.hold(timeout):
-            if self._may_share(lane, procs.identity()[0]):
-                self._free_entry()
-
-    def _may_share(self, lane: int, pid: int) -> bool:
-        """Under the lock: may this process reserve rows of ``lane`` as a shared writer?
-        True if nobody claims it (a dead claimer's claim is dropped here); False if this
-        process claims it (then it writes as the owner); an error if another live
-        process does (owners write without the lock, so nobody else may)."""
-        lt = self.lane_table
-        owner = int(lt[lane, LANE_CLAIM_PID])
-        if owner == 0:
-            return True
-        if owner == pid:
-            return False
-        if procs.is_alive(owner, float(self.lane_table_f[lane, LANE_CLAIM_CTIME])):
-            raise RuntimeError(
-                f"lane {lane} is claimed by live process {owner}, which writes it without the "
-                "lock: only that process may write to it. Write to a lane of your own "
-                "(claim_lane(), or add() without lane= on a multi-lane buffer)")
-        lt[lane, LANE_OWN_COUNT] = 0  # the dead owner's write in flight, if any, is dead
-        lt[lane, LANE_CLAIM_PID] = 0
         return True
 
     def _abandon_runs(self, runs: list[tuple[int, int, int]]) -> None:

@@ -136,6 +136,24 @@ def test_a_second_ctrl_c_inside_the_cleanup_of_a_write_blocks_nobody(name, monke
         assert (buf.engine.ring.res_pid == 0).all()  # freed by the writer that met it
 
 
+def test_the_native_paths_python_steps_release_the_lock_without_a_python_call(name, monkeypatch):
+    """When the native write needs Python (a dead claimer, a full reservation table, a
+    buffer file's horizon), Python takes the lock and gives it back inline: a Ctrl-C can
+    fall on any Python call, and one between taking and giving back would leave the
+    lock held (a `with`'s __exit__ is such a call). Here every Python-level release
+    raises before its first line, as a Ctrl-C there would: the lock is free all the same."""
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name) as buf:
+        ring, lock = buf.engine.ring, buf.engine.ring.lock
+
+        def interrupted():
+            raise RuntimeError("a Ctrl-C at the first line of a Python-level release")
+        monkeypatch.setattr(lock, "release", interrupted)
+        ring._make_way(0, 1.0)
+        assert lock.busy[0] == 0 and not lock.thread_lock._is_owned()
+        buf.add({"x": 1})  # (the native path, which would wait for busy == 0)
+        assert len(buf) == 1
+
+
 def test_real_sigint_storm_never_leaves_the_buffer_locked_or_reserved(name, tmp_path):
     """Hundreds of real SIGINTs at random instants into a process that adds in a loop
     and catches KeyboardInterrupt. Afterwards (it is alive, idle) others write freely."""
