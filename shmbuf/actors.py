@@ -70,7 +70,7 @@ class Actor:
         self._conn.send({"actor": self.index, **stats})
 
     def pull(self, model: Any) -> int | None:
-        """Load the newest weights into ``model`` (a torch module) if they are newer than
+        """Load the newest weights into ``model`` (a torch module, or a dict of arrays) if newer than
         the ones it has; returns the new version, or None."""
         if self.weights is None:
             return None
