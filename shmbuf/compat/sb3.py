@@ -94,7 +94,8 @@ class ReplayBuffer(SB3ReplayBuffer):
         if seed is None:  # (from numpy's global RNG, which SB3's seed= seeds: seeded runs repeat)
             seed = int(np.random.randint(2 ** 31))
         meta = {"kind": KIND, "observation_space": space_to_json(observation_space),
-                "action_space": space_to_json(action_space), "optimize_memory_usage": self.optimize_memory_usage}
+                "action_space": space_to_json(action_space), "optimize_memory_usage": self.optimize_memory_usage,
+                "handle_timeout_termination": self.handle_timeout_termination}
         fields, her = self._fields(), self._relabelling()
         self._episodic = meta["episodic"] = self.optimize_memory_usage or her is not None
         if self._episodic:
@@ -151,7 +152,10 @@ class ReplayBuffer(SB3ReplayBuffer):
     def attach(cls, name: str, *, device: th.device | str = "auto", n_envs: int = 1, seed: Any = None,
                timeout: float = 10.0) -> "ReplayBuffer":
         """Attach to the buffer ``name`` (any process; ``n_envs``: the envs this handle
-        adds, each claiming a free lane at its first ``add``).
+        adds, each claiming a free lane at its first ``add``), with its creator's
+        ``optimize_memory_usage`` and ``handle_timeout_termination``. A HER buffer is
+        attached as a ``DictReplayBuffer`` of its episodes (its samples not relabelled:
+        ``compute_reward`` is the creator's env's).
 
         Example:
             >>> from gymnasium import spaces
@@ -169,7 +173,8 @@ class ReplayBuffer(SB3ReplayBuffer):
             obs_space, act_space = space_from_json(meta["observation_space"]), space_from_json(meta["action_space"])
             kind = DictReplayBuffer if isinstance(obs_space, spaces.Dict) else ReplayBuffer
             self = kind.__new__(kind)
-            self._setup(obs_space, act_space, device, n_envs, meta["optimize_memory_usage"], True)
+            self._setup(obs_space, act_space, device, n_envs, meta["optimize_memory_usage"],
+                        meta["handle_timeout_termination"])
             self._episodic = meta["episodic"]
             if self.n_envs > core.lanes:
                 raise ValueError(f"n_envs={n_envs} envs need as many lanes, and buffer {name!r} has {core.lanes}")

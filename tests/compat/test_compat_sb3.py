@@ -90,12 +90,17 @@ def test_bad_input_is_refused_and_changes_nothing(name):
 
 
 def test_cleanrl_passes_gymnasium_infos_without_timeouts(name):
-    """CleanRL's scripts: handle_timeout_termination=False and infos a dict."""
-    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), "cpu", handle_timeout_termination=False, name=name)
+    """CleanRL's scripts: handle_timeout_termination=False and infos a dict (in an
+    attached handle too: it takes its creator's settings)."""
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), "cpu", handle_timeout_termination=False, name=name, lanes=2)
     obs, nxt, act, rew = step(1)
     rb.add(obs, nxt, act, rew, np.array([True]), {"episode": {"r": np.ones(1)}, "_episode": np.ones(1, bool)})
+    other = ReplayBuffer.attach(name, device="cpu")
+    assert not other.handle_timeout_termination
+    other.add(obs, nxt, act, rew, np.array([True]), {"episode": {}})
     s = rb.sample(2)
-    assert s.dones.flatten().tolist() == [1.0, 1.0] and s.actions.shape == (2, 1)
+    assert s.dones.flatten().tolist() == [1.0, 1.0] and s.actions.shape == (2, 1) and rb.size() == 1
+    other.close()
     rb.close()
 
 
