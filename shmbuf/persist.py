@@ -113,6 +113,10 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
                 stamps = np.empty(layout.capacity, np.int64)
                 bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
                 kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+                if engine.queue is not None:  # (delivered rows are left out: see Queue.delivered)
+                    gone = engine.queue.delivered(stamps)
+                    stamps[gone] = 0
+                    kept -= int(gone.sum())
                 bar.close()
         finally:
             for out in data.values():

@@ -45,6 +45,11 @@ class Queues:
         least one (up to ``n``). Per lane, rows come in the order they were written;
         across lanes, by the time their writes began. A taker killed before its take
         returned gives its rows back: a later take delivers them before newer rows.
+        A Ctrl-C (``KeyboardInterrupt``) during a take loses no row: it gives the rows
+        back, or, if it landed after their delivery was committed, this handle's next
+        take returns them first. ``n`` may be larger than the queue with ``partial=True``
+        ("whatever is there", e.g. ``sys.maxsize``); ``rows_sampled`` counts the rows
+        delivered.
 
         Example:
             >>> import shmbuf
@@ -63,6 +68,7 @@ class Queues:
         if n > self.capacity and not partial:
             raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
                              "take fewer, or pass partial=True")
-        timeout = self.engine.seconds(timeout)
-        return self.engine.sample(n, n, timeout, lambda t: queue.take(n, partial, t))
+        # (not through engine.sample: a queue has no rate gate, and the take counts the
+        # rows it delivered itself, as it commits them)
+        return queue.take(n, partial, self.engine.seconds(timeout))
 

@@ -93,7 +93,7 @@ class Snapshots:
         """
         e = self.engine
         return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
-                               None if e.queue is None else e.queue.quiet)
+                               e.queue)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.

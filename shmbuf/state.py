@@ -113,18 +113,19 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
 
 
 def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
-             timeout: float, quiet: Any = None) -> dict[str, Any]:
-    """A consistent copy of ``ring``'s rows (see the module docstring). ``quiet``: a
-    queue's :meth:`~shmbuf.core.queue.Queue.quiet`, held during the copy (the rows not
-    yet taken, exactly)."""
+             timeout: float, queue: Any = None) -> dict[str, Any]:
+    """A consistent copy of ``ring``'s rows (see the module docstring). ``queue``: a
+    queue's :class:`~shmbuf.core.queue.Queue`, held quiet during the copy: the rows not
+    yet taken, exactly (delivered ones are left out)."""
     data = {name: np.empty_like(a) for name, a in ring.arrays.items()}
     stamps = np.empty(ring.layout.capacity, np.int64)
-    if quiet is None:
+    if queue is None:
         pos = positions(ring, timeout)
         copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
     else:
-        with quiet(timeout) as pos:
+        with queue.quiet(timeout) as pos:
             copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
+            stamps[queue.delivered(stamps)] = 0
     heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
     return {"format": FORMAT, "version": VERSION, "fields": fields,
             "capacity": ring.layout.capacity, "lanes": ring.lanes,

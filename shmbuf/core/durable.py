@@ -57,6 +57,7 @@ from .layout import (CTRL_BOOT, CTRL_FLUSHED_AT, CTRL_FLUSHES, LANE_BASE, LANE_C
                      LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START, MAX_SEQ, RES_CTIME, RES_LANE,
                      RES_PID, RES_START, Layout, published)
 from .segment import FormatError
+from .tables import QueueFull
 
 REGION = "horizon"
 """The region of a buffer file that holds its lanes' horizons (int64 ``(lanes, 2)``)."""
@@ -109,7 +110,12 @@ class Horizon:
         try:
             need = int(ring.lane_table[lane, LANE_HEAD]) + n
             if int(h[lane, 1]) < need:
-                h[lane, 0] = new = min(need + lead, MAX_SEQ)
+                top = MAX_SEQ
+                if ring.bounded:  # a queue: never past its room (recovery drops rows below R - lc)
+                    top = int(ring.lane_table[lane, LANE_BASE]) + ring.lane_capacity
+                    if need > top:
+                        raise QueueFull(lane)  # (the write waits for room, then comes back)
+                h[lane, 0] = new = min(need + lead, top)
                 self.seg.sync(self.off + 16 * lane, self.off + 16 * lane + 16)
                 h[lane, 1] = new
                 self.lead[lane], self.last[lane] = lead, now

@@ -161,7 +161,7 @@ class Engine:
         q = layout.meta.get("queue")
         self.queue = None if q is None else Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
         if rewound and self.queue is not None:
-            self.queue.reset(timeout)  # every row from the base on the disk is untaken again
+            self.queue.recovered(timeout)  # takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()

@@ -15,11 +15,16 @@ would not release it. So the descriptor is the segment handle's own, which a for
 child replaces by a new one (``Segment`` does that at fork); the lock reads it at each
 acquire.
 
-**Ctrl-C.** ``KeyboardInterrupt`` can be raised between any two bytecodes, also right
-after ``flock`` returned. ``acquire`` either returns with both locks held or raises
-with neither (unlocking an flock one does not hold is a no-op, so its error path
-always unlocks); ``release`` releases the thread lock whatever happens to the flock.
-A notebook that catches the interrupt and goes on never leaves the buffer locked.
+**Ctrl-C.** ``KeyboardInterrupt`` can be raised at the start of any Python function and
+at the end of any call, also right after ``flock`` returned or as a ``with`` block's
+``__exit__`` begins. ``acquire`` either returns with both locks held or raises with
+neither (unlocking an flock one does not hold is a no-op, so its error path always
+unlocks); ``release`` releases the thread lock whatever happens to the flock. And
+:meth:`HeaderLock.hold` holds signals' Python handlers off (:mod:`shmbuf.core.interrupts`)
+from before it takes the lock to after it released it: an interrupt that lands while
+it is held is raised once the lock is free. A notebook that catches the interrupt and
+goes on never leaves the buffer locked, nor do the hot paths that inline the release
+(``Ring.put``: no call between the end of the work and the ``flock`` that unlocks).
 
 Acquisition polls with a short backoff up to a deadline, so every acquire takes a
 timeout; the critical sections it guards are a few microseconds long.
@@ -35,6 +40,8 @@ import weakref
 from typing import Any, Callable
 
 import numpy as np
+
+from .interrupts import Deferred
 
 _live: "weakref.WeakSet[HeaderLock]" = weakref.WeakSet()
 
@@ -140,8 +147,8 @@ class HeaderLock:
             self.thread_lock.release()
 
     def hold(self, timeout: float) -> "_Held":
-        """Context manager: ``with lock.hold(timeout): ...`` (acquired on entry, so no
-        interrupt can fall between taking the lock and the ``with`` owning it)."""
+        """Context manager: ``with lock.hold(timeout): ...``; signals' Python handlers
+        (Ctrl-C) wait until the lock is released (see the module)."""
         return _Held(self, timeout)
 
     def timeout_error(self, timeout: float) -> LockTimeout:
@@ -161,17 +168,27 @@ class HeaderLock:
 
 
 class _Held:
-    __slots__ = ("_lock", "_timeout")
+    __slots__ = ("_lock", "_timeout", "_defer")
 
     def __init__(self, lock: HeaderLock, timeout: float) -> None:
         self._lock = lock
         self._timeout = timeout
+        self._defer = Deferred()
 
     def __enter__(self) -> None:
-        self._lock.acquire(self._timeout)
+        d = self._defer
+        try:
+            d.__enter__()  # (an interrupt that landed before it is raised here: undone below)
+            self._lock.acquire(self._timeout)
+        except BaseException:
+            d.__exit__()  # (a no-op unless it was entered)
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+        try:
+            self._lock.release()
+        finally:
+            self._defer.__exit__()
 
 
 def _reset_all_in_child() -> None:

@@ -22,12 +22,15 @@ backing off, until takers free room. A region of the segment holds::
    entry of ours and ``next`` moves past it; until it does, nothing changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
-3. Under the lock: free our entries (one store: from here on the rows are delivered)
-   and move each lane's ``base`` to its oldest row still claimed or not yet taken.
+3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
+   entries and count the rows delivered (one commit: from here on the rows are
+   delivered), and move each lane's ``base`` to its oldest row still claimed or not
+   yet taken.
 
-A taker SIGKILLed before step 3's store leaves entries with a dead pid: the next take
-gives them back and delivers them before newer rows. An exception (Ctrl-C) gives them
-back at once. A writer killed mid-write leaves rows that are never published: takes
+A taker SIGKILLed before step 3's commit leaves entries with a dead pid: the next take
+gives them back and delivers them before newer rows. An exception (Ctrl-C) before the
+commit gives them back at once; a Ctrl-C that lands after it is raised once step 3 is
+done, and the rows, already delivered, are kept for this handle's next take. A writer killed mid-write leaves rows that are never published: takes
 skip them once no live writer holds them.
 """
 
@@ -41,10 +44,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import procs, sampling, takes
+from .interrupts import Deferred
 from .layout import LANE_BASE, LANE_HEAD
 from .lock import HeaderLock
 from .read import SampleTimeout, until_filled
 from .ring import QueueFull, WriteTimeout
+from .tables import BeyondHorizon
 
 from .takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
                     H_RETURNED, H_SKIPPED, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
@@ -53,7 +58,8 @@ from .takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, 
 REGION = "queue"
 HOOK: Callable[[str, Any], None] | None = None
 """Test hook, called as ``HOOK(point, rows)`` in a take at "claimed" (rows claimed, lock
-released, nothing copied; rows None) and "copied" (the rows copied, not yet delivered),
+released, nothing copied; rows None), "copied" (the rows copied, not yet delivered) and
+"delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed),
 and in every change at "commit" (journal committed, words not yet written). Never set
 outside tests."""
 GIVE_BACK = True
@@ -75,6 +81,10 @@ def _words(lanes: int) -> int:
 
 def region_bytes(lanes: int) -> int:
     return 8 * (_words(lanes) + 1 + 2 * _words(lanes))
+
+
+LOCK_FLOOR = 0.05
+"""Seconds a take still waits for the header lock at its deadline (to settle what it holds)."""
 
 
 def _backoff(delay: float) -> float:
@@ -117,6 +127,7 @@ class Queue:
         self.journal = words[self.n:]
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
+        self._kept: list[dict[str, np.ndarray]] = []  # rows delivered as a Ctrl-C landed (_deliver)
         ring.bounded = True
 
     # -- changes ---------------------------------------------------------------------
@@ -186,8 +197,12 @@ class Queue:
         deadline, delay = start + timeout, 0.0
         while True:
             try:
-                self.ring.put(lane, n, arrays, max(0.0, deadline - time.monotonic()))
-                break
+                try:
+                    self.ring.put(lane, n, arrays, max(0.0, deadline - time.monotonic()))
+                    break
+                except BeyondHorizon:  # (a queue in a file: QueueFull if it would pass the room)
+                    self.ring.reach(lane, n, max(0.0, deadline - time.monotonic()))
+                    continue
             except QueueFull:
                 if time.monotonic() >= deadline:
                     raise WriteTimeout(self._full(lane, n, timeout)) from None
@@ -215,20 +230,27 @@ class Queue:
         nxt = np.clip(self.next, lt[:, LANE_BASE], lt[:, LANE_HEAD])
         t = self.table.copy()
         back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
-        return int((lt[:, LANE_HEAD] - nxt).sum()) + back
+        kept = sum(len(next(iter(b.values()))) for b in self._kept)
+        return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
     def take(self, n: int, partial: bool, timeout: float) -> dict[str, np.ndarray]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module)."""
+        kept = self._kept_rows(n, partial)
+        if kept is not None:
+            return kept
         token = next(_TOKENS)
         pid, ctime = procs.identity()
         start = time.monotonic()
         deadline, delay = start + timeout, 0.0
+        waited = False
         _TAKING.add(token)
         try:
             while True:
                 # (the lock is held for microseconds: a last try after the deadline may wait for it)
-                with self._edit(max(1.0, deadline - time.monotonic())) as s:
+                with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+                    if waited and time.monotonic() >= deadline:  # (counted, as the call ends)
+                        s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                     got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
                 if got is not None:
                     break
@@ -237,6 +259,7 @@ class Queue:
                         f"could not take {n if not partial else 'any'} row(s) within {timeout:g} s: the "
                         f"queue holds {self.depth()} row(s) not yet taken"
                         + ("" if partial else "; pass partial=True to take fewer"))
+                waited = True
                 delay = _backoff(delay)
             lanes, seqs = got
             if HOOK is not None:
@@ -244,18 +267,60 @@ class Queue:
             out = self._copy(lanes, seqs, deadline, timeout)
             if HOOK is not None:
                 HOOK("copied", out)
-            with self._edit(max(10.0, timeout)) as s:
-                s.table[self._mine(s, pid, token), E_STATE] = FREE  # delivered, once committed
-                s.head[H_TAKEN] += len(seqs)
-                s.head[H_TAKES] += 1
-                s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
-            return out
+            return self._deliver(out, len(seqs), pid, token, start, deadline)
         except BaseException:  # (an exception in here still leaves them to the next _reap)
-            with self._edit(max(10.0, timeout)) as s:
+            with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 self._give_back(s, self._mine(s, pid, token))
             raise
         finally:
             _TAKING.discard(token)
+
+    def _deliver(self, out: dict[str, np.ndarray], k: int, pid: int, token: int, start: float,
+                 deadline: float) -> dict[str, np.ndarray]:
+        """Step 3 of a take: deliver the ``k`` rows copied into ``out``, with Ctrl-C held off
+        (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
+        the rows back; one that lands after it keeps them for this handle's next take
+        (:meth:`_kept_rows`): either way none is lost."""
+        d = Deferred()
+        delivered = False
+        try:
+            d.__enter__()
+            with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+                mine = self._mine(s, pid, token)
+                if HOOK is not None:
+                    HOOK("delivering", None)
+                if d.pending:  # interrupted before the commit: given back (raised on exit)
+                    self._give_back(s, mine)
+                else:
+                    s.table[mine, E_STATE] = FREE  # delivered, once committed
+                    s.head[H_TAKEN] += k
+                    s.head[H_TAKES] += 1
+                    s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
+                    delivered = True
+            if delivered and self.ring.counters is not None:
+                self.ring.counters.sampled(k)
+            d.__exit__()
+        except BaseException:
+            if delivered:  # (the rows are ours alone now: kept for the next take)
+                self._kept.append(out)
+            d.__exit__()
+            raise
+        return out
+
+    def _kept_rows(self, n: int, partial: bool) -> dict[str, np.ndarray] | None:
+        """Rows this handle's take delivered as a Ctrl-C landed (see :meth:`_deliver`):
+        the next take returns them first, up to ``n`` (None: there are none, or fewer
+        than ``n`` and not ``partial``: a full take then waits for the rest as usual)."""
+        if not self._kept:
+            return None
+        rows = {k: np.concatenate([b[k] for b in self._kept]) for k in self._kept[0]}
+        have = len(next(iter(rows.values())))
+        if have < n and not partial:
+            return None
+        del self._kept[:]
+        if have > n:
+            self._kept.append({k: a[n:] for k, a in rows.items()})
+        return {k: a[:n] for k, a in rows.items()}
 
     @staticmethod
     def _mine(s: Words, pid: int, token: int) -> np.ndarray:
@@ -336,11 +401,36 @@ class Queue:
                 raise WriteTimeout(f"takes were still in flight after {timeout:g} s")
             delay = _backoff(delay)
 
+    def delivered(self, stamps: np.ndarray) -> np.ndarray:
+        """(Under :meth:`quiet`) which of ``stamps`` (one per slot, as a snapshot keeps
+        them: a published row's stamp, or 0) name rows already delivered: below their
+        lane's ``next`` and in no given-back range. A snapshot leaves them out, so a
+        restore delivers each row not yet taken once, and no other."""
+        lc = self.ring.lane_capacity
+        lane = np.arange(len(stamps)) // lc
+        seq = stamps // 2 - 1
+        out = (stamps > 0) & (seq < self.next[lane])
+        t = self.table
+        for e in np.flatnonzero(t[:, E_STATE] == RETURNED).tolist():
+            ln, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+            if 0 <= ln < self.lanes:
+                out[(lane == ln) & (seq >= start) & (seq < start + count)] = False
+        return out
+
     def reset(self, timeout: float) -> None:
         """After a restore: every row from base to head is untaken, no entry."""
         with self._edit(timeout) as s:
             s.table[:, E_STATE] = FREE
             s.next[:] = self.ring.lane_table[:, LANE_BASE]
+
+    def recovered(self, timeout: float) -> None:
+        """After a restart of the machine (a buffer file rolled back to its last flush):
+        takes in flight then, all of processes of the previous boot, give their rows
+        back; rows delivered stay delivered (``next`` is kept: the rows below it that
+        the rollback kept are not delivered again)."""
+        with self._edit(timeout) as s:
+            taking = np.flatnonzero(s.table[:, E_STATE] == TAKING)
+            self._give_back(s, taking)
 
     def clear(self, timeout: float) -> None:
         """Drop every row not yet taken (takes in flight still deliver theirs)."""

@@ -57,7 +57,7 @@ from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_O
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
                      Layout, c_strides, published)
 from .lock import HeaderLock, owner_lock
-from .tables import check_head, owners
+from .tables import QueueFull, check_head, owners  # noqa: F401 (QueueFull: for the queue)
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 # The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
@@ -96,10 +96,6 @@ def _stamp_run(stamps: np.ndarray, lo: int, hi: int, first_stamp: int) -> None:
 
 class WriteTimeout(TimeoutError):
     """A write could not finish in time (another live writer holds the slots)."""
-
-
-class QueueFull(Exception):
-    """A queue's reservation that would overwrite rows not yet taken (nothing reserved)."""
 
 
 class Ring(Claims):

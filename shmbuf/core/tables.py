@@ -58,6 +58,10 @@ def check_tables(layout: Layout, mem: Any, name: str) -> None:
         res[:, RES_COUNT])
 
 
+class QueueFull(Exception):
+    """A queue's reservation that would overwrite rows not yet taken (nothing reserved)."""
+
+
 class BeyondHorizon(Exception):
     """A buffer file's write that would reserve past its lane's horizon (nothing reserved):
     :class:`shmbuf.core.durable.Horizon` moves it, then the write is made again."""
