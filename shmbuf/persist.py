@@ -321,11 +321,12 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
-            state.restore(buf.engine.ring, checked, timeout, progress=bar)
+            state.restore(buf.engine.ring, checked, timeout, progress=bar, seg=buf.engine.seg)
         else:
             readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
-                state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar)
+                state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar,
+                              seg=buf.engine.seg)
             finally:
                 for r in readers.values():
                     r.close()

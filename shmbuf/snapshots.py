@@ -105,7 +105,7 @@ class Snapshots:
         """
         e = self.engine
         checked = _state.check(state, e.layout, e.layout.stored())
-        _state.restore(e.ring, checked, e.seconds(timeout))
+        _state.restore(e.ring, checked, e.seconds(timeout), seg=e.seg)
         if e.queue is not None:
             e.queue.reset(e.seconds(timeout))  # every row restored is one not yet taken
         self.sampler.restore(checked["rng"])

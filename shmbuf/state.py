@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .core import sampling
+from .core import durable, sampling
 from .core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from .core.layout import published
 from .core.ring import Ring
@@ -251,15 +251,21 @@ def _contiguous(stamps: np.ndarray, heads: np.ndarray, bases: np.ndarray,
 
 
 def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: int = 1 << 20,
-            progress: Any = None) -> None:
+            progress: Any = None, seg: Any = None) -> None:
     """Write a :func:`check`-ed state into ``ring`` (see the module docstring), about
     ``chunk_bytes`` at a time, calling ``progress(bytes)`` after each.
+
+    ``seg``: the ring's segment. For a buffer file, the disk stops vouching for any row
+    before the first slot is overwritten (the flush frontiers zeroed and the header
+    written to the disk: a power loss during the restore leaves an empty buffer, never a
+    row half old, half restored), and the restored rows are flushed before this returns.
 
     Raises ``LockTimeout`` or ``TimeoutError`` (nothing changed) if the lock, or the
     writers in flight, take longer than ``timeout``.
     """
     deadline = time.monotonic() + timeout
     lc = ring.lane_capacity
+    durable_file = seg is not None and seg.durable
     with ring.lock.hold(timeout):
         claims = ring.live_claims()
         if claims:
@@ -276,6 +282,9 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
             time.sleep(delay)
             delay = min(max(2 * delay, 1e-4), 1e-2)
         ring.res[:, RES_PID] = 0  # what is left belongs to dead writers
+        ring.lane_table[:, LANE_FLUSHED] = 0  # a buffer file's disk vouches for no row from here
+        if durable_file:
+            seg.sync(0, ring.layout.rows_offset)  # (on the disk before any slot changes)
         ring.lane_table[:, LANE_OWN_COUNT] = 0
         ring.lane_table[:, LANE_CLAIM_PID] = 0
         now = ring.lane_table[:, LANE_HEAD].copy()
@@ -307,9 +316,10 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
                 progress(min(chunk, ring.layout.capacity - lo) * (ring.layout.row_bytes + 8))
         if checked.get("episodes") is not None:  # (an episode buffer's episode numbers)
             ring.lane_table[:, LANE_EPISODES] = checked["episodes"]
-        ring.lane_table[:, LANE_FLUSHED] = 0  # (a buffer file's restored rows are on disk at its next flush)
         # head before base: a sampler reads base before head (Ring.window), so it never
         # sees a new base with an old head, an empty window in the middle of a restore
         ring.lane_table[:, LANE_HEAD] = checked["heads"] + shift
         ring.lane_table[:, LANE_BASE] = checked["bases"] + shift
         ring.stamps[:] = new_stamps
+    if durable_file:
+        durable.flush(ring, seg, max(0.0, deadline - time.monotonic()) + 1.0)  # the restored rows, durable

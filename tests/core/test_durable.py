@@ -270,3 +270,98 @@ def test_every_process_killed_mid_storm_then_a_restart_leaves_only_whole_rows(tm
     assert storm_torn(back.sample(2000)) == 0 and len(back) == sum(back.lane_sizes())
     back.unlink()
     back.close()
+
+
+class Disk:
+    """What a buffer file's disk holds, page by page: each ``sync`` of the file's segment
+    copies the pages it covers; :meth:`power_loss` writes a file whose every page not
+    synced since ``since`` is, at random, the one on the disk or the one in memory (the
+    kernel writes dirty pages back in no order), and whose boot id is another boot's."""
+
+    def __init__(self, buf, monkeypatch) -> None:
+        self.buf, self.path = buf, buf.engine.seg.name
+        with open(self.path, "rb") as f:
+            self.bytes = bytearray(f.read())  # (after a flush: everything on the disk)
+        self.synced = np.zeros(-(-len(self.bytes) // 4096), bool)
+        seg = buf.engine.seg
+        sync = seg.sync
+
+        def recording(start: int = 0, stop: int | None = None) -> None:
+            sync(start, stop)
+            lo, hi = start // 4096, -(-(len(self.bytes) if stop is None else stop) // 4096)
+            now = self.memory()
+            self.bytes[lo * 4096:hi * 4096] = now[lo * 4096:hi * 4096]
+            self.synced[lo:hi] = True
+        monkeypatch.setattr(seg, "sync", recording)
+
+    def memory(self) -> bytes:
+        return bytes(self.buf.engine.seg.mmap[:len(self.bytes)])
+
+    def power_loss(self, dest: str, rng: np.random.Generator) -> str:
+        now = self.memory()
+        out = bytearray(self.bytes)
+        for page in np.flatnonzero(~self.synced & rng.integers(0, 2, len(self.synced)).astype(bool)).tolist():
+            out[page * 4096:(page + 1) * 4096] = now[page * 4096:(page + 1) * 4096]
+        boot = self.buf.engine.layout.control_offset + 8 * CTRL_BOOT
+        out[boot:boot + 8] = np.int64(durable.boot_id() ^ 0x5A5A).tobytes()
+        with open(dest, "wb") as f:
+            f.write(out)
+        return dest
+
+
+ROW = {"x": ((700,), "int64")}  # 5.6 KB rows: most of them cross a page boundary
+
+
+def _rows(lo: int, hi: int, base: int) -> dict:
+    return {"x": np.repeat(np.arange(lo, hi)[:, None] + base, 700, axis=1)}
+
+
+def _whole(path: str) -> tuple[int, int]:
+    """(rows, torn rows) of the buffer file ``path`` once it recovered: a row is whole
+    if its 700 values are one value."""
+    with shmbuf.Buffer.attach(path) as b:
+        if not len(b):
+            n, torn = 0, 0
+        else:
+            x = b.sample(400)["x"]
+            n, torn = len(b), int((x != x[:, :1]).any(axis=1).sum())
+        b.unlink()
+    return n, torn
+
+
+@pytest.mark.parametrize("when", ["during", "after"])
+def test_a_power_loss_during_or_after_a_restore_of_a_file_leaves_no_torn_row(tmp_path, monkeypatch, when):
+    """The restore overwrites slots in place: the disk must stop vouching for the old rows
+    before the first one changes, and vouch for the restored ones once it returns."""
+    src = shmbuf.Buffer.create(ROW, 48, name=f"t{os.getpid()}-restore-src-{when}")
+    src.extend(_rows(0, 40, 1000))
+    state = src.state_dict()
+    src.close()
+    p = str(tmp_path / "b.shmbuf")
+    buf = shmbuf.Buffer.create(ROW, 48, path=p)
+    buf.extend(_rows(0, 48, 0))
+    buf.flush()
+    disk = Disk(buf, monkeypatch)
+    rng = np.random.default_rng(7)
+    if when == "during":
+        from shmbuf import state as state_mod
+        restore = state_mod.restore
+
+        def cut(*args, **kw):  # the power goes halfway through the rows' copy
+            def progress(nbytes):
+                if not getattr(progress, "done", False):
+                    progress.done = True
+                    for k in range(20):
+                        disk.power_loss(str(tmp_path / f"lost{k}.shmbuf"), rng)
+            return restore(*args, **{**kw, "chunk_bytes": 8 * 5608, "progress": progress})
+        monkeypatch.setattr(state_mod, "restore", cut)
+    buf.load_state_dict(state)
+    if when == "after":
+        for k in range(20):
+            disk.power_loss(str(tmp_path / f"lost{k}.shmbuf"), rng)
+    buf.unlink()
+    buf.close()
+    results = [_whole(str(tmp_path / f"lost{k}.shmbuf")) for k in range(20)]
+    assert sum(t for _, t in results) == 0, results
+    if when == "after":
+        assert all(n == 40 for n, _ in results), results  # the restore is durable once it returned
