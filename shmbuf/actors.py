@@ -19,6 +19,12 @@ buffer, the weights, its index and seed, and says when to stop::
             for stats in actors.reports(): ...
             batch = buf.sample(256)
 
+**Nobody stays behind because the learner died.** Each actor watches its learner (its
+parent process): once it is gone (SIGKILL, a crash), ``stopped`` turns True, and an
+actor that has not returned :data:`LEARNER_GRACE` seconds later exits all the same.
+So the actors end, and with them the last holders of the learner's resource tracker,
+which then removes the buffer's segment.
+
 **Nobody hangs because an actor died.** The stop signal is a byte in shared memory (no
 lock an actor could die holding), each actor reports through a pipe of its own (a
 dead one only breaks its own), and :meth:`Actors.reports` restarts an actor that died
@@ -41,11 +47,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import multiprocessing.connection
+import os
+import threading
 import time
 from typing import Any, Callable
 
 from .core.ratelimit import RateLimitTimeout
 from .weights import Weights
+
+
+LEARNER_GRACE = 5.0
+"""Seconds an actor has to return once its learner died before its process exits."""
+WATCH_EVERY = 0.2  # seconds between two looks at the learner
 
 
 class Actor:
@@ -59,11 +72,22 @@ class Actor:
         self.buffer, self.weights = buffer, weights
         self._stop, self._conn = stop, conn
         self.version: int | None = None  # the weights' version pulled last
+        self.learner = os.getppid()  # (the process that started this one)
+        self.orphaned = False  # set by the watch once the learner is gone
 
     @property
     def stopped(self) -> bool:
-        """True once the learner asked the actors to stop."""
-        return bool(self._stop.value)
+        """True once the learner asked the actors to stop, or died."""
+        return bool(self._stop.value) or self.orphaned or os.getppid() != self.learner
+
+    def _watch(self) -> None:
+        """(A daemon thread) once the learner is gone: ``stopped``; after
+        :data:`LEARNER_GRACE` seconds more, exit the process (see the module)."""
+        while os.getppid() == self.learner:
+            time.sleep(WATCH_EVERY)
+        self.orphaned = True
+        time.sleep(LEARNER_GRACE)
+        os._exit(3)
 
     def report(self, **stats: Any) -> None:
         """Send ``stats`` (picklable values) to the learner (:meth:`Actors.reports`)."""
@@ -97,6 +121,7 @@ def _main(fn: Callable[[Actor], Any], index: int, seed: int, restarts: int, buff
     """An actor process: attach, run ``fn``, close."""
     w = Weights.attach(weights) if weights is not None else None
     actor = Actor(index, seed, restarts, buffer, w, stop, conn)
+    threading.Thread(target=actor._watch, name="shmbuf-learner-watch", daemon=True).start()
     try:
         fn(actor, *args, **kwargs)
     finally:

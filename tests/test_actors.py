@@ -107,3 +107,44 @@ def test_bad_arguments_are_refused(name):
     with pytest.raises(ValueError, match="n must be an int >= 1"):
         shmbuf.Actors(fns.fail, buf, 0)
     buf.close()
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` has exited (a zombie nobody reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("obey", [True, False], ids=["obeying", "ignoring-the-stop"])
+def test_actors_of_a_learner_killed_by_sigkill_exit_and_nothing_stays(name, tmp_path, obey):
+    """The learner is SIGKILLed with its actors running: they see it gone (``stopped``),
+    or, ignoring that, are ended after the grace; the segment is removed (its resource
+    tracker's last holders were the actors)."""
+    import subprocess
+    import sys
+    # a learner started from a shell: its own resource tracker (a spawned child uses its parent's)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    learner = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from helpers.actors import learner_then_hang; "
+         "learner_then_hang(sys.argv[1], sys.argv[2], sys.argv[3] == '1')", name, str(tmp_path), str(int(obey))],
+        env={**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    try:
+        wait_for_file(tmp_path / "actors", learner, "the learner to start its actors")
+        pids = [int(p) for p in (tmp_path / "actors").read_text().split()]
+    finally:
+        learner.kill()
+        learner.wait(30)
+    from shmbuf.core.segment import SHM_DIR, os_name
+    seg = SHM_DIR + os_name(name)
+    deadline = time.monotonic() + 120
+    while not all(_gone(p) for p in pids) or os.path.exists(seg):
+        if time.monotonic() > deadline:
+            for p in pids:
+                if not _gone(p):
+                    os.kill(p, signal.SIGKILL)
+            pytest.fail(f"actors {[p for p in pids if not _gone(p)]} outlived their learner, or the "
+                        f"segment stayed: {os.path.exists(seg)}")
+        time.sleep(0.05)

@@ -51,3 +51,36 @@ def fail(actor) -> None:
 
 
 FIELDS = {"who": ((), np.int64), "t": ((), np.int64)}
+
+
+def learner_then_hang(name: str, flag_dir: str, obey: bool) -> None:
+    """A learner (run in its own process, its stderr to a file): a buffer, two actors
+    (that obey the stop flag, or ignore it), their pids in ``<flag_dir>/actors``, then
+    it waits to be killed."""
+    import sys
+    import shmbuf
+    err = os.open(os.path.join(flag_dir, "learner.err"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(err, 2)
+    sys.stderr = os.fdopen(2, "w")
+    buf = shmbuf.Buffer.create(FIELDS, 64, lanes=2, name=name)
+    actors = shmbuf.Actors(write_then_park if obey else write_then_ignore, buf, 2, args=(flag_dir,))
+    for i in range(2):
+        while not os.path.exists(os.path.join(flag_dir, f"{i}-0")):
+            time.sleep(0.01)
+    with open(os.path.join(flag_dir, "actors.tmp"), "w") as f:
+        f.write(" ".join(str(p.pid) for p in actors.processes))
+    os.rename(os.path.join(flag_dir, "actors.tmp"), os.path.join(flag_dir, "actors"))
+    while True:
+        time.sleep(1)
+
+
+def write_then_ignore(actor, flag_dir: str) -> None:
+    """As write_then_park, then never look at ``stopped`` again."""
+    for t in range(5):
+        actor.buffer.add({"who": 10 * actor.index + actor.restarts, "t": t})
+    path = os.path.join(flag_dir, f"{actor.index}-{actor.restarts}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    while True:
+        time.sleep(0.1)
