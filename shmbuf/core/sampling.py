@@ -178,11 +178,13 @@ def _none_published(ring: Ring, length: int) -> str:
             longest = max(longest, int((edges[1::2] - edges[::2]).max()))
     unpublished = int((head - lo).sum()) - int(published_windows(ring, 1)[0].size)
     if longest == 0:
-        return ("the buffer has no published rows to sample: every row it counts "
-                f"({unpublished}) was reserved by a writer that died (or gave up) before publishing it")
+        return ("the buffer has no published rows to sample: none of the rows it counts "
+                f"({unpublished}) carries its published stamp, and no live writer is writing one "
+                "(rows reserved by a writer that died or gave up stay so); add rows")
     return (f"no lane holds {length} consecutive published rows: the longest run of published rows is "
-            f"{longest}, and {unpublished} rows the buffer counts were reserved by writers that died "
-            f"(or gave up) before publishing them; ask for a length <= {longest} or add more rows")
+            f"{longest}, and {unpublished} rows the buffer counts carry no published stamp while no "
+            f"live writer is writing one (rows reserved by a writer that died or gave up stay so); "
+            f"ask for a length <= {longest} or add more rows")
 
 
 def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
