@@ -27,7 +27,7 @@ def rm(args: argparse.Namespace) -> int:
         except ValueError as exc:
             why = str(exc)
         except PermissionError:
-            why = "permission denied (another user's buffer)"
+            why = "permission denied: this user may not read or remove it; nothing was removed"
         except OSError as exc:
             why = exc.strerror or str(exc)
         problem("rm", n, why)
@@ -37,8 +37,17 @@ def rm(args: argparse.Namespace) -> int:
 
 def _remove_file(path: str) -> None:
     """Remove a buffer file; refuse any other file (the path may be a typo)."""
-    if not os.path.lexists(path):
-        raise FileNotFoundError(2, "no such buffer file")
+    try:
+        os.lstat(path)  # (PermissionError, never "no such file", where a directory is closed to us)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(2, "no such buffer file") from None
+    except OSError as exc:
+        if isinstance(exc, PermissionError):
+            raise
+        fd = -1  # (a link, a FIFO...: not a buffer file, said below)
+    if fd >= 0:
+        os.close(fd)
     if files.head(path, len(MAGIC)) != MAGIC:
         raise ValueError("not a shmbuf buffer file (it does not start with a buffer's header); "
                          "left as it is")

@@ -35,7 +35,7 @@ def describe(name: str) -> dict[str, Any]:
     except FileNotFoundError:
         return {"name": name, "error": "no such buffer (never created, or already removed)"}
     except PermissionError:
-        return {"name": name, "error": "permission denied (another user's buffer)"}
+        return {"name": name, "error": "permission denied: this user may not read it"}
     except (OSError, ValueError, TimeoutError) as exc:  # FormatError is a ValueError
         if weights.is_weights(name):
             try:

@@ -84,9 +84,19 @@ def filesystem(path: str, mountinfo: str | None = None) -> str | None:
     return found
 
 
+PSEUDO = {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+          "bpf", "configfs", "efivarfs", "mqueue", "hugetlbfs", "binfmt_misc", "autofs", "fusectl",
+          "devtmpfs", "nsfs", "rpc_pipefs", "selinuxfs"}
+"""File systems the kernel makes up (``/proc``, ``/sys``, ...): no buffer file can be on them."""
+
+
 def check_local(directory: str, mountinfo: str | None = None) -> None:
-    """Refuse a directory on a network or FUSE file system, saying which."""
+    """Refuse a directory on a network, FUSE or pseudo file system, saying which."""
     fs = filesystem(directory, mountinfo)
+    if fs in PSEUDO:
+        raise OSError(errno.EOPNOTSUPP,
+                      f"{directory} is on a {fs} file system, which the kernel makes up: it holds no "
+                      "regular files a buffer could live in. Use a directory on a local disk")
     if fs is not None and (fs in REFUSED or fs.startswith("fuse.")):
         raise OSError(errno.EOPNOTSUPP,
                       f"{directory} is on a {fs} file system, and a shmbuf buffer cannot live "
@@ -217,7 +227,10 @@ class FileSegment(Segment):
         return self._identity() == (self.dev, self.ino)
 
     def unlink(self) -> bool:
-        """Remove the file if its path still names this very file."""
+        """Remove the file if its path still names this very file (a file never
+        published: its hidden temporary name, where ``O_TMPFILE`` is missing)."""
+        if self.temp_path is not None:
+            return self._drop_temp()
         if not self.is_linked():
             return False
         try:
@@ -225,6 +238,20 @@ class FileSegment(Segment):
         except FileNotFoundError:
             return False
         return True
+
+    def _drop_temp(self) -> bool:
+        temp, self.temp_path = self.temp_path, None
+        try:
+            os.unlink(temp)  # type: ignore[arg-type]
+        except FileNotFoundError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close and unmap; a file never published is removed (nobody can reach it)."""
+        if self.temp_path is not None:
+            self._drop_temp()
+        super().close()
 
     def untrack(self) -> None:
         """A file is never tracked: it outlives every process."""

@@ -225,11 +225,15 @@ class Queue:
     # -- taking ----------------------------------------------------------------------
 
     def depth(self) -> int:
-        """Rows not yet taken: published or being written, plus rows given back."""
+        """Rows not yet taken: published or being written, plus rows given back or held
+        by dead takers (given back at the next change), plus rows kept for this handle."""
         lt = self.ring.lane_table
         nxt = np.clip(self.next, lt[:, LANE_BASE], lt[:, LANE_HEAD])
         t = self.table.copy()
         back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
+        alive = procs.Liveness()  # (a dead taker's rows are given back at the next change)
+        back += sum(int(t[i, E_COUNT]) for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
+                    if not alive(int(t[i, E_PID]), float(t[i:i + 1, E_CTIME].view(np.float64)[0])))
         kept = sum(len(next(iter(b.values()))) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 

@@ -82,7 +82,8 @@ def test_ls_skips_what_is_not_a_buffer_and_what_vanished(name, tmp_path, monkeyp
             assert "gone-" not in out.out and name in out.out and out.err == ""
             monkeypatch.setattr(segment, "unlink_name", _raise(PermissionError(1, "denied")))
             assert cli_mod.main(["rm", name]) == 1
-            assert capsys.readouterr().err == f"shmbuf rm: {name}: permission denied (another user's buffer)\n"
+            assert capsys.readouterr().err == (f"shmbuf rm: {name}: permission denied: this user may not read "
+                                               "or remove it; nothing was removed\n")
     finally:
         os.rmdir(base + name + "-dir")
         sock.close()

@@ -245,3 +245,64 @@ def test_without_o_tmpfile_a_hidden_name_is_used_and_never_left_behind(tmp_path,
         with pytest.raises(FileExistsError):
             first.publish()
     assert os.listdir(tmp_path) == ["b.shmbuf"]  # the loser's hidden file is gone
+
+
+def test_without_o_tmpfile_a_create_that_fails_after_the_file_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """Trust round 3, item 14: an exception inside Buffer.create, after the hidden file
+    exists and before it is published, removes it."""
+    from shmbuf.core import layout as layout_mod
+    monkeypatch.delattr(os, "O_TMPFILE")
+
+    def fail(self, mem):
+        raise RuntimeError("fails on purpose while the header is written")
+    monkeypatch.setattr(layout_mod.Layout, "write", fail)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        shmbuf.Buffer.create({"x": ((), "int64")}, 4, path=str(tmp_path / "b.shmbuf"))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["/proc/shmbuf-test.shmbuf", "/sys/shmbuf-test.shmbuf"])
+def test_a_path_on_a_file_system_the_kernel_makes_up_is_refused_saying_so(where):
+    if files.filesystem(os.path.dirname(where)) not in files.PSEUDO:
+        pytest.skip(f"{os.path.dirname(where)} is not a pseudo file system here")
+    with pytest.raises(OSError, match="file system, which the kernel makes up"):
+        shmbuf.Buffer.create({"x": ((), "int64")}, 4, path=where)
+    assert not os.path.exists(where)
+
+
+def _rm_as_nobody(paths: list, results) -> None:
+    """(A forked child) drop to user nobody, run ``shmbuf rm`` on ``paths``; put its stderr."""
+    import contextlib
+    import io
+    from shmbuf import cli
+    os.setgid(65534)
+    os.setuid(65534)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["rm", *paths])
+    results.put((code, err.getvalue()))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run a child as another user")
+def test_rm_of_another_users_buffer_file_says_permission_denied(tmp_path):
+    """Trust round 3, item 14: never "not a shmbuf buffer file" nor "no such file" when
+    the truth is that this user may not read it (a closed file, or a closed directory)."""
+    import tempfile
+    opened = tempfile.mkdtemp(prefix="shmbuf-test-rm-")  # readable by all; the file in it is not
+    try:
+        os.chmod(opened, 0o755)
+        paths = [os.path.join(opened, "b.shmbuf"), str(tmp_path / "c.shmbuf")]  # tmp_path: 0700
+        for p in paths:
+            shmbuf.Buffer.create({"x": ((), "int64")}, 4, path=p).close()
+        ctx = mp.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_rm_as_nobody, args=(paths, results))
+        child.start()
+        code, err = results.get(timeout=60)
+        child.join(30)
+        assert code == 1 and err.count("permission denied: this user may not read or remove it") == 2, err
+        assert all(os.path.exists(p) for p in paths)
+    finally:
+        for p in os.listdir(opened):
+            os.unlink(os.path.join(opened, p))
+        os.rmdir(opened)

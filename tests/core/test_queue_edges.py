@@ -195,3 +195,18 @@ def test_a_sigint_as_a_lock_hold_ends_never_leaves_the_lock_held(name, tmp_path)
         q.extend(queue_rows(0, 4, 5))
         assert q.take(1)["i"].tolist() == [4]
         q.unlink()
+
+
+def test_len_counts_a_dead_takers_rows_before_the_next_take(name, tmp_path):
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 6))
+        flag = str(tmp_path / "flag")
+        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 4,
+                                                 "claimed", flag))
+        p.start()
+        wait_for_file(flag, p, "the taker to stop with its rows claimed")
+        assert len(q) == 2  # 4 rows held by a live take
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        assert len(q) == 6
+        assert q.take(6)["i"].tolist() == [0, 1, 2, 3, 4, 5] and len(q) == 0
