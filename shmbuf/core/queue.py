@@ -312,19 +312,9 @@ class Queue:
         return out
 
     def _kept_rows(self, n: int, partial: bool) -> dict[str, np.ndarray] | None:
-        """Rows this handle's take delivered as a Ctrl-C landed (see :meth:`_deliver`):
-        the next take returns them first, up to ``n`` (None: there are none, or fewer
-        than ``n`` and not ``partial``: a full take then waits for the rest as usual)."""
-        if not self._kept:
-            return None
-        rows = {k: np.concatenate([b[k] for b in self._kept]) for k in self._kept[0]}
-        have = len(next(iter(rows.values())))
-        if have < n and not partial:
-            return None
-        del self._kept[:]
-        if have > n:
-            self._kept.append({k: a[n:] for k, a in rows.items()})
-        return {k: a[:n] for k, a in rows.items()}
+        """Rows this handle's take delivered as a Ctrl-C landed (see :meth:`_deliver`),
+        returned first by the next take (see :func:`shmbuf.core.takes.from_kept`)."""
+        return takes.from_kept(self._kept, n, partial) if self._kept else None
 
     @staticmethod
     def _mine(s: Words, pid: int, token: int) -> np.ndarray:
@@ -406,20 +396,9 @@ class Queue:
             delay = _backoff(delay)
 
     def delivered(self, stamps: np.ndarray) -> np.ndarray:
-        """(Under :meth:`quiet`) which of ``stamps`` (one per slot, as a snapshot keeps
-        them: a published row's stamp, or 0) name rows already delivered: below their
-        lane's ``next`` and in no given-back range. A snapshot leaves them out, so a
-        restore delivers each row not yet taken once, and no other."""
-        lc = self.ring.lane_capacity
-        lane = np.arange(len(stamps)) // lc
-        seq = stamps // 2 - 1
-        out = (stamps > 0) & (seq < self.next[lane])
-        t = self.table
-        for e in np.flatnonzero(t[:, E_STATE] == RETURNED).tolist():
-            ln, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
-            if 0 <= ln < self.lanes:
-                out[(lane == ln) & (seq >= start) & (seq < start + count)] = False
-        return out
+        """(Under :meth:`quiet`) which of ``stamps`` name rows already delivered (see
+        :func:`shmbuf.core.takes.delivered`): a snapshot leaves them out."""
+        return takes.delivered(self.live, self.ring.lane_capacity, stamps)
 
     def reset(self, timeout: float) -> None:
         """After a restore: every row from base to head is untaken, no entry."""

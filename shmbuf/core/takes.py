@@ -117,3 +117,34 @@ def fresh(ring: Any, s: Any, want: int) -> tuple[list[tuple[int, int, int, int, 
         if end > nxt[lane]:
             plan.append((-1, lane, int(nxt[lane]), end, rows))
     return plan, lead
+
+
+def delivered(s: Any, lc: int, stamps: np.ndarray) -> np.ndarray:
+    """Which of ``stamps`` (one per slot, as a snapshot keeps them: a published row's
+    stamp, or 0) name rows a take already delivered, by the words ``s``: below their
+    lane's ``next`` and in no given-back range. A snapshot leaves them out, so a restore
+    delivers each row not yet taken once, and no other."""
+    lanes = len(s.next)
+    lane = np.arange(len(stamps)) // lc
+    seq = stamps // 2 - 1
+    out = (stamps > 0) & (seq < s.next[lane])
+    t = s.table
+    for e in np.flatnonzero(t[:, E_STATE] == RETURNED).tolist():
+        ln, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+        if 0 <= ln < lanes:
+            out[(lane == ln) & (seq >= start) & (seq < start + count)] = False
+    return out
+
+
+def from_kept(kept: list[dict[str, np.ndarray]], n: int, partial: bool) -> dict[str, np.ndarray] | None:
+    """Up to ``n`` rows of ``kept`` (batches a take delivered as a Ctrl-C landed), taken
+    out of it, oldest first; None if it holds fewer than ``n`` and not ``partial`` (a full
+    take then waits for the rest as usual, and they stay for a later one)."""
+    rows = {k: np.concatenate([b[k] for b in kept]) for k in kept[0]}
+    have = len(next(iter(rows.values())))
+    if have < n and not partial:
+        return None
+    del kept[:]
+    if have > n:
+        kept.append({k: a[n:] for k, a in rows.items()})
+    return {k: a[:n] for k, a in rows.items()}
