@@ -36,6 +36,7 @@ skip them once no live writer holds them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from contextlib import contextmanager
@@ -46,7 +47,7 @@ import numpy as np
 from . import procs, sampling, takes
 from .interrupts import Deferred
 from .layout import LANE_BASE, LANE_HEAD
-from .lock import HeaderLock
+from .lock import HeaderLock, LockTimeout
 from .read import SampleTimeout, until_filled
 from .ring import QueueFull, WriteTimeout
 from .tables import BeyondHorizon
@@ -207,8 +208,8 @@ class Queue:
                 if time.monotonic() >= deadline:
                     raise WriteTimeout(self._full(lane, n, timeout)) from None
                 delay = _backoff(delay)
-        if delay:
-            with self._edit(max(1.0, timeout)) as s:
+        if delay:  # (counted if the lock comes within the call's time: the rows are in)
+            with contextlib.suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
 
     def _full(self, lane: int, n: int, timeout: float) -> str:

@@ -210,3 +210,38 @@ def test_len_counts_a_dead_takers_rows_before_the_next_take(name, tmp_path):
         p.join(30)
         assert len(q) == 6
         assert q.take(6)["i"].tolist() == [0, 1, 2, 3, 4, 5] and len(q) == 0
+
+
+def _hold_the_lock(name: str, flag: str) -> None:
+    q = shmbuf.Buffer.attach(name, timeout=30)
+    q.engine.lock.acquire(30)
+    open(flag, "w").close()
+    while True:
+        time.sleep(1)
+
+
+def test_a_take_honours_its_timeout_when_the_lock_is_kept_from_it(name, tmp_path, monkeypatch):
+    """Trust round 3, item 7: a take whose delivery cannot get the lock (a holder that
+    stopped, here at a chosen point) raises within about its timeout (it waited 10 s
+    more to give its rows back); the rows go back once the lock is free."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 4))
+        flag = str(tmp_path / "flag")
+        holder = []
+
+        def hook(where, rows):
+            if where == "copied":
+                p = CTX.Process(target=_hold_the_lock, args=(name, flag))
+                p.start()
+                holder.append(p)
+                wait_for_file(flag, p, "the other process to hold the lock")
+        monkeypatch.setattr(core_queue, "HOOK", hook)
+        t0 = time.monotonic()
+        with pytest.raises(shmbuf.LockTimeout):
+            q.take(2, timeout=1.0)
+        took = time.monotonic() - t0
+        monkeypatch.setattr(core_queue, "HOOK", None)
+        os.kill(holder[0].pid, signal.SIGKILL)
+        holder[0].join(30)
+        assert took < 8.0, took  # (1 s and the lock's floor; it was 11 s and more)
+        assert q.take(4)["i"].tolist() == [0, 1, 2, 3]
