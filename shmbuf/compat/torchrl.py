@@ -19,8 +19,15 @@ torn row). So all three parts are shmbuf's, over one :class:`shmbuf.Buffer`:
   and reserves its rows there, so any number of collector processes write at once.
 * :class:`SharedSampler` samples through shmbuf's read path (draw, checked copy, redraw):
   no batch ever holds a row half written or overwritten while it was copied. The
-  sampled rows' positions are not stable (a redrawn row replaces a torn one), so the
-  ``"index"`` TorchRL adds to a sample is -1: priorities need shmbuf's ``priority=``.
+  ``"index"`` TorchRL adds to a sample is each row's slot (``0 .. max_size - 1``), as
+  TorchRL's storages give it; a slot is a place, so a later write may hold another row
+  there.
+
+**What is refused, loudly.** A storage is made at its first write (its fields come from
+it): pickling one that has no buffer yet raises (a worker would make a private buffer of
+its own, whose rows vanish with it): write a first batch in the learner first (TorchRL's
+collectors do). ``rb.dumps(path)`` saves the rows with :meth:`shmbuf.Buffer.save`
+(``path/storage``) and ``rb.loads(path)`` loads them back, into this storage.
 
 :class:`SharedReplayBuffer` assembles them; it also keeps TorchRL's ``share()`` from
 putting a cross-process lock around every write (TorchRL's ``share()`` makes one, held
@@ -42,6 +49,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 from typing import Any
 
 import numpy as np
@@ -119,15 +128,22 @@ class SharedStorage(Storage):
         data.update({k: v.detach().cpu().numpy() for k, v in flat.items()})  # (a key missing: zeros)
         lane = buf.claim_lane() if buf.lanes > 1 else 0
         head = int(buf.engine.ring.lane_table[lane, LANE_HEAD])
-        buf.extend(data, truncate_ok=True)
+        buf.extend(data, truncate_ok=True)  # (more rows than a lane holds: the last ones, as TorchRL's)
         lc = buf.capacity // buf.lanes  # (the slots: exact in a lane this process claimed)
-        slots = torch.as_tensor(lane * lc + (head + np.arange(min(len(rows), lc))) % lc)
-        return slots.reshape(td.shape) if len(slots) == len(rows) else slots  # (TorchRL's shape)
+        n = len(rows)
+        kept = min(n, lc)
+        slots = torch.as_tensor(lane * lc + (head + np.arange(n) - (n - kept)) % lc)
+        return slots.reshape(td.shape)  # (rows overwritten within the extend share their slot)
 
-    def batch(self, n: int) -> TensorDictBase:
-        """``n`` rows through shmbuf's read path, as a TensorDict (nested keys again)."""
-        got = self.buf.sample(n, timeout=self.timeout)
-        return TensorDict({k: torch.from_numpy(got[k]) for k in self.keys}, [n]).unflatten_keys(SEP)
+    def batch(self, n: int) -> tuple[torch.Tensor, TensorDictBase]:
+        """``n`` rows through shmbuf's read path: their slots, and the rows as a
+        TensorDict (nested keys again)."""
+        buf = self.buf
+        got = buf.empty_batch(n)
+        index = np.empty(n, np.int64)
+        buf.engine.sample_windows(n, 1, [got[f.name] for f in buf.engine.fields], self.timeout, index=index)
+        rows = TensorDict({k: torch.from_numpy(got[k]) for k in self.keys}, [n]).unflatten_keys(SEP)
+        return torch.from_numpy(index), rows
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         raise NotImplementedError("rows are written through SharedWriter (shmbuf reserves them: a cursor of "
@@ -165,7 +181,35 @@ class SharedStorage(Storage):
         if self.buf is not None:
             self.buf.close()
 
+    def dumps(self, path: Any) -> None:
+        """Save the rows into the directory ``path`` (:meth:`shmbuf.Buffer.save`)."""
+        if self.buf is None:
+            raise RuntimeError("this SharedStorage has no buffer yet (it is made at the first write): "
+                               "nothing to dump")
+        self.buf.save(path, overwrite=True)
+
+    def loads(self, path: Any) -> None:
+        """Load rows that :meth:`dumps` saved into this storage (made now if it has no
+        buffer yet: with the saved fields)."""
+        saved = Buffer.load(path, name=f"torchrl-load-{os.getpid()}-{secrets.token_hex(6)}")
+        try:
+            if saved.meta.get("kind") != KIND:
+                raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {saved.meta.get('kind')!r})")
+            if self.buf is None:
+                self.buf = Buffer.create(saved.fields, saved.capacity, lanes=saved.lanes, name=self._name,
+                                         seed=self.seed, timeout=self.timeout, meta={"kind": KIND})
+                self.keys = list(saved.fields)
+            self.buf.load_state_dict(saved.state_dict())
+        finally:
+            saved.close()
+
     def __getstate__(self) -> dict[str, Any]:
+        if self.buf is None:
+            raise RuntimeError(
+                "this SharedStorage has no buffer yet (it is made at its first write, from the rows' keys), so "
+                "it cannot travel to another process: there each process would make a private buffer of its "
+                "own. Write a first batch here before handing it on (TorchRL's collectors do), or make it "
+                "with name= of a buffer that exists")
         state = self.__dict__.copy()
         state.update(buf=None, sampled=None, _name=self.name)  # by name: the other process attaches
         state.update(_mutation_revision_value=None, _last_cursor_index_value=None)  # (TorchRL's
@@ -222,9 +266,8 @@ class SharedSampler(_Stateless, Sampler):
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
         if storage.buf is None or len(storage) == 0:
             raise RuntimeError("cannot sample from an empty buffer")
-        index = torch.full((batch_size,), -1, dtype=torch.long)
-        storage.sampled = (index, storage.batch(batch_size))
-        return index, {}
+        storage.sampled = storage.batch(batch_size)
+        return storage.sampled[0], {}
 
 
 class SharedReplayBuffer(TensorDictReplayBuffer):

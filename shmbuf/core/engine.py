@@ -264,9 +264,10 @@ class Engine:
         return got
 
     def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
-                       lane: int | None = None) -> None:
+                       lane: int | None = None, index: np.ndarray | None = None) -> None:
         """Fill ``arrays`` (one per stored field, ``(n * length, *shape)``) with ``n``
-        intact windows drawn uniformly (of ``lane`` only, if given)."""
+        intact windows drawn uniformly (of ``lane`` only, if given); ``index`` (int64
+        ``(n,)``, if given) gets the slot of each window's first row."""
         timeout = self.seconds(timeout)
         if self.queue is not None:
             Consumed(self, None).sample()  # raises
@@ -274,7 +275,7 @@ class Engine:
             self.gate.before_sample(n, timeout)
         if lane is not None:
             lane = self.resolve_lane(lane, 0)
-        sampling.sample_windows(self.ring, self.rng, n, length, arrays, timeout, lane)
+        sampling.sample_windows(self.ring, self.rng, n, length, arrays, timeout, lane, index)
         self.counters.sampled(n * length)
 
     # -- lanes -----------------------------------------------------------------------

@@ -344,16 +344,21 @@ def _scratch(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[An
 
 
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
-                   out: Sequence[np.ndarray], timeout: float, only: int | None = None) -> None:
+                   out: Sequence[np.ndarray], timeout: float, only: int | None = None,
+                   index: np.ndarray | None = None) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
     with ``n`` intact windows (of lane ``only``, if given), through the read path
     (:func:`shmbuf.core.read.until_filled`). ``ValueError`` if the buffer (the lane)
     holds no such window. The first few rounds draw uniformly over the lanes' windows;
     then over the exact set of published windows (a ring mostly reserved by writers
-    that died is still sampled uniformly over what is really there)."""
+    that died is still sampled uniformly over what is really there). ``index`` (int64
+    ``(n,)``, if given) gets each window's first slot."""
     lane, first, lo = draw_windows(ring, rng, n, length, None, only)
     if n == 0:
         return
+    lc = ring.lane_capacity
+    if index is not None:
+        index[:] = lane * lc + first % lc
     filled = copy_windows(ring, lane, first, length, lo, out)
     if filled is None:
         return  # the common case: one draw, one checked copy
@@ -381,6 +386,8 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
             ok = np.ones(len(todo), bool)
         for dst, t in zip(shaped, tmp):
             dst[todo[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
+        if index is not None:
+            index[todo[ok]] = (lane * lc + first % lc)[ok]
         return ok
 
     until_filled(fill, n, timeout, "rows", deadline=deadline, filled=filled,
