@@ -1,35 +1,6 @@
-"""stable-baselines3's replay buffers, in shared memory: a one-line switch for SB3 and
-CleanRL users.
-
-``ReplayBuffer`` and ``DictReplayBuffer`` take SB3 2.x's constructor and give SB3's
-``add`` / ``extend`` / ``sample`` / ``size`` / ``reset``, so ``replay_buffer_class=`` of
-DQN, SAC, TD3 and DDPG accepts them, and CleanRL's scripts run with their import
-changed (``from shmbuf.compat.sb3 import ReplayBuffer``). They subclass SB3's classes
-(SB3 checks ``isinstance`` when it loads a buffer). What changes is where the rows live:
-
-* **In shared memory, by name.** Any process attaches with ``ReplayBuffer.attach(name)``
-  and adds or samples at the same time as the others; each env of a handle writes a lane
-  of its own (a buffer made with ``lanes=`` more than ``n_envs`` leaves room for other
-  processes' envs), and no sample ever returns a row being written.
-* **Pickling.** A buffer handed to a process that :mod:`multiprocessing` is starting
-  (``Process(args=...)`` under spawn or forkserver) travels **by name**: the child
-  attaches to the same rows. Everywhere else (``pickle.dump``, ``copy.deepcopy``, SB3's
-  ``model.save_replay_buffer``) it pickles **by value**: its configuration and rows, which
-  load into a new buffer of their own in any process, later, after the original is gone.
-  (multiprocessing's own test, ``get_spawning_popen()``, tells the two apart.)
-* **``optimize_memory_usage=True``** stores each observation once (an
-  :class:`shmbuf.EpisodeBuffer`), with the real final observation where an episode ended
-  (SB3's own option loses it at time limits, which is why SB3 refuses it together with
-  ``handle_timeout_termination``; here both work). An env reset between two ``add`` calls
-  (a new ``learn()``) is seen: the step before has no next observation and is left out,
-  where SB3 marks it done.
-
-Divergences from SB3 (each kept on purpose): rows never written are never sampled, so
-setting ``full = True`` by hand is refused (SB3 then samples its zero-filled arrays);
-``pos`` and ``full`` are read from the shared ring (the first lane's); ``observations``
-and the other arrays are read-only views of the shared rows (lane-major, so
-``observations[pos, env]`` is SB3's indexing; with ``optimize_memory_usage`` they hold
-episodes' final rows too).
+"""stable-baselines3's ``ReplayBuffer`` and ``DictReplayBuffer`` in shared memory: the
+implementation of :mod:`shmbuf.compat.sb3` (import them from there; its documentation
+says what changes from SB3's own).
 
 Example:
     >>> import numpy as np
@@ -46,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import multiprocessing.context
+import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -60,7 +33,7 @@ from ..buffer import Buffer
 from ..core.layout import LANE_HEAD
 from ..episodes import EpisodeBuffer
 from ..episodes.rows import TERMINATED, TRUNCATED
-from .sb3_spaces import space_from_json, space_to_json
+from .sb3_spaces import bad_obs, bad_shapes, space_from_json, space_to_json
 
 KIND = "sb3.replay"
 OBS, NEXT = "observations", "next_observations"
@@ -147,6 +120,12 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._lanes: list[int] = []  # the lanes this handle's envs write (claimed at the first add)
         self._writer: Any = None  # episodes: the episode writer of this handle's envs
         self._next: Any = None  # ... and the next observations of its last add (a reset shows)
+        _handles.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: the lanes (and episode writer) are the parent's; this copy
+        claims lanes of its own at its first add."""
+        self._lanes, self._writer, self._next = [], None, None
 
     @classmethod
     def attach(cls, name: str, *, device: th.device | str = "auto", n_envs: int = 1, seed: Any = None,
@@ -194,9 +173,12 @@ class ReplayBuffer(SB3ReplayBuffer):
         with ``handle_timeout_termination``). ``timeout``: seconds to wait at most for
         a rate limit (then ``shmbuf.RateLimitTimeout``, nothing added)."""
         n, wait = self.n_envs, timeout
-        action = np.asarray(action).reshape((n, self.action_dim))
-        reward = np.asarray(reward).reshape(n)
-        done = np.asarray(done).reshape(n)
+        try:
+            action = np.asarray(action).reshape((n, self.action_dim))
+            reward = np.asarray(reward).reshape(n)
+            done = np.asarray(done).reshape(n)
+        except ValueError:
+            raise ValueError(bad_shapes(n, self.action_dim, action, reward, done)) from None
         timeout = [0.0] * n
         if self.handle_timeout_termination:  # (else infos are not looked at, as by SB3: CleanRL passes a dict)
             if not isinstance(infos, (list, tuple)) or len(infos) != n:
@@ -207,7 +189,11 @@ class ReplayBuffer(SB3ReplayBuffer):
             obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
         else:  # (the common case, with as few calls as can be: this runs at every env step)
             rows = (n, *self.obs_shape)
-            obs, next_obs = {OBS: np.asarray(obs).reshape(rows)}, {NEXT: np.asarray(next_obs).reshape(rows)}
+            try:
+                obs, next_obs = {OBS: np.asarray(obs).reshape(rows)}, {NEXT: np.asarray(next_obs).reshape(rows)}
+            except ValueError:
+                raise ValueError(bad_obs("obs", obs, rows) or bad_obs("next_obs", next_obs, rows)
+                                 or f"obs and next_obs must be ({n}, *{self.obs_shape})") from None
         if self._episodic:
             return self._add_steps(obs, next_obs, action, reward, done.astype(bool), np.array(timeout, bool), wait)
         add, lanes = self._core.add, self._lanes or self._claimed()
@@ -220,12 +206,24 @@ class ReplayBuffer(SB3ReplayBuffer):
     def _by_env(self, value: Any, prefix: str) -> dict[str, np.ndarray]:
         """Observations as ``{field: (n_envs, *shape)}``."""
         n = self.n_envs
+        arg = "obs" if prefix == OBS else "next_obs"
         if isinstance(self.obs_shape, dict):
             if not isinstance(value, dict) or set(value) != set(self.obs_shape):
-                raise ValueError(f"expected observations with keys {sorted(self.obs_shape)}, got "
+                raise ValueError(f"{arg}: expected observations with keys {sorted(self.obs_shape)}, got "
                                  f"{sorted(value) if isinstance(value, dict) else type(value).__name__}")
-            return {f"{prefix}.{k}": np.asarray(v).reshape((n, *self.obs_shape[k])) for k, v in value.items()}
-        return {prefix: np.asarray(value).reshape((n, *self.obs_shape))}
+            out = {}
+            for k, v in value.items():
+                rows = (n, *self.obs_shape[k])
+                try:
+                    out[f"{prefix}.{k}"] = np.asarray(v).reshape(rows)
+                except ValueError:
+                    raise ValueError(bad_obs(f"{arg}[{k!r}]", v, rows)) from None
+            return out
+        rows = (n, *self.obs_shape)
+        try:
+            return {prefix: np.asarray(value).reshape(rows)}
+        except ValueError:
+            raise ValueError(bad_obs(arg, value, rows)) from None
 
     def _claimed(self) -> list[int]:
         if not self._lanes:
@@ -279,7 +277,11 @@ class ReplayBuffer(SB3ReplayBuffer):
     # -- SB3's state -----------------------------------------------------------------
 
     def size(self) -> int:
-        """Rows per env (SB3's count: ``buffer_size`` once full)."""
+        """Transitions per env (SB3's count: ``buffer_size`` once full; with
+        ``optimize_memory_usage`` or HER, the steps stored: episodes' final observations
+        take rows of their own, so it stays below ``buffer_size`` once the ring wrapped)."""
+        if self._episodic:
+            return sum(self._core.lane_steps()) // self._plain().lanes
         return len(self._core) // self._plain().lanes
 
     @property
@@ -293,7 +295,10 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     @property
     def pos(self) -> int:
-        """The row the first lane writes next (SB3's ``pos``, as the views index rows)."""
+        """The row the first lane writes next (SB3's ``pos``, as the views index rows:
+        ``dones[pos - 1]`` is the newest; with ``optimize_memory_usage`` or HER,
+        episodes' final observations take rows of their own, so it runs ahead of
+        :meth:`size`, which counts transitions)."""
         return int(self._plain().engine.ring.lane_table[0, LANE_HEAD]) % self.buffer_size
 
     @pos.setter
@@ -409,6 +414,10 @@ class DictReplayBuffer(ReplayBuffer, SB3DictReplayBuffer):
     def _samples(self, obs: Any, actions: np.ndarray, next_obs: Any, dones: np.ndarray, rewards: np.ndarray) -> Any:
         t = self._tensor
         return DictReplayBufferSamples(t(obs), t(actions), t(next_obs), t(dones), t(rewards))
+
+
+_handles: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [h._forked() for h in list(_handles)])
 
 
 def _attach(name: str, config: dict[str, Any]) -> ReplayBuffer:

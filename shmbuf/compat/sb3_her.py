@@ -32,14 +32,16 @@ from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerRep
 from ..core.layout import LANE_HEAD
 from ..episodes.rows import FINAL
 from ..her import HER
-from .sb3 import OBS, DictReplayBuffer
+from .sb3_buffers import OBS, DictReplayBuffer
 
 STRATEGY = {GoalSelectionStrategy.FUTURE: "future", GoalSelectionStrategy.FINAL: "final",
             GoalSelectionStrategy.EPISODE: "episode"}
 
 
 class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
-    """SB3's ``HerReplayBuffer`` in shared memory (see the module's documentation).
+    """SB3's ``HerReplayBuffer`` in shared memory (see the module's documentation);
+    ``name``, ``seed``, ``lanes``, ``rate`` and ``timeout`` as
+    :class:`~shmbuf.compat.sb3.ReplayBuffer`'s.
 
     Example:
         >>> import numpy as np
@@ -56,7 +58,8 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
                  device: Any = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, n_sampled_goal: int = 4,
                  goal_selection_strategy: GoalSelectionStrategy | str = "future", copy_info_dict: bool = False,
-                 **kwargs: Any) -> None:
+                 *, name: str | None = None, seed: Any = None, lanes: int | None = None, rate: Any = None,
+                 timeout: float = 10.0) -> None:
         if isinstance(goal_selection_strategy, str):
             if goal_selection_strategy.lower() not in KEY_TO_GOAL_STRATEGY:
                 raise ValueError(f"goal_selection_strategy must be one of {sorted(KEY_TO_GOAL_STRATEGY)}, got "
@@ -71,7 +74,7 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
         self.n_sampled_goal = n_sampled_goal
         self.her_ratio = 1 - (1.0 / (n_sampled_goal + 1))
         super().__init__(buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage,
-                         handle_timeout_termination, **kwargs)
+                         handle_timeout_termination, name=name, seed=seed, lanes=lanes, rate=rate, timeout=timeout)
 
     def _relabelling(self) -> HER:
         keys = set(self.observation_space.spaces)

@@ -53,9 +53,34 @@ def space_from_json(doc: dict[str, Any]) -> spaces.Space:
         high = doc["high"] if doc["high"] is not None else (info.max if info else np.inf)
         return spaces.Box(low, high, tuple(doc["shape"]), dtype)
     if kind == "Discrete":
-        return spaces.Discrete(doc["n"], start=doc["start"], dtype=doc["dtype"])
+        try:
+            return spaces.Discrete(doc["n"], start=doc["start"], dtype=doc["dtype"])
+        except TypeError:  # gymnasium < 1.1: no dtype= (always int64), which SB3 2.x supports
+            return spaces.Discrete(doc["n"], start=doc["start"])
     if kind == "MultiDiscrete":
-        return spaces.MultiDiscrete(doc["nvec"], dtype=doc["dtype"])
+        try:
+            return spaces.MultiDiscrete(doc["nvec"], dtype=doc["dtype"])
+        except TypeError:  # (the same, should a gymnasium lack it)
+            return spaces.MultiDiscrete(doc["nvec"])
     if kind == "MultiBinary":
         return spaces.MultiBinary(doc["n"])
     raise ValueError(f"not a recorded space: {doc!r:.200}")
+
+
+def bad_obs(arg: str, value: Any, rows: tuple[int, ...]) -> str:
+    """What is wrong with observations ``value`` given as the argument ``arg`` of an
+    ``add`` that needs ``rows`` (``(n_envs, *shape)``); "" if their size fits."""
+    a = np.asarray(value)
+    if a.size == int(np.prod(rows)):
+        return ""
+    return (f"{arg}: expected {int(np.prod(rows))} values, one observation of shape {rows[1:]} per env "
+            f"(n_envs={rows[0]}), got an array of shape {a.shape}")
+
+
+def bad_shapes(n: int, action_dim: int, action: Any, reward: Any, done: Any) -> str:
+    """Which of an ``add``'s ``action``, ``reward``, ``done`` does not hold one entry per env."""
+    for arg, value, each in (("action", action, action_dim), ("reward", reward, 1), ("done", done, 1)):
+        a = np.asarray(value)
+        if a.size != n * each:
+            return f"{arg}: expected {n * each} values ({each} per env, n_envs={n}), got an array of shape {a.shape}"
+    return "action, reward and done must hold one entry per env"

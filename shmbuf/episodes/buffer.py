@@ -325,17 +325,33 @@ class EpisodeBuffer:
         """Transitions that can be sampled now (about, while writers run): in each lane,
         its rows less one per episode (an episode's final row, or the newest step of
         one in progress, is not a transition)."""
-        return sum(rows - eps for rows, eps, _ in self._lanes())
+        return sum(rows - eps for rows, eps, _, _ in self._lanes())
+
+    def lane_steps(self) -> list[int]:
+        """Per lane, the steps stored (about, while writers run): its rows less the final
+        observations of the episodes that ended (SB3's count of transitions: the newest
+        step of an episode in progress counts).
+
+        Example:
+            >>> import numpy as np, shmbuf
+            >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((), "float32")}, 16)
+            >>> eb.add_episode({"obs": np.arange(3, dtype=np.float32), "next_obs": np.arange(1, 4, dtype=np.float32)})
+            >>> len(eb), eb.lane_steps()
+            (4, [3])
+            >>> eb.close()
+        """
+        return [rows - finals for rows, _, _, finals in self._lanes()]
 
     @property
     def num_episodes(self) -> int:
         """Episodes with at least one transition left (d3rlpy's ``size()``): partly
         evicted ones and the ones in progress count; whole-episode samples take only
         the complete ones."""
-        return sum(live for _, _, live in self._lanes())
+        return sum(live for _, _, live, _ in self._lanes())
 
-    def _lanes(self) -> list[tuple[int, int, int]]:
-        """Per lane: rows, episodes with rows, episodes with a transition (raw reads)."""
+    def _lanes(self) -> list[tuple[int, int, int, int]]:
+        """Per lane: rows, episodes with rows, episodes with a transition, final rows
+        (raw reads)."""
         ring = self.engine.ring
         lo, head = ring.window_lists()
         eps, starts, flags = ring.arrays["_episode"], ring.arrays["_start"], ring.arrays["_flags"]
@@ -344,7 +360,7 @@ class EpisodeBuffer:
         for lane in range(ring.lanes):
             rows = head[lane] - lo[lane]
             if rows == 0:
-                out.append((0, 0, 0))
+                out.append((0, 0, 0, 0))
                 continue
             h = head[lane] - 1  # the newest published row (not one a writer is writing, or died in)
             while h > lo[lane] and ring.stamps[lane * lc + h % lc] != published(h) and head[lane] - h < 8:
@@ -353,7 +369,8 @@ class EpisodeBuffer:
             first, last = lane * lc + lo[lane] % lc, lane * lc + h % lc
             n = max(int(eps[last]) - int(eps[first]) + 1, 0)
             live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == h)
-            out.append((rows - unpublished, min(n, rows), max(live, 0)))
+            finals = min(n, rows) - (not flags[last] & FINAL)  # (the episode of the newest row has none yet)
+            out.append((rows - unpublished, min(n, rows), max(live, 0), max(finals, 0)))
         return out
 
     def __len__(self) -> int:

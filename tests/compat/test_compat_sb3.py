@@ -261,7 +261,7 @@ def test_dqn_learns_cartpole_as_with_sb3s_buffer():
     assert np.mean(ours) >= 0.8 * np.mean(theirs) and min(ours) >= 300, (ours, theirs)
 
 
-@pytest.mark.parametrize("module", ['sb3', 'sb3_her', 'sb3_spaces'])
+@pytest.mark.parametrize("module", ['sb3', 'sb3_buffers', 'sb3_her', 'sb3_spaces'])
 def test_the_modules_examples(module):
     """The modules' docstring examples (the package's doctest run leaves them out: they
     import the library)."""
@@ -269,3 +269,93 @@ def test_the_modules_examples(module):
     import importlib
 
     assert doctest.testmod(importlib.import_module(f"shmbuf.compat.{module}")).failed == 0
+
+
+def _chained(t):
+    """obs, next obs (the next step's obs: one episode to optimize_memory_usage), action, reward."""
+    obs, _, act, rew = step(t)
+    return obs, step(t + 1)[0], act, rew
+
+
+def _writing_lanes(rb) -> list:
+    return list(rb._writer.lanes) if rb._writer is not None else list(rb._lanes)
+
+
+def _add_in_forked_child(rb, results) -> None:
+    try:
+        for t in range(100, 103):
+            rb.add(*_chained(t), np.array([False]), [{}])
+        results.put(("ok", _writing_lanes(rb)))
+    except BaseException as exc:  # (reported to the test)
+        results.put(("error", repr(exc)))
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["plain", "optimize_memory_usage"])
+def test_a_forked_child_adds_into_lanes_of_its_own(name, optimize):
+    """Trust round 3, item 10: under fork (Linux's default), a child that inherited the
+    learner's buffer claims its own lanes at its first add; the parent keeps adding."""
+    rb = ReplayBuffer(64, BOX, spaces.Discrete(2), device="cpu", name=name, lanes=2, seed=0,
+                      optimize_memory_usage=optimize)
+    for t in range(3):
+        rb.add(*_chained(t), np.array([False]), [{}])
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_add_in_forked_child, args=(rb, results))
+    child.start()
+    got = results.get(timeout=60)
+    child.join(30)
+    mine = _writing_lanes(rb)
+    assert got[0] == "ok" and got[1] and not set(got[1]) & set(mine), (got, mine)
+    rb.add(*_chained(3), np.array([False]), [{}])
+    seen = set(rb.sample(512).observations[:, 0].numpy().astype(int).tolist())
+    assert {0, 1, 2, 100, 101} <= seen  # (optimize: an episode's last step waits for its next obs)
+    rb.close()
+
+
+def test_bad_input_to_add_names_the_argument(name):
+    """Trust round 3, item 13: numpy's "cannot reshape" never reaches the user alone."""
+    rb = ReplayBuffer(8, spaces.Box(-1, 1, (2, 3)), spaces.Box(-1, 1, (2,)), device="cpu", name=name)
+    o = np.zeros((1, 2, 3), np.float32)
+    a, r, d = np.zeros((1, 2)), np.zeros(1), np.zeros(1, bool)
+    with pytest.raises(ValueError, match=r"obs: expected 6 values, one observation of shape \(2, 3\) per env"):
+        rb.add(np.zeros(8), o, a, r, d, [{}])
+    with pytest.raises(ValueError, match=r"next_obs: expected 6 values"):
+        rb.add(o, np.zeros(5), a, r, d, [{}])
+    with pytest.raises(ValueError, match=r"action: expected 2 values \(2 per env, n_envs=1\)"):
+        rb.add(o, o, np.zeros(3), r, d, [{}])
+    with pytest.raises(ValueError, match=r"reward: expected 1 values"):
+        rb.add(o, o, a, np.zeros(2), d, [{}])
+    assert rb.size() == 0
+    rb.close()
+
+
+def test_all_three_buffers_import_from_one_module_and_her_takes_name_and_seed(name):
+    from shmbuf.compat.sb3 import HerReplayBuffer
+    box = spaces.Box(-1, 1, (1,))
+    obs_space = spaces.Dict(observation=box, achieved_goal=box, desired_goal=box)
+    rb = HerReplayBuffer(16, obs_space, box, env=None, name=name, seed=3)
+    assert rb.name == name
+    rb.close()
+
+
+@pytest.mark.parametrize("her", [False, True], ids=["optimize_memory_usage", "HerReplayBuffer"])
+def test_size_and_pos_count_transitions_as_sb3(name, her):
+    """Trust round 3, item 12: episodes' final observations take rows, never counts."""
+    from shmbuf.compat.sb3 import HerReplayBuffer
+    if her:
+        box = spaces.Box(-10, 10, (1,))
+        space = spaces.Dict(observation=box, achieved_goal=box, desired_goal=box)
+        rb = HerReplayBuffer(100, space, spaces.Box(-1, 1, (1,)), env=None, name=name, seed=0)
+
+        def obs(t):
+            return {k: np.array([[t]], np.float32) for k in ("observation", "achieved_goal", "desired_goal")}
+    else:
+        rb = ReplayBuffer(100, BOX, spaces.Discrete(2), device="cpu", name=name, optimize_memory_usage=True)
+
+        def obs(t):
+            return step(t)[0]
+    for t in range(12):
+        rb.add(obs(t), obs(t + 1), np.array([[0]]), np.array([1.0]), np.array([t % 4 == 3]), [{}])
+    assert rb.size() == 12  # SB3's: 12 adds (3 episodes ended: 15 rows stored)
+    assert rb.pos == 15  # (pos indexes the rows the views show)
+    rb.close()
