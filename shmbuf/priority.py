@@ -324,14 +324,16 @@ class Trees:
 
 
 class _Change:
-    __slots__ = ("trees", "timeout")
+    """The header lock held (Ctrl-C held off while it is: see ``HeaderLock.hold``), the
+    trees' version odd while they change."""
+    __slots__ = ("trees", "held")
 
     def __init__(self, trees: Trees, timeout: float) -> None:
-        self.trees, self.timeout = trees, timeout
+        self.trees, self.held = trees, trees.lock.hold(timeout)
 
     def __enter__(self) -> Trees:
         t = self.trees
-        t.lock.acquire(self.timeout)
+        self.held.__enter__()
         try:
             v = int(t.head[H_VERSION])
             if v & 1:  # its last changer died inside: the leaves are right, the rest may not be
@@ -339,17 +341,17 @@ class _Change:
                 v += 1
             t.head[H_VERSION] = v + 1
         except BaseException:
-            t.lock.release()
+            self.held.__exit__()
             raise
         return t
 
     def __exit__(self, kind: object, *exc: object) -> None:
         t = self.trees
         try:
-            if kind is None:  # (an exception, Ctrl-C, inside: left odd, the next changer rebuilds)
+            if kind is None:  # (an exception inside: left odd, the next changer rebuilds)
                 t.head[H_VERSION] += 1
         finally:
-            t.lock.release()
+            self.held.__exit__()
 
 
 def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:

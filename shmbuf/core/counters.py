@@ -86,21 +86,18 @@ class Counters:
                 break
             i, owner, owner_ctime = seen
             try:
-                lock.acquire(timeout)
+                with lock.hold(timeout):
+                    if int(self.slots[i, S_PID]) != owner or float(self.slots_f[i, S_CTIME]) != owner_ctime:
+                        continue
+                    if owner:
+                        self._fold(i)
+                    self.slots[i, S_PID:] = 0
+                    self.slots_f[i, S_CTIME] = ctime
+                    self.slots[i, S_PID] = pid
+                    self._use(i)
+                    return
             except (TimeoutError, OSError, ValueError):
                 break
-            try:
-                if int(self.slots[i, S_PID]) != owner or float(self.slots_f[i, S_CTIME]) != owner_ctime:
-                    continue
-                if owner:
-                    self._fold(i)
-                self.slots[i, S_PID:] = 0
-                self.slots_f[i, S_CTIME] = ctime
-                self.slots[i, S_PID] = pid
-                self._use(i)
-                return
-            finally:
-                lock.release()
         self._use(0)
 
     def _candidate(self) -> tuple[int, int, float] | None:

@@ -128,15 +128,13 @@ class Limiter:
         deadline = time.monotonic() + timeout
         delay = 50e-6
         while True:
-            lock.acquire(max(LOCK_FLOOR, deadline - time.monotonic()))  # (at the deadline too: a
-            # holder keeps it for microseconds, so a look at the counts is never refused for that)
-            try:
+            # (at the deadline too: a holder keeps it for microseconds, so a look at the
+            # counts is never refused for that)
+            with lock.hold(max(LOCK_FLOOR, deadline - time.monotonic())):
                 inserted, sampled = self.counts()
                 if inserted >= self.limit.min_size and inserted * spi - sampled - n >= self.low:
                     self.ring.control[CTRL_SAMPLED] = sampled + n
                     return
-            finally:
-                lock.release()
             delay = self._wait(deadline, delay, timeout, f"sample {n}")
 
     def before_insert(self, k: int, timeout: float) -> None:

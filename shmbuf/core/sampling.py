@@ -146,21 +146,18 @@ def _pool_or_raise(ring: Ring, length: int, deadline: float) -> tuple[np.ndarray
     if len(pool[0]) or ring.live_writers_in_flight():
         return pool if len(pool[0]) else None
     try:
-        ring.lock.acquire(max(0.0, min(deadline - time.monotonic(), 0.05)))
+        with ring.lock.hold(max(0.0, min(deadline - time.monotonic(), 0.05))):
+            heads = ring.lane_table[:, LANE_HEAD].copy()
+            if ring.live_writers_in_flight():
+                return None
+            _check_enough(*ring.window_lists(), length)
+            pool = published_windows(ring, length)
+            if len(pool[0]):
+                return pool
+            if not np.array_equal(heads, ring.lane_table[:, LANE_HEAD]):
+                return None  # an owner (who takes no lock) wrote meanwhile: look again
     except LockTimeout:
         return None  # busy (a restore?): look again later
-    try:
-        heads = ring.lane_table[:, LANE_HEAD].copy()
-        if ring.live_writers_in_flight():
-            return None
-        _check_enough(*ring.window_lists(), length)
-        pool = published_windows(ring, length)
-        if len(pool[0]):
-            return pool
-        if not np.array_equal(heads, ring.lane_table[:, LANE_HEAD]):
-            return None  # an owner (who takes no lock) wrote meanwhile: look again
-    finally:
-        ring.lock.release()
     raise ValueError(_none_published(ring, length))
 
 
