@@ -10,10 +10,9 @@ from ..buffer import DEFAULT_TIMEOUT, Buffer
 from ..core.batch import count
 from ..core.layout import normalize_fields
 from ..priority import check_beta
-from . import gather, trajectories, transitions, whole
-from .rows import FINAL, SYSTEM, StepRows, plan
+from . import counts, gather, trajectories, transitions, whole
+from .rows import SYSTEM, StepRows, plan
 from .writer import EpisodeWriter
-from ..core.layout import published
 
 KIND = "episodes"
 
@@ -33,7 +32,22 @@ class EpisodeBuffer:
         >>> buf.close()
     """
 
-    def __init__(self, core: Buffer, her: Any = None) -> None:
+    def __new__(cls, core: Any = None, *args: Any, **kwargs: Any) -> "EpisodeBuffer":
+        """``EpisodeBuffer(fields, capacity, ...)`` is :meth:`create`, as ``Buffer(...)`` is;
+        ``EpisodeBuffer(buffer)`` wraps an attached episode buffer's :class:`~shmbuf.Buffer`."""
+        if isinstance(core, Mapping):
+            return cls.create(core, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, core: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(core, Mapping):
+            return  # (made by create, in __new__)
+        if not isinstance(core, Buffer):
+            raise TypeError(f"EpisodeBuffer(...) takes the fields and capacity of a new buffer (as "
+                            f"EpisodeBuffer.create), or a shmbuf.Buffer to wrap; got {type(core).__name__}")
+        self._wrap(core, *args, **kwargs)
+
+    def _wrap(self, core: Buffer, her: Any = None) -> None:
         meta = core.meta
         if meta.get("kind") != KIND:
             raise ValueError(f"buffer {core.name!r} is not an episode buffer (it was made by "
@@ -350,28 +364,7 @@ class EpisodeBuffer:
         return sum(live for _, _, live, _ in self._lanes())
 
     def _lanes(self) -> list[tuple[int, int, int, int]]:
-        """Per lane: rows, episodes with rows, episodes with a transition, final rows
-        (raw reads)."""
-        ring = self.engine.ring
-        lo, head = ring.window_lists()
-        eps, starts, flags = ring.arrays["_episode"], ring.arrays["_start"], ring.arrays["_flags"]
-        lc = ring.lane_capacity
-        out = []
-        for lane in range(ring.lanes):
-            rows = head[lane] - lo[lane]
-            if rows == 0:
-                out.append((0, 0, 0, 0))
-                continue
-            h = head[lane] - 1  # the newest published row (not one a writer is writing, or died in)
-            while h > lo[lane] and ring.stamps[lane * lc + h % lc] != published(h) and head[lane] - h < 8:
-                h -= 1
-            unpublished = head[lane] - 1 - h
-            first, last = lane * lc + lo[lane] % lc, lane * lc + h % lc
-            n = max(int(eps[last]) - int(eps[first]) + 1, 0)
-            live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == h)
-            finals = min(n, rows) - (not flags[last] & FINAL)  # (the episode of the newest row has none yet)
-            out.append((rows - unpublished, min(n, rows), max(live, 0), max(finals, 0)))
-        return out
+        return counts.per_lane(self.engine.ring)
 
     def __len__(self) -> int:
         """Rows stored (steps and final observations)."""

@@ -11,7 +11,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import shmbuf

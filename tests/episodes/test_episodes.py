@@ -258,3 +258,15 @@ def test_an_episode_buffer_pickles_as_its_name(name):
             assert (other.num_episodes, other.transition_count) == (1, 2)
         finally:
             other.close()
+
+
+def test_episode_buffer_of_fields_and_capacity_is_create_and_bad_args_say_so(name):
+    """Trust round 3, item 13: ``EpisodeBuffer(fields, capacity)`` as ``Buffer(...)``."""
+    eb = shmbuf.EpisodeBuffer({"obs": ((), "float32")}, 16, name=name)
+    assert isinstance(eb, shmbuf.EpisodeBuffer) and eb.capacity == 16 and len(eb) == 0
+    with shmbuf.Buffer.attach(name) as core:
+        again = shmbuf.EpisodeBuffer(core)  # wrapping an attached buffer, as before
+        assert again.name == name
+    with pytest.raises(TypeError, match="takes the fields and capacity of a new buffer"):
+        shmbuf.EpisodeBuffer(16)
+    eb.close()
