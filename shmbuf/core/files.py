@@ -14,6 +14,10 @@ A buffer name with a ``/`` in it is a file path (``"./replay.shmbuf"``,
   on every error but SIGKILL).
 * **Disk space is reserved at create** (``posix_fallocate``): a full disk is an error
   there, never a SIGBUS in a later writer.
+* **On btrfs the file is made no-COW** (``chattr +C``, checked; a file that is not is
+  refused at attach): a copy-on-write file needs new blocks at every rewrite, which
+  the reservation does not cover, so a full disk would be a SIGBUS. A snapshot of the
+  subvolume shares its blocks again: do not snapshot a subvolume with a live buffer.
 * **Network and FUSE file systems are refused** (NFS, SMB/CIFS, FUSE, 9p, Ceph, ...):
   their ``flock`` and shared mappings do not make the guarantees the protocol needs
   across processes and machines.
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import re
 import os
 import secrets
 import stat
@@ -76,12 +81,20 @@ def filesystem(path: str, mountinfo: str | None = None) -> str | None:
     except OSError:
         return None
     want = f"{os.major(dev)}:{os.minor(dev)}"
-    found = None
+    found = by_point = None
+    deepest, where = "", os.path.realpath(path)
     for line in mountinfo.splitlines():
         parts = line.split(" ")
-        if len(parts) > 3 and parts[2] == want and " - " in line:
-            found = line.split(" - ", 1)[1].split(" ")[0]  # the last mount of it wins
-    return found
+        if len(parts) <= 4 or " - " not in line:
+            continue
+        fs = line.split(" - ", 1)[1].split(" ")[0]
+        if parts[2] == want:
+            found = fs  # the last mount of it wins
+        # (btrfs gives its files a device number of their own: then the deepest mount point)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        if (where == point or where.startswith(point.rstrip("/") + "/")) and len(point) >= len(deepest):
+            deepest, by_point = point, fs
+    return found if found is not None else by_point
 
 
 PSEUDO = {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
@@ -103,6 +116,48 @@ def check_local(directory: str, mountinfo: str | None = None) -> None:
                       "there: file locks and shared mappings of network and FUSE file systems "
                       "do not keep the protocol's guarantees between processes. Use a local "
                       "disk (ext4, xfs, btrfs, tmpfs)")
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_NOCOW_FL = 0x80086601, 0x40086602, 0x00800000  # linux/fs.h
+
+
+def no_cow(fd: int, path: str) -> None:
+    """On btrfs (copy-on-write): mark the empty file ``fd`` no-COW (``chattr +C``) and
+    check it took, or raise. A copy-on-write file gets new blocks at every rewrite, which
+    ``posix_fallocate`` does not reserve: once the disk fills up, a write through the
+    mapping is a SIGBUS. A no-COW file is rewritten in place, in the blocks reserved at
+    create (until a snapshot of its subvolume shares them again)."""
+    import fcntl
+    flags = bytearray(8)
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        value = int.from_bytes(flags[:4], "little") | FS_NOCOW_FL
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, value.to_bytes(4, "little") + bytes(4))
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+    except OSError as exc:
+        raise OSError(errno.EOPNOTSUPP, f"cannot create buffer {path!r} on btrfs: marking it no-COW "
+                      f"(chattr +C) failed ({exc.strerror or exc}), and a copy-on-write file would kill its "
+                      "writers with SIGBUS once the disk is full. Use another file system, or a "
+                      "directory where no-COW files can be made") from None
+    if not int.from_bytes(flags[:4], "little") & FS_NOCOW_FL:
+        raise OSError(errno.EOPNOTSUPP, f"cannot create buffer {path!r} on btrfs: the file system did not "
+                      "keep it no-COW (chattr +C), and a copy-on-write file would kill its writers with "
+                      "SIGBUS once the disk is full. Use another file system")
+
+
+def check_no_cow(fd: int, path: str) -> None:
+    """Refuse a buffer file on btrfs that is not no-COW (made by hand, or copied): its
+    writers could die with SIGBUS once the disk is full."""
+    import fcntl
+    flags = bytearray(8)
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+    except OSError:
+        return  # (cannot be told: as for any file system)
+    if not int.from_bytes(flags[:4], "little") & FS_NOCOW_FL:
+        raise OSError(errno.EOPNOTSUPP, f"buffer file {path!r} is on btrfs and copy-on-write (not chattr +C): "
+                      "its writers could die with SIGBUS once the disk is full. Load it into a new buffer "
+                      "file (shmbuf makes them no-COW), e.g. save it with `shmbuf save` and load the copy")
 
 
 def _space_error(path: str, needed: int) -> ShmSpaceError:
@@ -156,6 +211,8 @@ class FileSegment(Segment):
             fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)
+            if filesystem(directory) == "btrfs":
+                no_cow(fd, path)  # (on the empty file: btrfs takes it only then)
             os.ftruncate(fd, size)
             try:
                 allocate(fd, size)
@@ -211,6 +268,8 @@ class FileSegment(Segment):
             if st.st_size == 0:
                 raise FormatError(f"{path!r} is empty, so not a shmbuf buffer")
             check_local(os.path.dirname(path))
+            if filesystem(path) == "btrfs":
+                check_no_cow(fd, path)
             return cls(path, path, fd, mmap.mmap(fd, st.st_size), tracked=False)
         except BaseException:
             os.close(fd)
