@@ -1,17 +1,6 @@
 """stable-baselines3's ``ReplayBuffer`` and ``DictReplayBuffer`` in shared memory: the
 implementation of :mod:`shmbuf.compat.sb3` (import them from there; its documentation
 says what changes from SB3's own).
-
-Example:
-    >>> import numpy as np
-    >>> from gymnasium import spaces
-    >>> rb = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Discrete(2), device="cpu")
-    >>> obs = np.zeros((1, 3), np.float32)
-    >>> rb.add(obs, obs + 1, np.array([1]), np.array([0.5]), np.array([False]), [{}])
-    >>> s = rb.sample(4)
-    >>> tuple(s.rewards.shape), tuple(s.actions.shape), s.dones.dtype, rb.size()
-    ((4, 1), (4, 1), torch.float32, 1)
-    >>> rb.close()
 """
 
 from __future__ import annotations

@@ -8,15 +8,20 @@ import time
 import numpy as np
 
 
-def write_then_park(actor, flag_dir: str) -> None:
+def _write_and_say_so(actor, flag_dir: str) -> None:
     """Write 5 rows marked with this actor's index and restarts, say so with a file
-    ``<index>-<restarts>`` holding the pid, then wait to be stopped."""
+    ``<index>-<restarts>`` holding the pid."""
     for t in range(5):
         actor.buffer.add({"who": 10 * actor.index + actor.restarts, "t": t})
     path = os.path.join(flag_dir, f"{actor.index}-{actor.restarts}")
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.rename(path + ".tmp", path)
+
+
+def write_then_park(actor, flag_dir: str) -> None:
+    """Write and say so (see _write_and_say_so), then wait to be stopped."""
+    _write_and_say_so(actor, flag_dir)
     actor.report(seed=actor.seed, restarts=actor.restarts)
     while not actor.stopped:
         time.sleep(0.01)
@@ -75,12 +80,7 @@ def learner_then_hang(name: str, flag_dir: str, obey: bool) -> None:
 
 
 def write_then_ignore(actor, flag_dir: str) -> None:
-    """As write_then_park, then never look at ``stopped`` again."""
-    for t in range(5):
-        actor.buffer.add({"who": 10 * actor.index + actor.restarts, "t": t})
-    path = os.path.join(flag_dir, f"{actor.index}-{actor.restarts}")
-    with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.rename(path + ".tmp", path)
+    """Write and say so, then never look at ``stopped`` again."""
+    _write_and_say_so(actor, flag_dir)
     while True:
         time.sleep(0.1)
