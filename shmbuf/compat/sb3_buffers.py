@@ -216,14 +216,27 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def _claimed(self) -> list[int]:
         if not self._lanes:
-            self._lanes = self._core.engine.ring.claim_many(self.n_envs, self._core.timeout)
+            self._lanes = self._lanes_for(lambda: self._core.engine.ring.claim_many(self.n_envs, self._core.timeout))
         return self._lanes
+
+    def _lanes_for(self, claim: Any) -> Any:
+        """``claim()`` (this handle's envs' lanes), with the facade's advice if none are free."""
+        try:
+            return claim()
+        except RuntimeError as exc:
+            if "lanes are claimed by live processes" not in str(exc):
+                raise
+            lanes = self._plain().lanes
+            raise RuntimeError(f"this handle's {self.n_envs} env(s) need a lane each, and all {lanes} lanes of "
+                               f"buffer {self.name!r} are claimed by live processes (one per env of every "
+                               "process that adds). Make the buffer with more: ReplayBuffer(..., lanes=N); or "
+                               "close() a handle that is done adding") from None
 
     def _add_steps(self, obs: dict, next_obs: dict, action: np.ndarray, reward: np.ndarray,
                    done: np.ndarray, timeout: np.ndarray, wait: float | None) -> None:
         """Episodes (optimize_memory_usage, HER): one step per env into an episode writer."""
         if self._writer is None:
-            self._writer = self._core.writer(envs=self.n_envs)
+            self._writer = self._lanes_for(lambda: self._core.writer(envs=self.n_envs))
         elif any(not np.array_equal(obs[k][~self._ended], self._next[k][~self._ended]) for k in obs):
             self._writer.close()  # an env was reset since the last add (a new learn()): the steps
             self._writer = self._core.writer(envs=self.n_envs)  # before have no next observation

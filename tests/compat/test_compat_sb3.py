@@ -359,3 +359,14 @@ def test_size_and_pos_count_transitions_as_sb3(name, her):
     assert rb.size() == 12  # SB3's: 12 adds (3 episodes ended: 15 rows stored)
     assert rb.pos == 15  # (pos indexes the rows the views show)
     rb.close()
+
+
+def test_with_every_lane_taken_add_says_how_to_make_room(name):
+    rb = ReplayBuffer(8, BOX, spaces.Discrete(2), device="cpu", name=name)  # one lane: n_envs
+    rb.add(*_chained(0), np.array([False]), [{}])
+    other = ReplayBuffer.attach(name)
+    with pytest.raises(RuntimeError, match=r"all 1 lanes .* ReplayBuffer\(\.\.\., lanes=N\)"):
+        other.add(*_chained(1), np.array([False]), [{}])
+    assert rb.size() == 1
+    other.close()
+    rb.close()
