@@ -66,12 +66,12 @@ def export_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: s
         ...                                    "reward": ((), "float32")}, 32)
         >>> buf.add_episode({"obs": np.zeros((3, 2)), "action": [0, 1, 0], "reward": [1, 1, 1],
         ...                  "next_obs": [1, 1]})
-        >>> f = os.path.join(tempfile.mkdtemp(), "episodes.h5")
+        >>> tmp = tempfile.TemporaryDirectory(); f = os.path.join(tmp.name, "episodes.h5")
         >>> export_episodes(buf, f)
         1
         >>> import h5py; h5py.File(f)["terminals"][:].tolist()
         [0.0, 0.0, 1.0]
-        >>> buf.close()
+        >>> buf.close(); tmp.cleanup()
     """
     h5py = _h5py()
     episodes = list(ebuf.episodes())

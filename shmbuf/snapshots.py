@@ -44,12 +44,12 @@ class Snapshots:
 
         Example:
             >>> import numpy as np, shmbuf, tempfile, os
-            >>> path = os.path.join(tempfile.mkdtemp(), "doc.shmbuf")
+            >>> tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "doc.shmbuf")
             >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, path=path)
             >>> buf.extend({"x": np.arange(3)}); buf.flush()
             >>> buf.close(); len(shmbuf.Buffer.attach(path))
             3
-            >>> shmbuf.Buffer.attach(path).unlink()
+            >>> shmbuf.Buffer.attach(path).unlink(); tmp.cleanup()
         """
         self.engine.flush(timeout)
 
@@ -126,7 +126,7 @@ class Snapshots:
         Example:
             >>> import numpy as np, shmbuf
             >>> import tempfile, os
-            >>> d = os.path.join(tempfile.mkdtemp(), "replay")
+            >>> tmp = tempfile.TemporaryDirectory(); d = os.path.join(tmp.name, "replay")
             >>> buf = shmbuf.Buffer.from_data({"x": np.arange(5)}, seed=0)
             >>> buf.save(d)["rows"]
             5
@@ -135,7 +135,7 @@ class Snapshots:
             >>> copy.sample(3)["x"].shape
             (3,)
             >>> import numpy as np, shmbuf
-            >>> buf.close(); copy.close()
+            >>> buf.close(); copy.close(); tmp.cleanup()
         """
         from . import persist
 

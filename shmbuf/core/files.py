@@ -27,12 +27,12 @@ A buffer name with a ``/`` in it is a file path (``"./replay.shmbuf"``,
 
 Example:
     >>> import tempfile, os
-    >>> d = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory(); d = tmp.name
     >>> seg = FileSegment.create(os.path.join(d, "doc.shmbuf"), 4096)
     >>> seg.mmap[0] = 7; seg.publish()
     >>> FileSegment.attach(seg.name).mmap[0]
     7
-    >>> seg.unlink(); seg.close()
+    >>> seg.unlink(); seg.close(); tmp.cleanup()
     True
 """
 

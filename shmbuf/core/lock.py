@@ -58,11 +58,11 @@ class HeaderLock:
     for diagnostics, ``describe_holder`` reads it back for error messages.
 
     Example:
-        >>> fd = os.open("/tmp/doc.lock", os.O_CREAT | os.O_RDWR)
+        >>> import tempfile; f = tempfile.TemporaryFile(); fd = f.fileno()
         >>> lock = HeaderLock(lambda: fd)
         >>> with lock.hold(timeout=1.0):
         ...     pass
-        >>> os.close(fd)
+        >>> f.close()
     """
 
     def __init__(self, fileno: Callable[[], int], note_holder: Callable[[int], None] | None = None,

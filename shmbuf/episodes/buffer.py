@@ -130,14 +130,14 @@ class EpisodeBuffer:
 
         Example:
             >>> import tempfile, os
-            >>> d = os.path.join(tempfile.mkdtemp(), "episodes")
+            >>> tmp = tempfile.TemporaryDirectory(); d = os.path.join(tmp.name, "episodes")
             >>> buf = EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 16)
             >>> buf.add_episode({"obs": np.zeros((3, 2)), "reward": [1, 2, 4], "next_obs": [9, 9]})
             >>> _ = buf.save(d)
             >>> copy = EpisodeBuffer.load(d, name=f"{buf.name}-copy")
             >>> copy.num_episodes, len(copy.sample_episodes(1)[0]["reward"])
             (1, 3)
-            >>> buf.close(); copy.close()
+            >>> buf.close(); copy.close(); tmp.cleanup()
         """
         from .. import persist
 
