@@ -19,6 +19,7 @@ from stable_baselines3.common.type_aliases import DictReplayBufferSamples, Repla
 from stable_baselines3.common.utils import get_device
 
 from ..buffer import Buffer
+from ..core.claims import NoFreeLane
 from ..core.layout import LANE_HEAD
 from ..episodes import EpisodeBuffer
 from ..episodes.rows import TERMINATED, TRUNCATED
@@ -223,9 +224,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         """``claim()`` (this handle's envs' lanes), with the facade's advice if none are free."""
         try:
             return claim()
-        except RuntimeError as exc:
-            if "lanes are claimed by live processes" not in str(exc):
-                raise
+        except NoFreeLane:
             lanes = self._plain().lanes
             raise RuntimeError(f"this handle's {self.n_envs} env(s) need a lane each, and all {lanes} lanes of "
                                f"buffer {self.name!r} are claimed by live processes (one per env of every "

@@ -16,6 +16,10 @@ from .layout import (LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_OWN_COUNT, LANE_OWN_
 from .tables import owners
 
 
+class NoFreeLane(RuntimeError):
+    """Every lane of the buffer is claimed by a live process (nothing was claimed)."""
+
+
 class Claims:
     """Lane claims and live reservations, over a ring's tables."""
 
@@ -50,7 +54,7 @@ class Claims:
                     table[i, LANE_CLAIM_PID] = pid
                     return i
         if lane is None:
-            raise RuntimeError(
+            raise NoFreeLane(
                 f"all {self.lanes} lanes are claimed by live processes; create the buffer with "
                 "more lanes, or release a lane (Buffer.release_lane) in a writer that is done")
         raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")

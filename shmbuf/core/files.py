@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import re
 import os
@@ -103,8 +104,9 @@ PSEUDO = {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", 
 """File systems the kernel makes up (``/proc``, ``/sys``, ...): no buffer file can be on them."""
 
 
-def check_local(directory: str, mountinfo: str | None = None) -> None:
-    """Refuse a directory on a network, FUSE or pseudo file system, saying which."""
+def check_local(directory: str, mountinfo: str | None = None) -> str | None:
+    """Refuse a directory on a network, FUSE or pseudo file system, saying which;
+    returns its file system's type (None where it cannot be told)."""
     fs = filesystem(directory, mountinfo)
     if fs in PSEUDO:
         raise OSError(errno.EOPNOTSUPP,
@@ -116,9 +118,17 @@ def check_local(directory: str, mountinfo: str | None = None) -> None:
                       "there: file locks and shared mappings of network and FUSE file systems "
                       "do not keep the protocol's guarantees between processes. Use a local "
                       "disk (ext4, xfs, btrfs, tmpfs)")
+    return fs
 
 
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_NOCOW_FL = 0x80086601, 0x40086602, 0x00800000  # linux/fs.h
+
+
+def _flags(fd: int) -> int:
+    """The inode flags of the file ``fd`` (``lsattr``'s); OSError where there are none."""
+    flags = bytearray(8)
+    fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+    return int.from_bytes(flags[:4], "little")
 
 
 def no_cow(fd: int, path: str) -> None:
@@ -127,19 +137,15 @@ def no_cow(fd: int, path: str) -> None:
     ``posix_fallocate`` does not reserve: once the disk fills up, a write through the
     mapping is a SIGBUS. A no-COW file is rewritten in place, in the blocks reserved at
     create (until a snapshot of its subvolume shares them again)."""
-    import fcntl
-    flags = bytearray(8)
     try:
-        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
-        value = int.from_bytes(flags[:4], "little") | FS_NOCOW_FL
-        fcntl.ioctl(fd, FS_IOC_SETFLAGS, value.to_bytes(4, "little") + bytes(4))
-        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, (_flags(fd) | FS_NOCOW_FL).to_bytes(4, "little") + bytes(4))
+        flags = _flags(fd)
     except OSError as exc:
         raise OSError(errno.EOPNOTSUPP, f"cannot create buffer {path!r} on btrfs: marking it no-COW "
                       f"(chattr +C) failed ({exc.strerror or exc}), and a copy-on-write file would kill its "
                       "writers with SIGBUS once the disk is full. Use another file system, or a "
                       "directory where no-COW files can be made") from None
-    if not int.from_bytes(flags[:4], "little") & FS_NOCOW_FL:
+    if not flags & FS_NOCOW_FL:
         raise OSError(errno.EOPNOTSUPP, f"cannot create buffer {path!r} on btrfs: the file system did not "
                       "keep it no-COW (chattr +C), and a copy-on-write file would kill its writers with "
                       "SIGBUS once the disk is full. Use another file system")
@@ -148,13 +154,11 @@ def no_cow(fd: int, path: str) -> None:
 def check_no_cow(fd: int, path: str) -> None:
     """Refuse a buffer file on btrfs that is not no-COW (made by hand, or copied): its
     writers could die with SIGBUS once the disk is full."""
-    import fcntl
-    flags = bytearray(8)
     try:
-        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        flags = _flags(fd)
     except OSError:
         return  # (cannot be told: as for any file system)
-    if not int.from_bytes(flags[:4], "little") & FS_NOCOW_FL:
+    if not flags & FS_NOCOW_FL:
         raise OSError(errno.EOPNOTSUPP, f"buffer file {path!r} is on btrfs and copy-on-write (not chattr +C): "
                       "its writers could die with SIGBUS once the disk is full. Load it into a new buffer "
                       "file (shmbuf makes them no-COW), e.g. save it with `shmbuf save` and load the copy")
@@ -196,7 +200,7 @@ class FileSegment(Segment):
         if not os.path.isdir(directory):
             raise FileNotFoundError(errno.ENOENT, f"cannot create buffer {path!r}: the directory "
                                     f"{directory} does not exist")
-        check_local(directory)
+        fs = check_local(directory)
         if os.path.lexists(path):
             raise _exists(path)
         have = free_bytes(directory)
@@ -211,7 +215,7 @@ class FileSegment(Segment):
             fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            if filesystem(directory) == "btrfs":
+            if fs == "btrfs":
                 no_cow(fd, path)  # (on the empty file: btrfs takes it only then)
             os.ftruncate(fd, size)
             try:
@@ -267,8 +271,7 @@ class FileSegment(Segment):
                 raise FormatError(f"{path!r} is not a regular file, so not a shmbuf buffer")
             if st.st_size == 0:
                 raise FormatError(f"{path!r} is empty, so not a shmbuf buffer")
-            check_local(os.path.dirname(path))
-            if filesystem(path) == "btrfs":
+            if check_local(os.path.dirname(path)) == "btrfs":
                 check_no_cow(fd, path)
             return cls(path, path, fd, mmap.mmap(fd, st.st_size), tracked=False)
         except BaseException:

@@ -30,16 +30,16 @@ backing off, until takers free room. A region of the segment holds::
 A taker SIGKILLed before step 3's commit leaves entries with a dead pid: the next take
 gives them back and delivers them before newer rows. An exception (Ctrl-C) before the
 commit gives them back at once; a Ctrl-C that lands after it is raised once step 3 is
-done, and the rows, already delivered, are kept for this handle's next take. A writer killed mid-write leaves rows that are never published: takes
-skip them once no live writer holds them.
+done, and the rows, already delivered, are kept for this handle's next take. A writer
+killed mid-write leaves rows that are never published: takes skip them once no live
+writer holds them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -209,7 +209,7 @@ class Queue:
                     raise WriteTimeout(self._full(lane, n, timeout)) from None
                 delay = _backoff(delay)
         if delay:  # (counted if the lock comes within the call's time: the rows are in)
-            with contextlib.suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+            with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
 
     def _full(self, lane: int, n: int, timeout: float) -> str:
@@ -233,8 +233,9 @@ class Queue:
         t = self.table.copy()
         back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
         alive = procs.Liveness()  # (a dead taker's rows are given back at the next change)
+        tf = t.view(np.float64)
         back += sum(int(t[i, E_COUNT]) for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
-                    if not alive(int(t[i, E_PID]), float(t[i:i + 1, E_CTIME].view(np.float64)[0])))
+                    if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME])))
         kept = sum(len(next(iter(b.values()))) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
