@@ -112,7 +112,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._next: Any = None  # ... and the next observations of its last add (a reset shows)
         _handles.add(self)
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child: the lanes (and episode writer) are the parent's; this copy
         claims lanes of its own at its first add."""
         self._lanes, self._writer, self._next = [], None, None
@@ -418,7 +418,7 @@ class DictReplayBuffer(ReplayBuffer, SB3DictReplayBuffer):
 
 
 _handles: "weakref.WeakSet[ReplayBuffer]" = weakref.WeakSet()
-os.register_at_fork(after_in_child=lambda: [h._forked() for h in list(_handles)])
+os.register_at_fork(after_in_child=lambda: [h.forked() for h in list(_handles)])
 
 
 def _attach(name: str, config: dict[str, Any]) -> ReplayBuffer:
