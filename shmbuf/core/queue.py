@@ -249,23 +249,22 @@ class Queue:
         pid, ctime = procs.identity()
         start = time.monotonic()
         deadline, delay = start + timeout, 0.0
-        waited = False
         _TAKING.add(token)
         try:
             while True:
+                last = time.monotonic() >= deadline  # (decided before the try: a failed last try raises)
                 # (the lock is held for microseconds: a last try after the deadline may wait for it)
                 with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                    if waited and time.monotonic() >= deadline:  # (counted, as the call ends)
-                        s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                     got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
+                    if got is None and last:  # (the wait is counted as the call ends)
+                        s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                 if got is not None:
                     break
-                if time.monotonic() >= deadline:
+                if last:
                     raise SampleTimeout(
                         f"could not take {n if not partial else 'any'} row(s) within {timeout:g} s: the "
                         f"queue holds {self.depth()} row(s) not yet taken"
                         + ("" if partial else "; pass partial=True to take fewer"))
-                waited = True
                 delay = _backoff(delay)
             lanes, seqs = got
             if HOOK is not None:
