@@ -42,7 +42,7 @@ class Board:
 def rollout(rb, board, seconds: float, seed: int) -> int:
     """Step 8 CartPoles for ``seconds`` into this node's shard; returns steps written."""
     import ray
-    from shmbuf.envs import CartPole
+    from shmbuf.demo.envs import CartPole
 
     rng, env, steps = np.random.default_rng(seed), CartPole(8, seed=seed), 0
     deadline = time.monotonic() + seconds

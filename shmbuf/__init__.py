@@ -8,19 +8,19 @@ Example:
     (2, 4)
 """
 
-from .actors import Actor, Actors
-from .buffer import DEFAULT_TIMEOUT, Buffer, LaneWriter
-from .episodes import EpisodeBuffer, EpisodeWriter
-from .her import HER
-from .core.layout import FormatError
-from .core.lock import LockTimeout
-from .core.ratelimit import RateLimit, RateLimitTimeout
-from .core.ring import WriteTimeout
-from .core.read import SampleTimeout
-from .core.segment import ShmSpaceError
-from .spaces import fields_from_spaces
-from .version import __version__  # noqa: F401
-from .weights import Weights
+from shmbuf.actors.processes import Actor, Actors
+from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer, LaneWriter
+from shmbuf.episodes import EpisodeBuffer, EpisodeWriter
+from shmbuf.episodes.her import HER
+from shmbuf.core.layout import FormatError
+from shmbuf.core.lock import LockTimeout
+from shmbuf.core.ratelimit import RateLimit, RateLimitTimeout
+from shmbuf.core.ring import WriteTimeout
+from shmbuf.core.read import SampleTimeout
+from shmbuf.core.segment import ShmSpaceError
+from shmbuf.spaces import fields_from_spaces
+from shmbuf.version import __version__  # noqa: F401
+from shmbuf.actors.weights import Weights
 
 __all__ = ["Buffer", "LaneWriter", "Actors", "Actor", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
            "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .episodes import EpisodeBuffer
+    from shmbuf.episodes import EpisodeBuffer
 
 FORMAT, VERSION = "shmbuf-episodes", 1
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .core.read import SampleTimeout
+from shmbuf.core.read import SampleTimeout
 
 _POLL = 0.1  # seconds between checks for close() in the sampler thread's waits
 

@@ -119,7 +119,7 @@ def shm_path(name: str) -> str:
 # Doctests of the optional-dependency modules: marked "extras" (scripts/test runs them in
 # a step of their own) and skipped where the dependency is not installed.
 OPTIONAL_DOCTESTS = {"shmbuf/torch.py": "torch", "shmbuf/spaces.py": "gymnasium", "shmbuf/hdf5.py": "h5py",
-                     "shmbuf/weights.py": None, "shmbuf/compat/velora.py": "torch"}
+                     "shmbuf/actors/weights.py": None, "shmbuf/compat/velora.py": "torch"}
 
 
 def pytest_collection_modifyitems(config, items):

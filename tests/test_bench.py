@@ -10,7 +10,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from shmbuf.bench import peers, report, run
+from benchmarks import peers
+from benchmarks import report
+from benchmarks import run
 
 pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 
@@ -89,7 +91,7 @@ def test_torch_peers_on_a_tiny_run(tiny):
 
 
 def test_the_episode_part_compares_episode_buffers_with_buffers(monkeypatch):
-    from shmbuf.bench import episodes
+    from benchmarks import episodes
 
     small = peers.Workload("mujoco", 4096, peers.WORKLOADS["mujoco"].fields)
     monkeypatch.setitem(peers.WORKLOADS, "mujoco", small)
@@ -110,7 +112,7 @@ def test_the_episode_part_compares_episode_buffers_with_buffers(monkeypatch):
 def test_the_strategies_part_measures_priorities_and_hindsight(monkeypatch):
     """Prioritized sample + update beside cpprb's (when installed), costs over uniform,
     HER beside the plain sample, on small buffers; the report shows the ratios."""
-    from shmbuf.bench import strategies
+    from benchmarks import strategies
     small = peers.Workload("mujoco", 4096, TINY.fields)
     monkeypatch.setitem(strategies.WORKLOADS, "mujoco", small)
     monkeypatch.setattr(strategies, "HER_CAPACITY", 4096)
@@ -128,7 +130,7 @@ def test_the_strategies_part_measures_priorities_and_hindsight(monkeypatch):
 
 
 def test_the_persistence_bench_measures_every_figure(tmp_path):
-    from shmbuf.bench import persist as bench
+    from benchmarks import persist as bench
 
     t = bench.throughput("mujoco", 8192, 1, str(tmp_path))
     assert set(t) == {"save", "np.save", "load", "np.load"} and all(v[0] > 0 for v in t.values())
@@ -140,7 +142,8 @@ def test_the_persistence_bench_measures_every_figure(tmp_path):
 
 
 def test_the_storage_bench_measures_every_figure(tmp_path, monkeypatch):
-    from shmbuf.bench import peers, storage
+    from benchmarks import peers
+    from benchmarks import storage
 
     small = {k: peers.Workload(w.name, 2048, w.fields) for k, w in peers.WORKLOADS.items()}
     monkeypatch.setattr(storage, "WORKLOADS", small)
@@ -156,7 +159,7 @@ def test_the_storage_bench_measures_every_figure(tmp_path, monkeypatch):
 
 
 def test_bench_clients_switches_one_import_and_reports_medians_and_ratios(tmp_path):
-    from shmbuf.bench import clients
+    from benchmarks import clients
 
     examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
     cmds = clients.arms(examples, tmp_path)

@@ -15,23 +15,21 @@ pytestmark = pytest.mark.one_path
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "shmbuf"
 
-# Lowest first. A module may import its own layer's modules (without a cycle) and
+# Lowest first: each layer is folders of the package (and the few modules that stand
+# directly in it). A module may import its own layer's modules (without a cycle) and
 # any layer below, never one above. The first entry that is a prefix of a module's
 # dotted name places it.
 LAYERS = [
-    ["shmbuf.core", "shmbuf.version"],                                 # the engine
-    ["shmbuf.stats", "shmbuf.state", "shmbuf.priority", "shmbuf.weights",
-     "shmbuf.spaces", "shmbuf.envs", "shmbuf.savefiles",
-     "shmbuf.prioritized"],                                  # capabilities on the engine
-    ["shmbuf.persist"],                                                # saving what the parts hold
-    ["shmbuf.lanes", "shmbuf.properties", "shmbuf.snapshots", "shmbuf.queues"],  # the parts of Buffer
-    ["shmbuf.buffer"],                                                 # the Buffer facade
-    ["shmbuf.episodes", "shmbuf.her"],                                 # episodes on Buffer
-    ["shmbuf.torch", "shmbuf.hdf5", "shmbuf.demo", "shmbuf.actors"],   # interop, actor processes
-    ["shmbuf.compat", "shmbuf.ray"],                                   # other libraries' APIs
-    ["shmbuf.cli", "shmbuf.bench", "shmbuf.__main__"],                 # programs
+    ["shmbuf.core", "shmbuf.version"],                    # the engine: one segment and its protocol
+    ["shmbuf.priority", "shmbuf.persist"],                # capabilities on the engine: priorities, saves
+    ["shmbuf.buffer"],                                    # the Buffer handle and its parts
+    ["shmbuf.episodes"],                                  # episodes, their samplers and HER on Buffer
+    ["shmbuf.actors", "shmbuf.demo", "shmbuf.torch", "shmbuf.hdf5", "shmbuf.spaces"],  # processes, interop
+    ["shmbuf.compat", "shmbuf.ray"],                      # other libraries' APIs
+    ["shmbuf.cli", "shmbuf.__main__"],                    # the command line
 ]
 TOP = "shmbuf"  # the package itself (its __init__: the public names) sits above all but the programs
+TOP_MODULES = 6  # modules directly in shmbuf/ (its __init__ and __main__ included): the rest are folders
 MAX_LINES = 450
 MAX_C_LINES = 700
 
@@ -72,7 +70,7 @@ def imports(name: str, path: pathlib.Path, known: dict[str, pathlib.Path]) -> li
 
 def layer(name: str) -> int:
     if name == TOP:
-        return len(LAYERS) - 1.5  # above the interop and the libraries' APIs, below the programs
+        return len(LAYERS) - 1.5  # above the libraries' APIs, below the command line
     for i, prefixes in enumerate(LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):
             return i
@@ -171,3 +169,16 @@ def test_no_module_is_longer_than_its_limit():
     long += [f"{p.relative_to(PACKAGE.parent)}: {n} lines" for p in PACKAGE.rglob("*.[ch]")
              if (n := len(p.read_text().splitlines())) > MAX_C_LINES]
     assert not long, "\n".join(sorted(long))
+
+
+def test_the_layers_are_folders():
+    """Every layer entry is a folder of the package or a module directly in it, every
+    folder is in a layer, and only a few modules stand outside a folder."""
+    entries = [e for layer in LAYERS for e in layer]
+    for e in entries:
+        rel = pathlib.Path(*e.split(".")[1:])
+        assert (PACKAGE / rel).is_dir() or (PACKAGE / rel).with_suffix(".py").is_file(), e
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert [f for f in folders if f"{TOP}.{f}" not in entries] == []
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_MODULES, top

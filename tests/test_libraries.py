@@ -166,7 +166,7 @@ def test_sb3_cleanrl_dqn_with_one_import_changed_learns_as_with_sb3s_buffer(tmp_
     """examples/cleanrl_dqn.py (CleanRL's dqn.py for gymnasium 1.x) and the same file
     with its ReplayBuffer import switched to shmbuf's, seeded alike."""
     pytest.importorskip("stable_baselines3")
-    from shmbuf.bench import clients
+    from benchmarks import clients
 
     examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
     arms = clients.arms(examples, tmp_path)

@@ -45,11 +45,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     pathlib.Path(purelib, "deps.pth").write_text("\n".join(map(str, deps)) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
-    where = subprocess.run([str(py), "-c", "import shmbuf, shmbuf.bench; print(shmbuf.__file__)"],
+    where = subprocess.run([str(py), "-c", "import shmbuf; print(shmbuf.__file__)"],
                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(str(venv)), f"shmbuf was not imported from the wheel: {where.stdout}"
-    for args in (["--help"], ["--version"], ["bench", "--help"]):
+    for args in (["--help"], ["--version"], ["demo", "--help"]):
         res = subprocess.run([str(venv / "bin" / "shmbuf"), *args], capture_output=True, text=True,
                              env=env, timeout=120)
         assert res.returncode == 0, (args, res.stderr)
@@ -62,7 +62,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
 
 
 def test_import_shmbuf_imports_no_optional_dependency():
-    code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist, shmbuf.torch, shmbuf.weights, shmbuf.cli, "
+    code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist.save, shmbuf.torch, shmbuf.actors.weights, shmbuf.cli, "
             "shmbuf.hdf5, shmbuf.compat.imitation, shmbuf.compat.fishyrl, shmbuf.compat.velora\n"
             "bad = {'torch', 'gymnasium', 'gym', 'h5py', 'safetensors', 'ray'} & set(sys.modules)\n"
             "assert not bad, bad")

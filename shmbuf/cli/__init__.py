@@ -1,5 +1,5 @@
 """The shmbuf command: live buffers (ls, info, stat, watch), snapshots (save, load),
-removal (rm, gc), and the demo and benchmark.
+removal (rm, gc), and the demo.
 
 Every command works from any process: buffers are found by name in /dev/shm (in the
 namespace of $SHMBUF_NAMESPACE, if set), or, for a name with a ``/``, at that file path. One module per group of verbs: ``show``,
@@ -17,11 +17,11 @@ import argparse
 import sys
 from typing import Sequence
 
-from .. import __version__
+from shmbuf import __version__
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .. import demo
+    from shmbuf.demo import run as demo
 
     print(f"shmbuf demo: {args.workers} rollout workers x {args.envs} CartPole envs write, "
           f"1 learner samples batches of {args.batch}, for {args.seconds:g} s", file=sys.stderr)
@@ -38,7 +38,7 @@ def _positive(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from . import files, remove, show
+    from shmbuf.cli import files, remove, show
 
     p = argparse.ArgumentParser(
         prog="shmbuf", description="A replay buffer in shared memory that many processes write "
@@ -60,7 +60,6 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--capacity", type=int, default=100_000, help="buffer rows (default 100000)")
     c.add_argument("--batch", type=int, default=256, help="rows per sampled batch (default 256)")
     c.set_defaults(run=_demo)
-    sub.add_parser("bench", help="benchmark against the peers (see: shmbuf bench --help)")
     c = sub.add_parser("ls", help="list the buffers in /dev/shm (or the buffer files in DIRs)",
                        description="List this namespace's buffers (and shmbuf.Weights), or with DIR "
                        "the buffer files in each DIR: kind, rows, capacity, size, live writers, "
@@ -127,10 +126,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # it has its own options
-        from ..bench import main as bench_main
-
-        return bench_main(argv[1:])
     args = parser().parse_args(argv)
     return args.run(args)
 

@@ -1,12 +1,12 @@
-"""``shmbuf save`` and ``shmbuf load``: snapshots of live buffers (see shmbuf.persist)."""
+"""``shmbuf save`` and ``shmbuf load``: snapshots of live buffers (see shmbuf.persist.save)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..buffer import Buffer
-from .problem import problem
-from .show import open_or_report
+from shmbuf.buffer.handle import Buffer
+from shmbuf.cli.problem import problem
+from shmbuf.cli.show import open_or_report
 
 
 def save(args: argparse.Namespace) -> int:

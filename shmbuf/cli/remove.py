@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..core import files, segment
-from ..core.layout import MAGIC
-from .. import persist
-from .problem import problem
-from .show import describe
+from shmbuf.core import files, segment
+from shmbuf.core.layout import MAGIC
+from shmbuf.persist import save as persist
+from shmbuf.cli.problem import problem
+from shmbuf.cli.show import describe
 
 
 def rm(args: argparse.Namespace) -> int:

@@ -13,11 +13,11 @@ import sys
 import time
 from typing import Any
 
-from ..core import files, procs, segment
-from .. import weights
-from ..buffer import Buffer
-from ..core.layout import CTRL_FLUSHES, FLAG_PERSIST, MAGIC
-from .problem import problem
+from shmbuf.core import files, procs, segment
+from shmbuf.actors import weights
+from shmbuf.buffer.handle import Buffer
+from shmbuf.core.layout import CTRL_FLUSHES, FLAG_PERSIST, MAGIC
+from shmbuf.cli.problem import problem
 
 
 def observe(name: str) -> Buffer:

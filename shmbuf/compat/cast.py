@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import validate
+from shmbuf.core import validate
 
 
 def into(value: Any, dtype: np.dtype, key: str) -> np.ndarray:

@@ -44,8 +44,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from . import cast
-from .shared import Lazy
+from shmbuf.compat import cast
+from shmbuf.compat.shared import Lazy
 
 __all__ = ["Buffer", "IndependentVectorizedBuffer", "SequentialBuffer", "convert_samples_to_tensors"]
 

@@ -36,11 +36,11 @@ from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .. import buffer as core
-from ..core import sampling
-from ..core.read import until_filled
-from . import cast
-from .shared import Shared
+from shmbuf.buffer import handle as core
+from shmbuf.core import sampling
+from shmbuf.core.read import until_filled
+from shmbuf.compat import cast
+from shmbuf.compat.shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from ..buffer import Buffer
+from shmbuf.buffer.handle import Buffer
 
 
 class Shared:

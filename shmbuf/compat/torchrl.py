@@ -61,8 +61,8 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
 
-from ..buffer import Buffer
-from ..core.layout import LANE_HEAD
+from shmbuf.buffer.handle import Buffer
+from shmbuf.core.layout import LANE_HEAD
 
 KIND = "torchrl"
 SEP = "."

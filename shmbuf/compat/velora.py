@@ -46,9 +46,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import buffer as core
-from .shared import Shared
-from ..core.layout import published
+from shmbuf.buffer import handle as core
+from shmbuf.compat.shared import Shared
+from shmbuf.core.layout import published
 
 KIND = "velora.ReplayBuffer"
 FIELDS = ("states", "actions", "rewards", "next_states", "dones", "hiddens")

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import validate
+from shmbuf.core import validate
 
 Batch = dict[str, np.ndarray]
 

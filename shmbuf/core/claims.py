@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from . import procs
-from .layout import (LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_OWN_COUNT, LANE_OWN_START, RES_COUNT, RES_LANE,
+from shmbuf.core import procs
+from shmbuf.core.layout import (LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_OWN_COUNT, LANE_OWN_START, RES_COUNT, RES_LANE,
                      RES_PID, RES_START)
-from .tables import owners
+from shmbuf.core.tables import owners
 
 
 class NoFreeLane(RuntimeError):

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import procs
+from shmbuf.core import procs
 
 REGION = "stats"
 NSLOTS = 64

@@ -52,12 +52,12 @@ import uuid
 
 import numpy as np
 
-from . import procs
-from .layout import (CTRL_BOOT, CTRL_FLUSHED_AT, CTRL_FLUSHES, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
+from shmbuf.core import procs
+from shmbuf.core.layout import (CTRL_BOOT, CTRL_FLUSHED_AT, CTRL_FLUSHES, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
                      LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START, MAX_SEQ, RES_CTIME, RES_LANE,
                      RES_PID, RES_START, Layout, published)
-from .segment import FormatError
-from .tables import QueueFull
+from shmbuf.core.segment import FormatError
+from shmbuf.core.tables import QueueFull
 
 REGION = "horizon"
 """The region of a buffer file that holds its lanes' horizons (int64 ``(lanes, 2)``)."""

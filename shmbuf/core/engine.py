@@ -35,16 +35,16 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import durable, native, procs, sampling, validate
-from .counters import Counters
-from .layout import CTRL_LOCK_HOLDER, Layout
-from .lock import HeaderLock
-from .queue import REGION as QUEUE, Consumed, Queue
-from .ratelimit import Limiter, RateLimit
-from .ring import Ring, WriteTimeout
-from .files import FileSegment, is_path
-from .segment import NotReadyError, Segment
-from .tables import BeyondHorizon, check_tables
+from shmbuf.core import durable, native, procs, sampling, validate
+from shmbuf.core.counters import Counters
+from shmbuf.core.layout import CTRL_LOCK_HOLDER, Layout
+from shmbuf.core.lock import HeaderLock
+from shmbuf.core.queue import REGION as QUEUE, Consumed, Queue
+from shmbuf.core.ratelimit import Limiter, RateLimit
+from shmbuf.core.ring import Ring, WriteTimeout
+from shmbuf.core.files import FileSegment, is_path
+from shmbuf.core.segment import NotReadyError, Segment
+from shmbuf.core.tables import BeyondHorizon, check_tables
 
 T = TypeVar("T")
 
@@ -157,7 +157,7 @@ class Engine:
             self.counters.claim(self.lock, min(timeout, 1.0))
         rate = layout.meta.get("rate")
         self.gate = None if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.trees: Any = None  # a prioritized buffer's shmbuf.priority.Trees (set by its facade)
+        self.trees: Any = None  # a prioritized buffer's shmbuf.priority.trees.Trees (set by its facade)
         q = layout.meta.get("queue")
         self.queue = None if q is None else Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
         if rewound and self.queue is not None:

@@ -46,7 +46,7 @@ import os
 import secrets
 import stat
 
-from .segment import FormatError, Segment, ShmSpaceError, allocate, check_name, free_bytes
+from shmbuf.core.segment import FormatError, Segment, ShmSpaceError, allocate, check_name, free_bytes
 
 REFUSED = {"nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "ceph", "glusterfs",
            "lustre", "gpfs", "afs", "fuse", "fuseblk", "virtiofs", "ncpfs", "coda", "beegfs"}

@@ -12,7 +12,7 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
                                            small fields, packed
     aligned      one array per large field (capacity, *shape), C order
     aligned      regions   named blocks of bytes the layers above keep beside the rows
-                           (shmbuf.priority's trees), listed in the schema
+                           (shmbuf.priority.trees's trees), listed in the schema
 
 **Packed rows.** Fields of at most :data:`PACK_LIMIT` bytes a row live together in
 one row of the rows block, right after the slot's stamp (largest alignment first, so
@@ -38,8 +38,8 @@ from typing import Any, Mapping
 import numpy as np
 from numpy.lib import format as npformat
 
-from .schema import MAX_DIMS, Field, as_count, dtype_from_json, normalize_fields  # noqa: F401
-from .segment import FormatError, NotReadyError
+from shmbuf.core.schema import MAX_DIMS, Field, as_count, dtype_from_json, normalize_fields  # noqa: F401
+from shmbuf.core.segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
 VERSION = 4

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .interrupts import Deferred
+from shmbuf.core.interrupts import Deferred
 
 _live: "weakref.WeakSet[HeaderLock]" = weakref.WeakSet()
 
@@ -77,7 +77,7 @@ class HeaderLock:
         # (which holds the GIL from its flock to its unlock) must not take the flock of
         # the same open file description then, which would succeed at once
         self.busy = np.zeros(1, np.int64)
-        self.stats: Any = None  # a shmbuf.stats.Counters: acquisitions and time waited are counted
+        self.stats: Any = None  # a shmbuf.buffer.stats.Counters: acquisitions and time waited are counted
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from . import procs
-from .layout import Layout
-from .segment import FormatError
+from shmbuf.core import procs
+from shmbuf.core.layout import Layout
+from shmbuf.core.segment import FormatError
 
 try:
-    from . import _native  # type: ignore[attr-defined]
+    from shmbuf.core import _native  # type: ignore[attr-defined]
 except ImportError:  # not built: no compiler at install time
     _native = None
 
@@ -97,7 +97,7 @@ def configure(ring: Any, fd: int, lane: int | None, timeout: float, slot_offset:
               lane_stats_offset: int = -1, horizon_offset: int = -1) -> None:
     """Tell the C ring who this process is, the handle's defaults and where its counters
     and a buffer file's horizon are (byte offsets in the segment, -1: none; see
-    :mod:`shmbuf.stats` and :mod:`shmbuf.core.durable`)."""
+    :mod:`shmbuf.buffer.stats` and :mod:`shmbuf.core.durable`)."""
     pid, ctime = procs.identity()
     ring.configure(pid, ctime, fd, -1 if lane is None else lane, timeout, slot_offset, lane_stats_offset,
                    horizon_offset)

@@ -44,15 +44,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import procs, sampling, takes
-from .interrupts import Deferred
-from .layout import LANE_BASE, LANE_HEAD
-from .lock import HeaderLock, LockTimeout
-from .read import SampleTimeout, until_filled
-from .ring import QueueFull, WriteTimeout
-from .tables import BeyondHorizon
+from shmbuf.core import procs, sampling, takes
+from shmbuf.core.interrupts import Deferred
+from shmbuf.core.layout import LANE_BASE, LANE_HEAD
+from shmbuf.core.lock import HeaderLock, LockTimeout
+from shmbuf.core.read import SampleTimeout, until_filled
+from shmbuf.core.ring import QueueFull, WriteTimeout
+from shmbuf.core.tables import BeyondHorizon
 
-from .takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
+from shmbuf.core.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
                     H_RETURNED, H_SKIPPED, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
                     RETURNED, TAKING, WIDTH)
 
@@ -119,7 +119,7 @@ class Queue:
         off, size = region
         lanes = ring.lanes
         if size != region_bytes(lanes):
-            from .segment import FormatError
+            from shmbuf.core.segment import FormatError
             raise FormatError(f"the queue region holds {size} bytes, expected {region_bytes(lanes)}")
         self.ring, self.lock, self.lanes = ring, lock, lanes
         self.n = _words(lanes)

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .layout import CTRL_SAMPLED, LANE_HEAD
-from .ring import Ring, WriteTimeout
-from .read import SampleTimeout
+from shmbuf.core.layout import CTRL_SAMPLED, LANE_HEAD
+from shmbuf.core.ring import Ring, WriteTimeout
+from shmbuf.core.read import SampleTimeout
 
 
 class RateLimitTimeout(SampleTimeout, WriteTimeout):

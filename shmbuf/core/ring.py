@@ -51,13 +51,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import procs
-from .claims import Claims
-from .layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
+from shmbuf.core import procs
+from shmbuf.core.claims import Claims
+from shmbuf.core.layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
                      Layout, c_strides, published)
-from .lock import HeaderLock, owner_lock
-from .tables import QueueFull, check_head, owners  # noqa: F401 (QueueFull: for the queue)
+from shmbuf.core.lock import HeaderLock, owner_lock
+from shmbuf.core.tables import QueueFull, check_head, owners  # noqa: F401 (QueueFull: for the queue)
 
 _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write in a process
 # The token of each thread's latest shared write. A KeyboardInterrupt can land inside a
@@ -77,7 +77,7 @@ def set_hook(hook: Callable[[str], None] | None) -> None:
     both paths (tests stop, kill or interrupt a writer there)."""
     global HOOK
     HOOK = hook
-    from . import native
+    from shmbuf.core import native
     if native.available():
         native.extension().set_hook(hook)
 
@@ -131,7 +131,7 @@ class Ring(Claims):
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = owner_lock(lock)
-        self.counters: Any = None  # the handle's shmbuf.stats.Counters (set by Buffer)
+        self.counters: Any = None  # the handle's shmbuf.buffer.stats.Counters (set by Buffer)
         self.bounded = False  # a queue's: never reserve past base + lane capacity
         self.horizon: Any = None  # a buffer file's (lanes, 2) view, and what moves it (core/durable.py)
         self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None

@@ -10,7 +10,7 @@ branches on nothing. Every sampler has the same interface:
 * ``state()`` / ``restore(state)``: what the sampler keeps between calls beyond the
   segment (its generator's state), for ``state_dict``.
 
-:class:`Uniform` is the core's; :class:`shmbuf.prioritized.Prioritized` draws by priority;
+:class:`Uniform` is the core's; :class:`shmbuf.priority.sampler.Prioritized` draws by priority;
 the episode buffer's transition samplers (:mod:`shmbuf.episodes.transitions`) are the
 same shape over transitions.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from .batch import Batch, Outputs
-from .engine import Engine
+from shmbuf.core.batch import Batch, Outputs
+from shmbuf.core.engine import Engine
 
 
 class Uniform:

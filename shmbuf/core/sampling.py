@@ -18,12 +18,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .counters import S_REDRAWS, S_RETRIES
-from .layout import LANE_BASE, LANE_HEAD
-from .lock import LockTimeout
-from .read import until_filled
-from .ring import Ring
-from .layout import published
+from shmbuf.core.counters import S_REDRAWS, S_RETRIES
+from shmbuf.core.layout import LANE_BASE, LANE_HEAD
+from shmbuf.core.lock import LockTimeout
+from shmbuf.core.read import until_filled
+from shmbuf.core.ring import Ring
+from shmbuf.core.layout import published
 
 _UNIFORM_ROUNDS = 4
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from .layout import (LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START,
+from shmbuf.core.layout import (LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START,
                      MAX_SEQ, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, TABLE_WIDTH, Layout)
-from .segment import FormatError
+from shmbuf.core.segment import FormatError
 
 
 def owners(res: np.ndarray, entries: Any) -> list[tuple[int, float]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .layout import LANE_BASE, LANE_HEAD, published
+from shmbuf.core.layout import LANE_BASE, LANE_HEAD, published
 
 FIELD = "_queued"
 """The hidden field of a queue's rows: ``time.monotonic_ns()`` when their write began

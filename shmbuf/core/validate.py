@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .layout import Field
+from shmbuf.core.layout import Field
 
 
 def _shape_str(shape: tuple[int, ...], lead: str | None = None) -> str:

@@ -9,7 +9,7 @@
 * ``buffer.py``: :class:`EpisodeBuffer`.
 """
 
-from .buffer import EpisodeBuffer
-from .writer import EpisodeWriter
+from shmbuf.episodes.buffer import EpisodeBuffer
+from shmbuf.episodes.writer import EpisodeWriter
 
 __all__ = ["EpisodeBuffer", "EpisodeWriter"]

@@ -6,13 +6,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..buffer import DEFAULT_TIMEOUT, Buffer
-from ..core.batch import count
-from ..core.layout import normalize_fields
-from ..priority import check_beta
-from . import counts, gather, trajectories, transitions, whole
-from .rows import SYSTEM, StepRows, plan
-from .writer import EpisodeWriter
+from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
+from shmbuf.core.batch import count
+from shmbuf.core.layout import normalize_fields
+from shmbuf.priority.trees import check_beta
+from shmbuf.episodes import counts, gather, trajectories, transitions, whole
+from shmbuf.episodes.rows import SYSTEM, StepRows, plan
+from shmbuf.episodes.writer import EpisodeWriter
 
 KIND = "episodes"
 
@@ -139,7 +139,7 @@ class EpisodeBuffer:
             (1, 3)
             >>> buf.close(); copy.close(); tmp.cleanup()
         """
-        from .. import persist
+        from shmbuf.persist import save as persist
 
         kind = persist.read(path)["kind"]
         if kind != KIND:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.layout import published
-from .rows import FINAL
+from shmbuf.core.layout import published
+from shmbuf.episodes.rows import FINAL
 
 
 def per_lane(ring: Any) -> list[tuple[int, int, int, int]]:

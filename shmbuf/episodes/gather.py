@@ -12,11 +12,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core import sampling
-from ..core.ring import Ring
-from ..core.layout import LANE_HEAD
-from .rows import FINAL
-from ..core.layout import published
+from shmbuf.core import sampling
+from shmbuf.core.ring import Ring
+from shmbuf.core.layout import LANE_HEAD
+from shmbuf.episodes.rows import FINAL
+from shmbuf.core.layout import published
 
 
 def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..core.engine import Engine
-from .rows import StepRows
+from shmbuf.core.engine import Engine
+from shmbuf.episodes.rows import StepRows
 
 
 class Episodes(Protocol):

@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core import validate
-from ..core.layout import normalize_fields
+from shmbuf.core import validate
+from shmbuf.core.layout import normalize_fields
 
 TERMINATED, TRUNCATED, FINAL = 1, 2, 4
 SYSTEM = {"_episode": ((), np.int64), "_start": ((), np.int64), "_flags": ((), np.uint8)}

@@ -35,14 +35,14 @@ import time
 
 import numpy as np
 
-from ..core import sampling
-from ..core.layout import LANE_HEAD
-from ..core.read import until_filled
-from . import gather
-from .rows import FINAL, TERMINATED, TRUNCATED
-from .transitions import NONE_YET, none_yet
-from .parts import Episodes
-from ..core.layout import published
+from shmbuf.core import sampling
+from shmbuf.core.layout import LANE_HEAD
+from shmbuf.core.read import until_filled
+from shmbuf.episodes import gather
+from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
+from shmbuf.episodes.transitions import NONE_YET, none_yet
+from shmbuf.episodes.parts import Episodes
+from shmbuf.core.layout import published
 
 
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..core import sampling
-from ..core.read import until_filled
-from ..priority import check_beta
-from . import gather
-from .rows import FINAL, TERMINATED, TRUNCATED
-from .parts import Episodes
-from ..core.layout import published
+from shmbuf.core import sampling
+from shmbuf.core.read import until_filled
+from shmbuf.priority.trees import check_beta
+from shmbuf.episodes import gather
+from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
+from shmbuf.episodes.parts import Episodes
+from shmbuf.core.layout import published
 
 
 _ROUNDS_BEFORE_SCAN = 8
@@ -237,7 +237,7 @@ def _fill(ebuf: Episodes, plan: _Reads, out: dict[str, np.ndarray], gamma: float
 
 def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: float,
                        timeout: float) -> dict[str, np.ndarray]:
-    """``n`` transitions drawn by the priority of their step (see :mod:`shmbuf.priority`:
+    """``n`` transitions drawn by the priority of their step (see :mod:`shmbuf.priority.trees`:
     final rows have none; a drawn step that is not a transition yet, the newest of an
     episode in progress, is drawn again), with ``weight`` and ``index``."""
     trees = ebuf.engine.trees

@@ -13,13 +13,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core import sampling
-from ..core.layout import LANE_BASE
-from ..core.read import until_filled
-from ..core.ring import Ring
-from .rows import FINAL, TERMINATED, TRUNCATED
-from .parts import Episodes
-from ..core.layout import published
+from shmbuf.core import sampling
+from shmbuf.core.layout import LANE_BASE
+from shmbuf.core.read import until_filled
+from shmbuf.core.ring import Ring
+from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
+from shmbuf.episodes.parts import Episodes
+from shmbuf.core.layout import published
 
 
 _NONE = ("the buffer holds no complete episode: one that has ended (its final observation written) "

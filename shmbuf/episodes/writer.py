@@ -6,9 +6,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core.layout import LANE_EPISODES, LANE_HEAD
-from .rows import FINAL, TERMINATED, TRUNCATED, flags_of
-from .parts import Episodes
+from shmbuf.core.layout import LANE_EPISODES, LANE_HEAD
+from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED, flags_of
+from shmbuf.episodes.parts import Episodes
 
 _BOOL = np.dtype(np.bool_)
 

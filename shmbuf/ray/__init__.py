@@ -10,6 +10,6 @@ dead or silent shards dropped (and back when they answer). Ray is imported when 
 ``pip install 'shmbuf[ray]'``.
 """
 
-from .sharded import NAMESPACE, ShardedBuffer, ShardsUnavailable, ShardWarning
+from shmbuf.ray.sharded import NAMESPACE, ShardedBuffer, ShardsUnavailable, ShardWarning
 
 __all__ = ["NAMESPACE", "ShardedBuffer", "ShardsUnavailable", "ShardWarning"]

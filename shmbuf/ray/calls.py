@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core.batch import count
+from shmbuf.core.batch import count
 
 
 PING_EVERY = 1.0

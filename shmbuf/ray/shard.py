@@ -30,10 +30,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import priority
-from ..buffer import Buffer
-from ..episodes import EpisodeBuffer
-from ..core.layout import normalize_fields
+from shmbuf.priority import trees as priority
+from shmbuf.buffer.handle import Buffer
+from shmbuf.episodes import EpisodeBuffer
+from shmbuf.core.layout import normalize_fields
 
 NAMESPACE = "shmbuf"
 """The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and

@@ -21,14 +21,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..core import segment, validate
-from ..buffer import DEFAULT_TIMEOUT, Buffer
-from ..core.batch import count
-from ..episodes import EpisodeBuffer
-from ..priority import check_beta, check_values
-from . import shard as _shard
-from .calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
-from .shard import NAMESPACE
+from shmbuf.core import segment, validate
+from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
+from shmbuf.core.batch import count
+from shmbuf.episodes import EpisodeBuffer
+from shmbuf.priority.trees import check_beta, check_values
+from shmbuf.ray import shard as _shard
+from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
+from shmbuf.ray.shard import NAMESPACE
 
 class ShardedBuffer(ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.

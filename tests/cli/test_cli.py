@@ -12,8 +12,8 @@ import sys
 import numpy as np
 
 import shmbuf
-from shmbuf import demo
-from shmbuf.envs import CartPole
+from shmbuf.demo import run as demo
+from shmbuf.demo.envs import CartPole
 
 pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 

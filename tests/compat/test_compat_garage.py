@@ -304,7 +304,7 @@ def test_sample_timesteps_needs_garage_and_says_so(name):
 def test_each_pickles_before_its_first_path_and_the_copies_share_one_buffer(name, kind):
     import pickle
 
-    from shmbuf.compat import garage
+    from shmbuf.compat.garage import paths as garage
 
     def reward_fn(achieved, desired, info):
         return 0.0

@@ -21,7 +21,7 @@ import pytest
 import _posixshmem
 import shmbuf
 from shmbuf.core import sampling, segment
-from shmbuf import demo
+from shmbuf.demo import run as demo
 from conftest import shm_path
 from helpers import patch_schema_doc, start_hanging_writer, wait_for_file
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf import persist
+from shmbuf.persist import save as persist
 from shmbuf.core.layout import published
 
 GARBAGE = -7.0  # the torn row's value in every field

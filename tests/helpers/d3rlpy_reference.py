@@ -84,7 +84,7 @@ def parts() -> Any:
         import d3rlpy
 
         return d3rlpy.dataset
-    from shmbuf.compat import d3rlpy as facade
+    from shmbuf.compat.d3rlpy import replay as facade
 
     return facade
 
@@ -105,7 +105,7 @@ def reference(kind: str, limit: int | None = None, picker: Any = None, slicer: A
                                action_signature=Signature(dtype=[np.int64], shape=[(1,)]),
                                reward_signature=Signature(dtype=[np.float32], shape=[(1,)]),
                                action_space=d3rlpy.constants.ActionSpace.DISCRETE, action_size=1000)
-    from shmbuf.compat import d3rlpy as facade
+    from shmbuf.compat.d3rlpy import replay as facade
 
     buffer = facade.FIFOBuffer(limit) if kind == "fifo" else facade.InfiniteBuffer()
     return MiniReplayBuffer(buffer, picker or facade.BasicTransitionPicker(),

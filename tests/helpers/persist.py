@@ -13,7 +13,7 @@ import shmbuf
 def save_and_hang(name: str, path: str, flag: str) -> None:
     """Save buffer ``name`` to ``path``, stopping for good after the first chunk of rows
     went to disk (``flag`` then exists): a save killed in the middle."""
-    from shmbuf import persist
+    from shmbuf.persist import save as persist
 
     def stop(self, nbytes):
         open(flag, "w").close()

@@ -48,7 +48,7 @@ def prio_learner(name: str, seconds: float, ready, results) -> None:
 def prio_update_then_hang(name: str, flag: str) -> None:
     """Start a priority update and stop forever in the middle of changing the trees
     (the leaves set, their ancestors not yet), touching ``flag`` there."""
-    from shmbuf import priority
+    from shmbuf.priority import trees as priority
 
     def half_set(self, slots, values):
         self.sum[slots + self.leaves] = values
@@ -66,7 +66,7 @@ def prio_sync_then_hang(name: str, flag: str, where: str) -> None:
     """Sample a prioritized buffer and stop forever inside the sync of its new rows:
     ``where`` "set" (entering the tree update) or "after set" (the leaves and their
     ancestors set, nothing else yet), touching ``flag`` there."""
-    from shmbuf import priority
+    from shmbuf.priority import trees as priority
 
     real = priority.Trees.set
 

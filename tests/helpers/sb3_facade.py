@@ -29,7 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from stable_baselines3.common import buffers, off_policy_algorithm
     from stable_baselines3.her import her_replay_buffer
 
-    from shmbuf.compat import sb3, sb3_her
+    from shmbuf.compat import sb3
+    from shmbuf.compat.sb3 import her as sb3_her
 
     for module in (buffers, off_policy_algorithm):
         module.ReplayBuffer = sb3.ReplayBuffer

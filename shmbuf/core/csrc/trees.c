@@ -1,4 +1,4 @@
-/* shmbuf._native: the priority trees (shmbuf/priority.py), arrays of the segment's
+/* shmbuf._native: the priority trees (shmbuf/priority/trees.py), arrays of the segment's
  * priority region. */
 
 /* The two float64 tree arrays of 2P nodes (P a power of two, node 1 the root, leaf

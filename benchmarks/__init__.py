@@ -1,0 +1,59 @@
+"""``python -m benchmarks`` (``scripts/bench``): shmbuf side by side with its peers on the reference workloads.
+
+Run it with ``scripts/bench`` (``--quick`` for a 2-minute version), which installs
+the peers it compares against (cpprb) into the project's virtualenv.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from benchmarks import report
+    from benchmarks import run
+
+    p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="3 short repeats: under 2 minutes")
+    p.add_argument("--workloads", default="mujoco,atari")
+    p.add_argument("--peers", default="shmbuf,shmbuf-py,cpprb,naive,numpy",
+                   help="shmbuf-py: shmbuf's pure-Python path (left out of a workload whose "
+                   "buffers do not all fit in memory)")
+    p.add_argument("--torch", action="store_true",
+                   help="also TorchRL's shared ReplayBuffer and stable-baselines3's (needs torch)")
+    p.add_argument("--episodes", choices=("yes", "no", "only"), default="yes",
+                   help="EpisodeBuffer beside Buffer on the same workloads (only: that part alone)")
+    p.add_argument("--strategies", choices=("yes", "no", "only"), default="yes",
+                   help="prioritized replay beside cpprb's, and hindsight relabelling (only: that part alone)")
+    p.add_argument("--storage", choices=("yes", "no", "only"), default="no",
+                   help="a buffer in a file against /dev/shm, against TorchRL's LazyMemmapStorage "
+                   "larger than memory, and resume times (only: that part alone; see benchmarks.storage)")
+    p.add_argument("--storage-dir", default=None, help="where the storage part's files go (default: $TMPDIR)")
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--window", type=float, help="seconds per measurement window")
+    p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
+    p.add_argument("--results", default="results", help="folder for the JSON file")
+    a = p.parse_args(argv)
+    kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
+          if v is not None}
+    if a.storage != "no":
+        from benchmarks import storage
+        stored = storage.run(a.storage_dir, a.quick)
+        print(storage.markdown(stored) + "\n")
+        print(f"saved {storage.save(stored, a.results)}", file=sys.stderr)
+        if a.storage == "only":
+            return 0
+    peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
+    cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers),
+                          episodes=a.episodes, strategies=a.strategies, **kw)
+    res = run.run(cfg)
+    text = report.markdown(res)
+    print(text)
+    path = run.save(res, a.results)
+    with open(path.replace(".json", ".md"), "w") as f:
+        f.write(text + "\n")
+    print(f"\nsaved {path}", file=sys.stderr)
+    return 0

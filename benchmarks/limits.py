@@ -1,0 +1,158 @@
+"""What the machine allows, measured beside the systems: memory bandwidth and the
+gather's floor, the cost of the protocol's pieces (the lock, the stamp check), and the
+memory a process that attaches pays."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+import shmbuf
+from shmbuf.core import segment
+
+from benchmarks.config import Config, Results, local_loop
+from benchmarks.peers import (BATCH, WORKLOADS, ShmbufSystem, Workload)
+from shmbuf.core.layout import published
+
+CTX = mp.get_context("fork")
+
+
+def physical_limits(r: Results, cfg: Config) -> None:
+    """memcpy bandwidth, and random-row gathers of each workload from shared and private memory."""
+    src = np.ones(256 << 20, np.uint8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
+    for wl in (WORKLOADS[w] for w in cfg.workloads):
+        cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
+        seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
+        try:
+            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes))):
+                rate = _gather_rate(wl, mem, cap)
+                r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
+                    rate * BATCH * wl.row_bytes / 1e9
+                r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
+        finally:
+            seg.unlink()
+            seg.close()
+
+
+def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:
+    """Batches/s of plain numpy gathers of 256 random rows of every field laid out in ``mem``."""
+    arrays, off = [], 0
+    for shape, dtype in wl.fields.values():
+        a = np.ndarray((cap,) + shape, dtype, mem, off)
+        a.view(np.uint8)[...] = 1
+        arrays.append(a)
+        off += a.nbytes
+    outs = [np.empty((BATCH,) + a.shape[1:], a.dtype) for a in arrays]
+    rng = np.random.default_rng(0)
+
+    def gather() -> None:
+        idx = rng.integers(0, cap, BATCH)
+        for a, o in zip(arrays, outs):
+            np.take(a, idx, axis=0, out=o, mode="clip")
+    return statistics.median(local_loop(gather, 0.3) for _ in range(3))
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _contend(name: str, seconds: float, barrier: Any, results: Any) -> None:
+    buf = shmbuf.Buffer.attach(name)
+    lk = buf.engine.lock
+    barrier.wait(60)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(64):
+            lk.acquire(1.0)
+            lk.release()
+        n += 64
+    results.put((n, time.perf_counter() - t0))
+    buf.close()
+
+
+def pieces(r: Results, cfg: Config) -> None:
+    """What the lock and the torn-read check cost."""
+    seconds = 0.3 if cfg.quick else 1.0
+    with shmbuf.Buffer.create({"x": ((), np.int64)}, 64, name=f"bench-lock-{os.getpid()}") as buf:
+        lk = buf.engine.lock
+        def pair() -> None:
+            lk.acquire(1.0)
+            lk.release()
+        r.extra["lock uncontended ns/pair"] = 1e9 / local_loop(pair, seconds)
+        barrier, results = CTX.Barrier(3), CTX.Queue()
+        procs = [CTX.Process(target=_contend, args=(buf.name, seconds, barrier, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        barrier.wait(60)
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        total = sum(n / t for n, t in got)
+        r.extra["lock contended (2 processes) pairs/s"] = total
+        r.extra["lock contended ns/pair"] = 1e9 * 2 / total
+    for wl in (WORKLOADS[w] for w in cfg.workloads):
+        r.extra.setdefault("torn-read check us/batch", {})[wl.name] = _check_cost(wl, seconds)
+
+
+def _check_cost(wl: Workload, seconds: float) -> float:
+    """Microseconds per batch that the torn-read check adds: the stamp reads before and
+    after the copy and the comparisons, as sampling.py does them."""
+    # the check reads stamps only: a one-byte field with the workload's capacity will do
+    with shmbuf.Buffer.create({"x": ((), np.int8)}, wl.capacity, name=f"bench-check-{os.getpid()}") as buf:
+        step = min(4096, wl.capacity)
+        block = {"x": np.zeros(step, np.int8)}
+        for _ in range(wl.capacity // step + 1):
+            buf.extend(block)
+        stamps, rng, cap = buf.engine.ring.stamps, np.random.default_rng(0), wl.capacity
+
+        def check() -> None:
+            flat = rng.integers(0, cap, BATCH)
+            expected = published(flat)
+            before = stamps[flat]
+            after = stamps[flat]
+            ok = before == expected
+            ok &= after == before
+            ok.all()
+
+        def draw() -> None:
+            rng.integers(0, cap, BATCH)
+        return 1e6 / local_loop(check, seconds) - 1e6 / local_loop(draw, seconds)
+
+
+# -- memory: attaching processes do not copy --------------------------------------------
+
+def _attached_memory(name: str, batches: int, results: Any) -> None:
+    buf = shmbuf.Buffer.attach(name)
+    out = buf.empty_batch(BATCH)
+    for _ in range(batches):
+        buf.sample(BATCH, out=out)
+    info = psutil.Process().memory_full_info()
+    results.put({"uss": info.uss, "pss": info.pss, "rss": info.rss})
+    buf.close()
+
+
+def attach_memory(r: Results, system: ShmbufSystem, batches: int) -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_attached_memory, args=(system.buf.name, batches, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    r.extra.setdefault("attached processes", {})[system.wl.name] = {
+        "buffer bytes": system.bytes, "batches sampled each": batches, "per process": got}
+
+
+# -- the whole run ----------------------------------------------------------------------

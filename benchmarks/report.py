@@ -1,0 +1,209 @@
+"""Turning benchmark results into markdown: the figures, the ratios, the targets."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmarks.config import Results
+
+SYSTEMS = ["shmbuf", "shmbuf-py", "cpprb", "torchrl", "sb3", "naive", "numpy"]
+METRICS = [  # (key, what, unit)
+    ("add 1w x1", "add, 1 writer, 1 row per call", "rows/s"),
+    ("add 1w x64", "add, 1 writer, 64 rows per call", "rows/s"),
+    ("add 2w x1", "add, 2 writers, 1 row per call", "rows/s"),
+    ("add 2w x64", "add, 2 writers, 64 rows per call", "rows/s"),
+    ("sample", "sample 256, no writer", "batches/s"),
+    ("sample GB/s", "sample 256, no writer", "GB/s"),
+    ("sample +1w", "sample 256, 1 writer adding x64", "batches/s"),
+    ("writer during sample", "that writer meanwhile", "rows/s"),
+    ("e2e ingest", "end to end (2 writers x64 + learner): ingest", "rows/s"),
+    ("e2e batches", "end to end: batches sampled", "batches/s"),
+]
+
+
+def si(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suf}"
+    return f"{x:.3g}"
+
+
+def _cell(vals: list[float] | None, unit: str) -> str:
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    fmt = (lambda v: f"{v:.2f}") if unit == "GB/s" else si
+    return f"{fmt(med)} ({fmt(min(vals))}-{fmt(max(vals))})" if len(vals) > 1 else fmt(med)
+
+
+def figures_table(r: Results, wl: str) -> str:
+    fig = r.figures.get(wl, {})
+    systems = [s for s in SYSTEMS if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
+    lines = [f"| {wl}: metric | unit | " + " | ".join(systems) + " |",
+             "|---|---|" + "---:|" * len(systems)]
+    for key, what, unit in METRICS:
+        if key in fig:
+            lines.append(f"| {what} | {unit} | " + " | ".join(_cell(fig[key].get(s), unit) for s in systems) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(r: Results, wl: str, key: str, other: str, other_key: str | None = None,
+           system: str = "shmbuf") -> float | None:
+    a = r.median(wl, key, system)
+    b = r.median(wl, other_key or key, other)
+    return a / b if a is not None and b else None
+
+
+def targets(r: Results, wl: str) -> list[tuple[str, float | None, str, bool | None]]:
+    """(what, ratio, target, met) for every target of the native-path issue (the floor is
+    the in-process numpy ring; "2w" figures are compared with 1 writer of the floor)."""
+    out: list[tuple[str, float | None, str, bool | None]] = []
+
+    def want(what: str, v: float | None, at_least: float) -> None:
+        out.append((what, v, f">= {at_least:g}", None if v is None else v >= at_least))
+
+    if wl == "atari":
+        want("add 1w x1 vs numpy floor", _ratio(r, wl, "add 1w x1", "numpy"), 0.9)
+        want("add 1w x64 vs numpy floor", _ratio(r, wl, "add 1w x64", "numpy"), 0.9)
+        want("sample vs numpy floor", _ratio(r, wl, "sample", "numpy"), 0.9)
+    else:
+        want("add 1w x1 vs numpy floor", _ratio(r, wl, "add 1w x1", "numpy"), 2)
+        want("add 1w x1 vs cpprb", _ratio(r, wl, "add 1w x1", "cpprb"), 10)
+        want("add 1w x64 vs numpy floor", _ratio(r, wl, "add 1w x64", "numpy"), 1.3)
+        a, b = r.median(wl, "add 2w x64", "shmbuf"), r.median(wl, "add 1w x64", "shmbuf")
+        want("2 writers x64 vs 1 writer x64", a / b if a and b else None, 1.6)
+        want("sample vs numpy floor", _ratio(r, wl, "sample", "numpy"), 1.2)
+        want("e2e ingest vs cpprb", _ratio(r, wl, "e2e ingest", "cpprb"), 5)
+        want("e2e ingest vs naive queue", _ratio(r, wl, "e2e ingest", "naive"), 5)
+        want("e2e batches vs naive queue", _ratio(r, wl, "e2e batches", "naive"), 5)
+    want("pure Python: add 1w x64 vs numpy floor",
+         _ratio(r, wl, "add 1w x64", "numpy", system="shmbuf-py"), 0.6)
+    want("pure Python: sample vs numpy floor", _ratio(r, wl, "sample", "numpy", system="shmbuf-py"), 0.9)
+    return out
+
+
+def ratios_table(r: Results, wl: str) -> str:
+    fig = r.figures.get(wl, {})
+    others = [s for s in SYSTEMS[1:] if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
+    lines = [f"| {wl}: shmbuf ... | " + " | ".join(f"shmbuf / {o}" for o in others) + " |",
+             "|---|" + "---:|" * len(others)]
+    for key, what, unit in METRICS:
+        if key not in fig or unit == "GB/s":
+            continue
+        floor_key = key.replace("2w", "1w") if key.startswith("add") else key
+        cells = [_ratio(r, wl, key, o, floor_key if o in ("numpy", "sb3") else None) for o in others]
+        lines.append(f"| {what} | " + " | ".join("-" if c is None else f"{c:.2f}x" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def targets_table(r: Results, wl: str) -> str:
+    lines = [f"| {wl}: target | ratio | wanted | met |", "|---|---:|---|---|"]
+    for what, ratio, want, met in targets(r, wl):
+        lines.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | {want} | "
+                     f"{'-' if met is None else ('yes' if met else '**no**')} |")
+    return "\n".join(lines)
+
+
+def extra_table(r: Results) -> str:
+    e: dict[str, Any] = r.extra
+    lines = ["| physical limit / piece | value |", "|---|---:|"]
+    if "memcpy GB/s" in e:
+        lines.append(f"| memcpy of 256 MiB (numpy) | {e['memcpy GB/s']:.1f} GB/s |")
+    for wl, d in e.get("gather GB/s", {}).items():
+        for where, v in d.items():
+            lines.append(f"| random gather of 256 {wl} rows, {where} memory | {v:.2f} GB/s "
+                         f"({si(e['gather batches/s'][wl][where])} batches/s) |")
+    if "lock uncontended ns/pair" in e:
+        lines.append(f"| header lock, uncontended acquire + release | {e['lock uncontended ns/pair']:.0f} ns |")
+        lines.append(f"| header lock, 2 processes contending, per acquire + release | "
+                     f"{e['lock contended ns/pair']:.0f} ns |")
+    for wl, v in e.get("torn-read check us/batch", {}).items():
+        lines.append(f"| torn-read check (2 stamp gathers + compare), {wl} batch of 256 | {v:.1f} us |")
+    for wl, d in e.get("bytes per transition", {}).items():
+        cells = ", ".join(f"{k} {v:,.0f}" for k, v in d.items() if v is not None)
+        lines.append(f"| {wl}: bytes of memory per transition (PSS growth / capacity) | {cells} |")
+    for wl, d in e.get("attached processes", {}).items():
+        uss = ", ".join(f"{p['uss'] / 2**20:.0f} MiB" for p in d["per process"])
+        lines.append(f"| {wl}: 2 attached processes after sampling {d['batches sampled each']:,} batches each: "
+                     f"private memory (USS) | {uss} (buffer: {d['buffer bytes'] / 2**20:,.0f} MiB) |")
+    return "\n".join(lines)
+
+
+def _unit(metric: str) -> str:
+    return "rows/s" if "rows/s" in metric else "batches/s"
+
+
+def _target_row(what: str, ratio: float | None, want: float | None) -> str:
+    """``| what | ratio | >= want | yes/**no** |`` (``-`` where a figure is missing)."""
+    met = "-" if ratio is None or want is None else ("yes" if ratio >= want else "**no**")
+    return (f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'-' if want is None else f'>= {want:g}'} | {met} |")
+
+
+def episodes_tables(r: Results) -> str:
+    """EpisodeBuffer beside Buffer: figures, the targets, memory per transition."""
+    from benchmarks.episodes import ratios
+
+    figs = r.extra.get("episodes")
+    if not figs:
+        return ""
+    lines = ["| episodes: workload, metric | unit | Buffer | EpisodeBuffer |", "|---|---|---:|---:|"]
+    for wl, metrics in figs.items():
+        for metric, systems in metrics.items():
+            unit = _unit(metric)
+            lines.append(f"| {wl}: {metric.replace(' (rows/s)', '')} | {unit} | "
+                         f"{_cell(systems.get('Buffer'), unit)} | {_cell(systems.get('EpisodeBuffer'), unit)} |")
+    lines += ["", "| episodes: target (EpisodeBuffer / Buffer) | ratio | wanted | met |", "|---|---:|---|---|"]
+    lines += [_target_row(f"{wl}: {what}", ratio, want) for wl, what, ratio, want in ratios(figs)]
+    mem = r.extra.get("episode memory", {})
+    if mem:
+        lines += ["", "| memory per transition | bytes | vs Buffer |", "|---|---:|---:|"]
+        for wl, row in mem.items():
+            base = row.get("Buffer (obs + next_obs)")
+            for what, v in row.items():
+                rel = "-" if v is None or not base else f"{v / base:.3f}"
+                lines.append(f"| {wl}: {what} | {'-' if v is None else f'{v:,.0f}'} | {rel} |")
+    return "\n".join(lines)
+
+
+def strategies_tables(r: Results) -> str:
+    """Prioritized replay and hindsight: figures, then the ratios (and targets)."""
+    from benchmarks.strategies import ratios
+
+    figs = r.extra.get("strategies")
+    if not figs:
+        return ""
+    lines = ["| strategies: metric | system | unit | median (min-max) |", "|---|---|---|---:|"]
+    for metric, systems in figs.items():
+        unit = _unit(metric)
+        for system, vals in systems.items():
+            lines.append(f"| {metric.replace(' (rows/s)', '')} | {system} | {unit} | {_cell(vals, unit)} |")
+    lines += ["", "| strategies: ratio | value | wanted | met |", "|---|---:|---|---|"]
+    lines += [_target_row(what, ratio, want) for what, ratio, want in ratios(figs)]
+    return "\n".join(lines)
+
+
+def markdown(r: Results) -> str:
+    m = r.machine
+    head = (f"scripts/bench ({'quick' if r.config.get('quick') else 'full'}: {r.config['repeats']} repeats, "
+            f"{r.config['window']} s windows; end to end {r.config['e2e_repeats']} x {r.config['e2e_window']} s) on {m['cpus']} cores, "
+            f"{m['memory GiB']} GiB, Python {m['python']}, numpy {m['numpy']}, cpprb {m['cpprb']}"
+            + (f", torch {m['torch']}, torchrl {m['torchrl']}, stable-baselines3 {m['stable-baselines3']}"
+               if m.get("torchrl") else "") + f", {m['date']}.\n"
+            "Figures: median (min-max) over repeats. shmbuf = the native path, shmbuf-py = the "
+            "pure-Python path (both one lane per writer); numpy = in-process ring, no IPC (the floor); "
+            "naive = writers -> multiprocessing.Queue -> learner's numpy ring; sb3 = one process, "
+            "one transition per add.\n")
+    parts = [head]
+    for wl, names in r.extra.get("skipped", {}).items():
+        parts.append(f"{wl}: {', '.join(names)} left out: not enough memory for every buffer at once.\n")
+    for wl in r.figures:
+        parts += [figures_table(r, wl), "", ratios_table(r, wl), "", targets_table(r, wl), ""]
+    if r.figures:
+        parts.append(extra_table(r))
+    parts.append(episodes_tables(r))
+    parts.append(strategies_tables(r))
+    return "\n".join(parts)

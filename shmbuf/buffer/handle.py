@@ -1,0 +1,448 @@
+"""``Buffer``: the shared-memory replay buffer that users create, attach, write and sample."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from shmbuf.priority import trees as _priority
+from shmbuf.buffer import queues
+from shmbuf.core import counters, durable, files, procs, sampling, segment, validate
+from shmbuf.core.batch import Outputs, count
+from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
+from shmbuf.core.queue import Consumed
+from shmbuf.core.sampler import Uniform
+from shmbuf.priority.sampler import Prioritized
+from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
+from shmbuf.buffer.properties import Properties
+from shmbuf.buffer.snapshots import Snapshots
+from shmbuf.core.layout import FLAG_PERSIST, Layout
+from shmbuf.core.ratelimit import RateLimit
+from shmbuf.core.files import FileSegment
+from shmbuf.core.segment import Segment
+
+
+Batch = dict[str, np.ndarray]
+
+
+class Buffer(Properties, Lanes, Snapshots, queues.Queues):
+    """A FIFO replay buffer in one shared-memory segment, shared by name.
+
+    Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
+    the lock covers only slot reservation) while others :meth:`sample`. A sample never
+    returns a row that is half written, reserved but unwritten, or overwritten while
+    it was copied. A process killed at any point never blocks the others.
+
+    Example:
+        >>> import numpy as np, shmbuf
+        >>> fields = {"obs": ((3,), np.float32), "reward": ((), np.float32)}
+        >>> with shmbuf.Buffer(fields, capacity=100, seed=0) as buf:
+        ...     buf.add({"obs": [1, 2, 3], "reward": 1.0})
+        ...     buf.extend({"obs": np.zeros((4, 3)), "reward": np.ones(4)})
+        ...     batch = buf.sample(8)
+        ...     len(buf), batch["obs"].shape
+        (5, (8, 3))
+
+    ``Buffer(fields, capacity, ...)`` is :meth:`create`; attach to an existing buffer
+    with :meth:`attach`, or make one from arrays with :meth:`from_data`.
+    """
+
+    # -- construction ----------------------------------------------------------------
+
+    def __new__(cls, fields: Mapping[str, Any], capacity: int, **create_kwargs: Any) -> "Buffer":
+        """``Buffer(fields, capacity, ...)`` is :meth:`create` (the call cpprb and
+        stable-baselines3 users type)."""
+        return cls.create(fields, capacity, **create_kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # __new__ (create or _open) did everything
+
+    @classmethod
+    def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
+              timeout: float, counted: bool = True) -> "Buffer":
+        """A handle on a mapped, validated segment (see :class:`~shmbuf.core.engine.Engine`)."""
+        self = object.__new__(cls)
+        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted)
+        prio = layout.meta.get("priority")
+        if prio is not None:
+            engine.trees = _priority.Trees(engine, prio)
+        self._native = engine.native  # None: pure Python, or closed
+        # The hot paths' one check: the C ring when no capability is on (no priorities,
+        # no rate gate), else None; and whether a sample is a plain uniform one.
+        plain = engine.trees is None and engine.gate is None and engine.queue is None
+        self._plain = engine.native if plain else None
+        self._uniform = plain
+        self._outputs = Outputs(layout.fields)
+        self.sampler = (Consumed if engine.queue is not None else Prioritized if engine.trees is not None
+                        else Uniform)(engine, self._outputs)
+        return self
+
+    @classmethod
+    def create(cls, fields: Mapping[str, Any], capacity: int, *, name: str | None = None,
+               lanes: int = 1, seed: Any = None, persist: bool = False,
+               timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
+               rate: RateLimit | None = None, priority: float | None = None,
+               mode: str = "replay", path: str | None = None) -> "Buffer":
+        """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
+
+        Args:
+            fields: ``{name: (shape, dtype)}``; shape a tuple or int, ``()`` for scalars.
+            capacity: rows in total (split evenly into ``lanes``).
+            name: the name others attach with; a random one if None.
+            lanes: independent rings, e.g. one per writer, for ordered sequences.
+            seed: seed of this handle's ``numpy.random.Generator``.
+            persist: if False (default) this process destroys the buffer on
+                :meth:`close`, on exit, and (via the resource tracker) if it crashes. If
+                True the buffer outlives it until someone calls :meth:`unlink`.
+            timeout: default timeout of this handle's blocking calls, in seconds.
+            meta: a JSON object kept with the schema, read back by every handle as
+                :attr:`meta` (the capabilities built on Buffer describe themselves there).
+            rate: a :class:`~shmbuf.RateLimit` that every handle's samples and inserts
+                then keep to (samples per insert, across all processes).
+            priority: the exponent ``a`` of prioritized replay (0.6 is usual): samples are
+                then drawn with probability ``p**a / sum p**a`` and carry ``weight`` and
+                ``index``; see :meth:`update_priorities` and :mod:`shmbuf.priority.trees`.
+            mode: ``"replay"`` (default) or ``"queue"``: rows consumed in order by
+                :meth:`take`, each delivered once; writes wait while it is full
+                instead of overwriting (see :mod:`shmbuf.core.queue`).
+            path: keep the buffer in this file on a local disk instead of ``/dev/shm``
+                (the same as a ``name`` with a ``/``): it may be larger than memory,
+                it is persistent (``close`` never removes it), and :meth:`flush` makes
+                it survive a restart of the machine (see :mod:`shmbuf.core.durable`).
+                Others attach with ``Buffer.attach(path)``.
+
+        Raises:
+            FileExistsError: the name (or path) is taken.
+            ShmSpaceError: ``/dev/shm`` (or the disk) cannot hold it (nothing is allocated).
+            OSError: ``path`` is on a network or FUSE file system (refused).
+            ValueError, TypeError: a bad schema, capacity, lanes, seed, timeout or persist.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 10, name="doc-create")
+            >>> buf.capacity, buf.name
+            (10, 'doc-create')
+            >>> buf.close()
+        """
+        if path is not None and name is not None:
+            raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
+        name = path if path is not None else f"{os.getpid()}-{secrets.token_hex(4)}" if name is None else name
+        in_file = path is not None or files.is_path(name)
+        name = files.check_path(name) if in_file else segment.check_name(name)
+        persist = validate.flag(persist, "persist") or in_file
+        timeout = validate.timeout(timeout)
+        rng = validate.rng(seed)
+        if rate is not None:
+            if not isinstance(rate, RateLimit):
+                raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
+            meta = {**(meta or {}), "rate": rate.to_meta()}
+        regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
+        if in_file:  # (where a restart may cut writes: shmbuf.core.durable)
+            regions[durable.REGION] = durable.region_bytes(lanes)
+        fields, meta = queues.plan(mode, fields, meta, regions, lanes, rate, priority)
+        if priority is not None:
+            meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
+            if not isinstance(fields, Mapping) or _priority.FIELD in fields:
+                raise ValueError(f"fields must be a mapping without {_priority.FIELD!r} (a prioritized "
+                                 "buffer keeps the priority a writer passes there)")
+            fields = {**fields, _priority.FIELD: ((), np.float64)}
+            regions[_priority.REGION] = _priority.region_bytes(count(capacity, "capacity", 1),
+                                                               count(lanes, "lanes", 1))
+        layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
+                             procs.identity(), time.time(), meta, regions)
+        seg = (FileSegment if in_file else Segment).create(name, layout.total_size)
+        try:
+            layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
+            buf = cls._open(seg, layout, owner=not persist, rng=rng, timeout=timeout)
+            seg.publish()  # (a file gets its path only now, complete)
+        except BaseException:
+            seg.unlink()
+            seg.close()
+            raise
+        if persist:
+            seg.untrack()  # complete: from now on it outlives us
+        return buf
+
+    @classmethod
+    def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Buffer":
+        """Attach to an existing buffer by name (a name with ``/`` is the path of a
+        buffer file); its schema is read from the segment.
+
+        Waits up to ``timeout`` seconds for a buffer that is still being created.
+        The attaching process never destroys the buffer when it exits.
+
+        Raises:
+            FileNotFoundError: no buffer has this name.
+            FormatError: the segment is not a (complete, compatible, intact) shmbuf
+                buffer; everything read from it is checked.
+
+        Example:
+            >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-attach")
+            >>> Buffer.attach("doc-attach").fields
+            {'x': ((), dtype('int64'))}
+            >>> owner.close()
+        """
+        return cls._open_by_name(name, seed, timeout, True)
+
+    @classmethod
+    def observe(cls, name: str, *, timeout: float = 0.5) -> "Buffer":
+        """Attach as an observer (``shmbuf ls``, ``stat``, ``watch``): a handle that takes
+        no stats slot and no lock, for reading facts and counters without changing them.
+
+        Example:
+            >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-observe")
+            >>> Buffer.observe("doc-observe").capacity
+            10
+            >>> owner.close()
+        """
+        return cls._open_by_name(name, None, timeout, False)
+
+    @classmethod
+    def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
+        """:meth:`attach` (``counted``) or :meth:`observe`."""
+        name = files.check(name)
+        timeout = validate.timeout(timeout)
+        rng = validate.rng(seed)
+        seg, layout = open_segment(name, timeout)
+        try:
+            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
+        except BaseException:
+            seg.close()
+            raise
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], capacity: int | None = None,
+                  truncate_ok: bool = False, **create_kwargs: Any) -> "Buffer":
+        """Create a buffer whose schema and first rows come from ``data``.
+
+        Follows imitation's ``Buffer.from_data`` code (not its docstring): capacity
+        defaults to the number of rows, so the buffer starts full; more rows than
+        ``capacity`` raise ``ValueError`` unless ``truncate_ok=True``, which keeps the
+        last ``capacity`` rows. Arrays are copied; dtypes are kept. The buffer has one
+        lane (``lanes=`` is refused: create a multi-lane buffer and ``extend`` each lane).
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(4)})
+            >>> len(buf), buf.is_full
+            (4, True)
+            >>> buf.close()
+        """
+        truncate_ok = validate.flag(truncate_ok, "truncate_ok")
+        if create_kwargs.get("lanes", 1) != 1:
+            raise ValueError(f"from_data makes a one-lane buffer, got lanes={create_kwargs['lanes']!r}; "
+                             "use Buffer.create(..., lanes=k) and extend(..., lane=i) per lane")
+        if not isinstance(data, Mapping) or len(data) == 0:
+            raise ValueError("from_data needs a non-empty mapping of name -> array, got no keys")
+        arrays = {k: np.asarray(v) for k, v in data.items()}
+        for k, a in arrays.items():
+            if a.ndim == 0:
+                raise ValueError(f"field {k!r}: expected an array with rows along axis 0, got a scalar")
+        lengths = {k: len(a) for k, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"all fields must have the same number of rows, got {lengths}")
+        n = next(iter(lengths.values()))
+        if n == 0:
+            raise ValueError("from_data needs at least one row, got 0")
+        if capacity is None:
+            capacity = n
+        capacity = count(capacity, "capacity", 1)
+        if n > capacity and not truncate_ok:
+            raise ValueError(f"{n} rows do not fit in capacity {capacity}; pass truncate_ok=True "
+                             f"to keep the last {capacity}")
+        buf = cls.create({k: (a.shape[1:], a.dtype) for k, a in arrays.items()}, capacity,
+                         **create_kwargs)
+        try:
+            buf.extend(arrays, truncate_ok=truncate_ok, lane=0)
+        except BaseException:
+            buf.unlink()
+            buf.close()
+            raise
+        return buf
+
+    # -- writing ---------------------------------------------------------------------
+
+    def add(self, transition: Mapping[str, Any], *, lane: int | None = None,
+            timeout: float | None = None, priority: float | None = None) -> None:
+        """Add one transition: ``{name: value}`` with each value of the field's shape.
+        ``priority``: a prioritized buffer's priority for it (default: the largest
+        priority ever set).
+
+        Example:
+            >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
+            >>> buf.add({"obs": [0.5, 1.5], "done": False}); len(buf)
+            1
+            >>> buf.close()
+        """
+        plain = self._plain
+        if plain is not None and priority is None and plain.add(transition, lane, timeout) is None:
+            return  # the common case, checked and written in C
+        engine = self.engine
+        if engine.queue is not None:
+            transition = engine.queue.stamp(transition, True)
+        if engine.trees is not None or priority is not None:
+            transition = _priority.with_priority(engine, transition, priority, None)
+            c_ring = self._native
+            if c_ring is not None and engine.gate is None and c_ring.add(transition, lane, timeout) is None:
+                return
+        arrays, n = engine.schema.check_rows(transition, single=True)
+        engine.write(arrays, n, lane, timeout)
+
+    def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
+               truncate_ok: bool = False, timeout: float | None = None,
+               priority: Any = None) -> None:
+        """Add ``n`` transitions given along axis 0 of every field (``priority``: of a
+        prioritized buffer, one for all or one per row).
+
+        More rows than a lane holds raise ``ValueError`` unless ``truncate_ok=True``,
+        which keeps only the last ``lane_capacity`` of them. Values are checked before
+        anything is written: on any error the buffer is unchanged.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 3, seed=0)
+            >>> buf.extend({"x": np.arange(5)}, truncate_ok=True)
+            >>> sorted(buf.sample(50)["x"].tolist())[0]
+            2
+            >>> buf.close()
+        """
+        plain = self._plain
+        if plain is not None and priority is None and truncate_ok is False \
+                and plain.extend(batch, lane, timeout) is None:
+            return  # the common case, checked and written in C
+        engine = self.engine
+        if engine.queue is not None:
+            if truncate_ok is not False:
+                raise ValueError("a queue never drops rows: truncate_ok= is for replay buffers")
+            batch = engine.queue.stamp(batch, False)
+        if engine.trees is not None or priority is not None:
+            batch = _priority.with_priority(engine, batch, priority, 0)
+            c_ring = self._native
+            if c_ring is not None and truncate_ok is False and engine.gate is None \
+                    and c_ring.extend(batch, lane, timeout) is None:
+                return
+        arrays, n = engine.schema.check_rows(batch, single=False)
+        if truncate_ok is not False:
+            truncate_ok = validate.flag(truncate_ok, "truncate_ok")
+        cap = engine.layout.lane_capacity
+        if n > cap:
+            if not truncate_ok:
+                per = " per lane" if self.lanes > 1 else ""
+                raise ValueError(
+                    f"{n} rows do not fit in the buffer ({cap} rows{per}); pass "
+                    f"truncate_ok=True to keep only the last {cap}")
+            arrays = [a[n - cap:] for a in arrays]
+            n = cap
+        if n == 1:
+            arrays = [a[0] for a in arrays]  # one row is written without its row axis
+        engine.write(arrays, n, lane, timeout)
+
+    # -- sampling --------------------------------------------------------------------
+
+    def empty_batch(self, n: int, length: int | None = None) -> Batch:
+        """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
+        return self._outputs.empty((n,) if length is None else (n, length))
+
+    def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
+               beta: float | None = None) -> Batch:
+        """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
+        prioritized buffer, by priority, adding ``weight`` (importance sampling with
+        exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
+        (``(n, 2)``: each row's slot and sequence number, for :meth:`update_priorities`).
+
+        Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
+        ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
+        exceed ``len(self)``. An empty buffer raises ``ValueError``.
+
+        Example:
+            >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
+            >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
+            ((4,), dtype('int64'))
+            >>> buf.close()
+        """
+        if type(n) is not int or n < 0:
+            n = count(n, "n")
+        engine = self.engine
+        if self._uniform and beta is None:  # the common case: the read path, nothing around it
+            out, arrays = self._outputs.prepare(out, (n,))
+            sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
+                                    engine.timeout if timeout is None else validate.timeout(timeout))
+            engine.counters.sampled(n)
+            return out
+        return self.sampler.sample(n, out, timeout, beta)
+
+    def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
+        """Set the priorities of sampled rows, from any process: ``index`` as
+        :meth:`sample` returned it, ``priorities`` one per row, finite and > 0 (``|td| +
+        1e-6``, say). Rows overwritten since they were sampled are skipped (the new row
+        in their slot keeps its own priority); returns how many were set.
+
+        Example:
+            >>> buf = Buffer.create({"x": ((), "int64")}, 4, priority=1.0, seed=0)
+            >>> buf.extend({"x": [0, 1, 2, 3]})
+            >>> b = buf.sample(1)
+            >>> buf.update_priorities(b["index"], [1e-9])
+            1
+            >>> bool((buf.sample(1000)["x"] == b["x"][0]).mean() < 0.01)
+            True
+            >>> buf.close()
+        """
+        return self.sampler.update(index, priorities, self.engine.seconds(timeout))
+
+    def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
+                         timeout: float | None = None, lane: int | None = None) -> Batch:
+        """Sample ``batch`` windows of ``length`` consecutive rows of one lane (of lane
+        ``lane`` only, if given: one env's sequences).
+
+        Rows of a window are in the order they were written; a window may wrap
+        physically around the ring but never joins the newest row to the oldest, never
+        contains an unpublished row, and never mixes lanes. Windows may cross episode
+        boundaries. Returns ``{name: (batch, length, *shape)}``.
+
+        Example:
+            >>> buf = Buffer.from_data({"t": np.arange(5)}, capacity=5, seed=0)
+            >>> buf.sample_sequences(2, 3)["t"].shape
+            (2, 3)
+            >>> buf.close()
+        """
+        batch = count(batch, "batch")
+        length = count(length, "length", 1)
+        out, arrays = self._outputs.prepare(out, (batch, length))
+        flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
+        self.engine.sample_windows(batch, length, flat, timeout, lane)
+        if self.engine.trees is not None:
+            out.pop(_priority.FIELD, None)  # (kept by shmbuf)
+        return out
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach. The creator's close also destroys the buffer unless ``persist=True``.
+
+        Arrays returned by :meth:`sample` are copies and stay valid.
+        """
+        self._native = self._plain = None  # calls go to the engine's ring, which says it is closed
+        self.engine.close()
+
+    def unlink(self) -> None:
+        """Destroy the buffer's name now, from any handle; a second call is harmless.
+
+        Processes that have it attached keep working on it until they close; nobody
+        can attach any more.
+        """
+        self.engine.seg.unlink()
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its name: unpickling attaches (in any process, any start method)."""
+        return (_attach, (self.name, self.engine.timeout))
+
+
+def _attach(name: str, timeout: float) -> Buffer:
+    return Buffer.attach(name, timeout=timeout)

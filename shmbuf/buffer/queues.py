@@ -1,0 +1,74 @@
+"""Queue mode for :class:`shmbuf.Buffer`: what ``create(..., mode="queue")`` adds, and
+``take``. The protocol is :mod:`shmbuf.core.queue`'s."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from shmbuf.core import queue as _queue
+from shmbuf.core import validate
+from shmbuf.core.batch import count
+from shmbuf.core.engine import Engine
+
+Batch = dict[str, np.ndarray]
+
+
+def plan(mode: Any, fields: Any, meta: Mapping[str, Any] | None, regions: dict[str, int], lanes: Any,
+         rate: Any, priority: Any) -> tuple[Any, Mapping[str, Any] | None]:
+    """The fields and meta of a new buffer of ``mode`` (adds the queue's region to
+    ``regions``)."""
+    if mode not in ("replay", "queue"):
+        raise ValueError(f"mode must be 'replay' or 'queue', got {mode!r}")
+    if mode == "replay":
+        return fields, meta
+    if rate is not None or priority is not None:
+        raise ValueError("a queue (mode='queue') is consumed in order: it takes no rate= or priority=")
+    if not isinstance(fields, Mapping) or _queue.FIELD in fields:
+        raise ValueError(f"fields must be a mapping without {_queue.FIELD!r} (a queue keeps the "
+                         "time each write began there)")
+    regions[_queue.REGION] = _queue.region_bytes(count(lanes, "lanes", 1))
+    return {**fields, _queue.FIELD: ((), np.int64)}, {**(meta or {}), "queue": {"version": 1}}
+
+
+class Queues:
+    """``Buffer.take`` (see :class:`shmbuf.Buffer`)."""
+
+    engine: Engine
+    capacity: int
+
+    def take(self, n: int, *, timeout: float | None = None, partial: bool = False) -> Batch:
+        """Take the ``n`` oldest rows of a queue (``mode="queue"``): each row is
+        delivered to exactly one ``take`` of any process; waits up to ``timeout`` for
+        them (``SampleTimeout``), or with ``partial=True`` returns as soon as there is at
+        least one (up to ``n``). Per lane, rows come in the order they were written;
+        across lanes, by the time their writes began. A taker killed before its take
+        returned gives its rows back: a later take delivers them before newer rows.
+        A Ctrl-C (``KeyboardInterrupt``) during a take loses no row: it gives the rows
+        back, or, if it landed after their delivery was committed, this handle's next
+        take returns them first. ``n`` may be larger than the queue with ``partial=True``
+        ("whatever is there", e.g. ``sys.maxsize``); ``rows_sampled`` counts the rows
+        delivered.
+
+        Example:
+            >>> import shmbuf
+            >>> q = shmbuf.Buffer.create({"x": ((), "int64")}, 8, mode="queue")
+            >>> q.extend({"x": [1, 2, 3]})
+            >>> q.take(2)["x"].tolist(), q.take(5, partial=True)["x"].tolist(), len(q)
+            ([1, 2], [3], 0)
+            >>> q.close()
+        """
+        queue = self.engine.queue
+        if queue is None:
+            raise ValueError("take() is for a queue: create the buffer with mode='queue' (a replay buffer "
+                             "is sampled, with sample())")
+        n = count(n, "n", 1)
+        partial = validate.flag(partial, "partial")
+        if n > self.capacity and not partial:
+            raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
+                             "take fewer, or pass partial=True")
+        # (not through engine.sample: a queue has no rate gate, and the take counts the
+        # rows it delivered itself, as it commits them)
+        return queue.take(n, partial, self.engine.seconds(timeout))
+

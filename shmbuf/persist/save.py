@@ -1,0 +1,346 @@
+"""Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
+
+**Format** (``FORMAT_VERSION`` 1). A save is a directory::
+
+    shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
+                     kind ("buffer" or "episodes"), name, capacity, lanes, the fields
+                     in schema order ({name, dtype, shape, file}), meta (the
+                     capabilities' settings), per lane head / base / episodes, rows
+                     sampled (rate limit), the largest priority, the saving handle's
+                     RNG state, rows kept, times, and each array file's dtype and shape
+    stamps.npy       int64 (capacity,): each slot's stamp, 0 for a slot not saved
+    field-NNN.npy    one per field, (capacity, *shape), in schema order (hidden
+                     fields such as ``_priority`` too); names are indices, so a field
+                     name never becomes a path
+    priority.npy     float64 (capacity,), prioritized buffers only: each saved row's
+                     leaf ``p**a``, NaN where the row was not in the trees yet
+
+The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
+with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
+buffer streams from the page cache into shared memory without a second private copy.
+Files the format does not name are ignored.
+
+**Save** runs beside writers and samplers. The lane positions are read under the
+header lock (as long as a writer's reservation holds it); then, chunk by chunk and
+without the lock, stamps, rows, stamps again (as :func:`shmbuf.persist.state.copy_rows`). A
+row is saved only if it was published inside its lane's window when the positions
+were read and its stamp did not change during its copy, so the save holds exactly rows
+that were published at one moment, each whole. The priority leaves are read under the
+trees' seqlock, chunk by chunk. Everything goes to a temporary sibling directory
+(``.NAME.shmbuf-tmp-PID-START-XXXXXXXX``) that is renamed into place at the end (after
+``fsync``): a crash mid-save leaves no directory that loads, and the next save into the
+same folder (or ``shmbuf gc DIR``) removes the temporaries of dead processes. The
+directory is 0700 and its files 0600, like the segment. A save never writes through a
+symbolic link, and ``overwrite`` never deletes a file that is not a save's.
+
+**Load** checks everything before it creates anything (the size against ``/dev/shm``'s
+free space from the metadata alone, then metadata types, a schema numpy accepts and
+that matches the files, each file's dtype and shape, stamps that name rows of their
+slots), then creates the buffer and writes the rows back under the header lock, each
+lane's kept rows consecutive (see :func:`shmbuf.persist.state.check`); if anything fails after
+the create, the new segment is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from shmbuf.priority import trees as _priority
+from shmbuf.persist import state
+from shmbuf.core import files, procs, ratelimit, segment
+from shmbuf.core.engine import Engine
+from shmbuf.core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
+from shmbuf.core.queue import FIELD as QUEUED
+from shmbuf.core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
+from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
+                        clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
+from shmbuf.version import __version__
+
+FORMAT = "shmbuf-save"
+FORMAT_VERSION = 1
+STAMPS_FILE = "stamps.npy"
+PRIORITY_FILE = "priority.npy"
+_MAX_META = 64 << 20  # bytes of shmbuf.json we read at most
+
+
+# -- progress on a terminal ---------------------------------------------------------
+
+
+def _field_file(i: int) -> str:
+    return f"field-{i:03d}.npy"
+
+
+def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
+         progress: bool | None = None, timeout: float) -> dict[str, Any]:
+    """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
+    the module docstring. Returns a summary: path, rows kept, rows left out (being
+    written or overwritten during the save), bytes and seconds."""
+    t0 = time.monotonic()
+    dest = Path(os.fspath(path))
+    check_destination(dest, overwrite)
+    parent = dest.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    clear_temporaries(parent)
+    pid, ctime = procs.identity()
+    tmp = parent / f".{dest.name}.shmbuf-tmp-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
+    tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
+    ring, layout = engine.ring, engine.layout
+    try:
+        leaves = engine.trees.snapshot(timeout) if engine.trees is not None else None
+        fields = engine.layout.stored()
+        files, data = {}, {}
+        # a queue's rows not yet taken, exactly: no take runs during the copy
+        quiet = nullcontext(None) if engine.queue is None else engine.queue.quiet(timeout)
+        try:
+            with quiet as pos:
+                if pos is None:
+                    pos = state.positions(ring, timeout)  # (after the leaves: rows newer are synced anew)
+                sampled = ratelimit.sampled(ring)
+                heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
+                for i, (name, (shape, dtype)) in enumerate(fields.items()):
+                    files[name] = _field_file(i)
+                    data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
+                stamps = np.empty(layout.capacity, np.int64)
+                bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
+                kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+                if engine.queue is not None:  # (delivered rows are left out: see Queue.delivered)
+                    gone = engine.queue.delivered(stamps)
+                    stamps[gone] = 0
+                    kept -= int(gone.sum())
+                bar.close()
+        finally:
+            for out in data.values():
+                out.f.close()
+        with private_file(tmp / STAMPS_FILE) as f:
+            np.save(f, stamps)
+        max_priority = None
+        if leaves is not None:
+            leaf, seq, max_priority = leaves
+            rows = stamps // 2 - 1  # (a saved row's sequence number)
+            with private_file(tmp / PRIORITY_FILE) as f:
+                np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
+        lo = state.windows(heads, bases, layout.lane_capacity)
+        meta = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
+            "kind": engine.layout.meta.get("kind", "buffer"), "name": engine.name,
+            "capacity": layout.capacity, "lanes": layout.lanes, "persist": bool(engine.layout.flags & FLAG_PERSIST),
+            "fields": [{"name": k, "dtype": npformat.dtype_to_descr(np.dtype(d)), "shape": list(s),
+                        "file": files[k]} for k, (s, d) in fields.items()],
+            "meta": layout.meta,
+            "lanes_state": {"head": heads.tolist(), "base": bases.tolist(),
+                            "episodes": pos[:, 2].tolist()},
+            "sampled": sampled, "max_priority": max_priority,
+            "rng": engine.rng.bit_generator.state,
+            "rows": kept, "rows_left_out": int((heads - lo).sum()) - kept,
+            "saved_at": time.time(),
+        }
+        for f in tmp.iterdir():
+            fsync(f)
+        with private_file(tmp / META_FILE) as f:  # last: the seal
+            f.write(json.dumps(meta, indent=1, default=int).encode("utf-8"))
+        fsync(tmp / META_FILE)
+        fsync(tmp)
+        if dest.exists():  # overwrite: the old save stays whole until the new one is in place
+            check_destination(dest, overwrite)  # (still a save: checked again just before)
+            old = parent / f".{dest.name}.shmbuf-old-{pid}-{ctime:.3f}-{secrets.token_hex(4)}"
+            dest.rename(old)
+            tmp.rename(dest)
+            remove_tree(old)
+        else:
+            tmp.rename(dest)
+        fsync(parent)
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    nbytes = sum(f.stat().st_size for f in dest.iterdir())
+    return {"path": str(dest), "rows": meta["rows"], "rows_left_out": meta["rows_left_out"],
+            "bytes": nbytes, "seconds": time.monotonic() - t0}
+
+
+def _bad(path: Path, why: str) -> ValueError:
+    return ValueError(f"{str(path)!r} is not a loadable shmbuf save: {why}")
+
+
+def _get(meta: dict[str, Any], key: str, kind: Any, path: Path) -> Any:
+    if key not in meta:
+        raise _bad(path, f"{META_FILE} lacks {key!r}")
+    v = meta[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise _bad(path, f"{META_FILE}: {key!r} is {v!r}, expected {getattr(kind, '__name__', kind)}")
+    return v
+
+
+def _ints(v: Any, n: int, what: str, path: Path) -> np.ndarray:
+    if not isinstance(v, list) or len(v) != n or not all(type(x) is int and 0 <= x < 2**62 for x in v):
+        raise _bad(path, f"{META_FILE}: {what} must be {n} integers in [0, 2**62), got {v!r}"[:300])
+    return np.array(v, np.int64)
+
+
+def _array(path: Path, file: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """``path/file`` memory-mapped read-only; must be a ``.npy`` of exactly ``dtype``
+    and ``shape`` (no pickle is ever loaded: object dtypes are refused)."""
+    f = path / file
+    if not f.is_file():
+        raise _bad(path, f"{file} is missing")
+    try:
+        a = np.load(f, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:  # truncated, not .npy, a pickle, object dtype
+        raise _bad(path, f"{file} is not a readable .npy array ({' '.join(str(exc).split())})") from None
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
+        raise _bad(path, f"{file} holds {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}, "
+                         f"{META_FILE} says {dtype} {shape}")
+    return a
+
+
+def read(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a save's metadata and arrays (memory-mapped); create nothing.
+
+    Raises ``FileNotFoundError`` (no such directory), or ``ValueError`` that says what is
+    wrong (missing, truncated or edited files, another format version, a schema that
+    does not match the files, metadata nested too deeply to be a save's)."""
+    path = Path(os.fspath(path))
+    try:
+        return _read(path)
+    except RecursionError:
+        raise _bad(path, f"{META_FILE} is nested too deeply to be a save's metadata") from None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise FileNotFoundError(f"no shmbuf save at {str(path)!r} (not a directory)")
+    mf = path / META_FILE
+    if not mf.is_file():
+        raise _bad(path, f"{META_FILE} is missing (a save interrupted before its end, or not a save)")
+    if mf.stat().st_size > _MAX_META:
+        raise _bad(path, f"{META_FILE} is larger than {_MAX_META} bytes")
+    try:
+        meta = json.loads(mf.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
+                         f"({__version__}) reads version {FORMAT_VERSION}")
+    capacity = _get(meta, "capacity", int, path)
+    lanes = _get(meta, "lanes", int, path)
+    name = _get(meta, "name", str, path)
+    user_meta = _get(meta, "meta", dict, path)
+    specs = _get(meta, "fields", list, path)
+    try:
+        fields = {}
+        for s in specs:
+            fields[s["name"]] = (tuple(s["shape"]), dtype_from_json(s["dtype"]))
+        if len(fields) != len(specs) or not all(isinstance(s["file"], str) for s in specs):
+            raise ValueError("repeated field names or a file that is not a string")
+        normalize_fields(fields)
+        layout = Layout.plan(fields, capacity, lanes, meta=user_meta)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
+    lane_state = _get(meta, "lanes_state", dict, path)
+    heads = _ints(lane_state.get("head"), lanes, "lanes_state.head", path)
+    bases = _ints(lane_state.get("base"), lanes, "lanes_state.base", path)
+    episodes = _ints(lane_state.get("episodes"), lanes, "lanes_state.episodes", path)
+    data, files = {}, {}
+    for s, f in zip(specs, layout.fields):
+        if os.path.basename(s["file"]) != s["file"] or not s["file"].endswith(".npy"):
+            raise _bad(path, f"field {f.name!r}: file {s['file']!r} is not a plain .npy name")
+        data[f.name] = _array(path, s["file"], f.dtype, (capacity,) + f.shape)
+        files[f.name] = path / s["file"]
+    stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
+    prio = None
+    if "priority" in user_meta:
+        prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
+    sampled = _get(meta, "sampled", int, path)
+    return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
+            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": user_meta,
+            "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
+            "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
+            "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
+
+
+def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
+         restore_rng: bool, seed: Any, timeout: float, progress: bool | None) -> Any:
+    """A new buffer (``cls``: Buffer) holding what ``save`` wrote at ``path``; see the
+    module docstring."""
+    got = read(path)
+    # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
+    if not files.is_path(got["name"] if name is None else name):  # (a file's create checks its disk)
+        segment.check_space(got["layout"].total_size)
+    fields, meta = dict(got["fields"]), dict(got["meta"])
+    kwargs: dict[str, Any] = {}
+    try:
+        if "rate" in meta:
+            kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
+        if "priority" in meta:
+            kwargs["priority"] = meta.pop("priority").get("alpha")
+            fields.pop(_priority.FIELD, None)
+        if "queue" in meta:
+            meta.pop("queue")
+            kwargs["mode"] = "queue"
+            fields.pop(QUEUED, None)
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
+                                f"({' '.join(str(exc).split())})"[:500]) from None
+    rng_state = got["rng"]
+    check = {"format": state.FORMAT, "version": state.VERSION, "fields": got["fields"],
+             "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
+             "heads": got["heads"], "bases": got["bases"], "stamps": got["stamps"],
+             "data": got["data"], "rng": rng_state if restore_rng else np.random.default_rng().bit_generator.state}
+    try:
+        checked = state.check(check, got["layout"], got["fields"])
+    except (TypeError, ValueError) as exc:
+        raise _bad(got["path"], str(exc)) from None
+    checked["episodes"] = got["episodes"]
+    prio = got["priority"]
+    if prio is not None:
+        leaf = np.asarray(prio)
+        given = ~np.isnan(leaf)
+        if (leaf[given] < 0).any() or (leaf[given] == np.inf).any():
+            raise _bad(got["path"], f"{PRIORITY_FILE} holds negative or infinite leaves")
+        top = got["max_priority"]
+        if not isinstance(top, (int, float)) or isinstance(top, bool) or not (top >= 0 and math.isfinite(top)):
+            raise _bad(got["path"], f"{META_FILE}: max_priority is {top!r}, expected a number >= 0")
+    buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
+                     name=got["name"] if name is None else name, persist=persist, seed=seed,
+                     timeout=timeout, meta=meta, **kwargs)
+    try:
+        if buf.engine.layout.stored() != got["fields"]:  # (cannot happen: create makes the same layout)
+            raise _bad(got["path"], "the buffer made from it has another schema")
+        lay = buf.engine.layout
+        bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
+        buf.prefault()  # its pages mapped at once, not one fault at a time
+        if checked["source"] is not None:  # rows move to close holes: gathered from the maps
+            state.restore(buf.engine.ring, checked, timeout, progress=bar, seg=buf.engine.seg)
+        else:
+            readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
+            try:
+                state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar,
+                              seg=buf.engine.seg)
+            finally:
+                for r in readers.values():
+                    r.close()
+        bar.close()
+        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], timeout)
+        if buf.engine.queue is not None:
+            buf.engine.queue.reset(timeout)  # every row restored is one not yet taken
+        if prio is not None:
+            leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
+            buf.engine.trees.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)
+        if restore_rng:
+            buf.engine.rng = checked["rng"]
+    except BaseException:
+        buf.unlink()
+        buf.close()
+        raise
+    return buf
