@@ -134,7 +134,7 @@ class TorchSampler:
         core = getattr(self._handle, "core", self._handle)
         self.timeout = core.timeout if timeout is None else float(timeout)
         # a plain Buffer samples straight into a slot (no copy); the rest are copied in
-        self._direct = hasattr(self._handle, "empty_batch") and self._handle.engine.trees is None and not sample_kwargs
+        self._direct = hasattr(self._handle, "empty_batch") and not self._handle.prioritized and not sample_kwargs
         n = int(prefetch) + 1
         self._host: list[dict[str, Any] | None] = [None] * n  # {key: tensor}, made on first use
         self._dev: list[dict[str, Any] | None] = [None] * n

@@ -22,6 +22,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "shmbuf"
 LAYERS = [
     ["shmbuf.core", "shmbuf.version"],                    # the engine: one segment and its protocol
     ["shmbuf.priority", "shmbuf.persist"],                # capabilities on the engine: priorities, saves
+    ["shmbuf.samplers"],                                  # which rows a sample holds
     ["shmbuf.buffer"],                                    # the Buffer handle and its parts
     ["shmbuf.episodes"],                                  # episodes, their samplers and HER on Buffer
     ["shmbuf.actors", "shmbuf.demo", "shmbuf.torch", "shmbuf.hdf5", "shmbuf.spaces"],  # processes, interop

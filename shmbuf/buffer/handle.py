@@ -11,18 +11,16 @@ import numpy as np
 
 from shmbuf.priority import trees as _priority
 from shmbuf.buffer import queues
-from shmbuf.core import counters, durable, files, procs, sampling, segment, validate
+from shmbuf.core import counters, durable, procs, sampling, storage, validate
 from shmbuf.core.batch import Outputs, count
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
-from shmbuf.core.queue import Consumed
-from shmbuf.core.sampler import Uniform
-from shmbuf.priority.sampler import Prioritized
+from shmbuf import samplers
+from shmbuf.core.parts import NoPriorities, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, Layout
 from shmbuf.core.ratelimit import RateLimit
-from shmbuf.core.files import FileSegment
 from shmbuf.core.segment import Segment
 
 
@@ -69,16 +67,17 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
         self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted)
         prio = layout.meta.get("priority")
         if prio is not None:
-            engine.trees = _priority.Trees(engine, prio)
+            engine.priorities = _priority.Trees(engine, prio)
         self._native = engine.native  # None: pure Python, or closed
-        # The hot paths' one check: the C ring when no capability is on (no priorities,
-        # no rate gate), else None; and whether a sample is a plain uniform one.
-        plain = engine.trees is None and engine.gate is None and engine.queue is None
-        self._plain = engine.native if plain else None
-        self._uniform = plain
+        # The hot paths, chosen once: the C ring for whole writes when no part adds to
+        # a row (no queue, no priorities, no rate gate); the C ring for rows the parts
+        # have stamped when no part waits (no queue, no rate gate); a plain uniform sample.
+        direct = isinstance(engine.writes, Replay) and not engine.gate.limited
+        self._plain = engine.native if direct and isinstance(engine.priorities, NoPriorities) else None
+        self._stamped = engine.native if direct and self._plain is None else None
         self._outputs = Outputs(layout.fields)
-        self.sampler = (Consumed if engine.queue is not None else Prioritized if engine.trees is not None
-                        else Uniform)(engine, self._outputs)
+        self.sampler = samplers.choose(layout.meta)(engine, self._outputs)
+        self._uniform = self._plain is not None and self.sampler.inline  # (sample() inlines it)
         return self
 
     @classmethod
@@ -86,7 +85,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
-               mode: str = "replay", path: str | None = None) -> "Buffer":
+               mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -114,6 +113,9 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                 it is persistent (``close`` never removes it), and :meth:`flush` makes
                 it survive a restart of the machine (see :mod:`shmbuf.core.durable`).
                 Others attach with ``Buffer.attach(path)``.
+            sampler: which rows a sample holds, for every handle: ``"uniform"`` (the
+                default) or ``"newest"``, the most recent rows first (see
+                :mod:`shmbuf.samplers`). A prioritized buffer or a queue has its own.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -130,9 +132,9 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
         if path is not None and name is not None:
             raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
         name = path if path is not None else f"{os.getpid()}-{secrets.token_hex(4)}" if name is None else name
-        in_file = path is not None or files.is_path(name)
-        name = files.check_path(name) if in_file else segment.check_name(name)
-        persist = validate.flag(persist, "persist") or in_file
+        store = storage.of(name, path is not None)
+        name = store.check_name(name)
+        persist = validate.flag(persist, "persist") or store.durable
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         if rate is not None:
@@ -140,9 +142,14 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
             meta = {**(meta or {}), "rate": rate.to_meta()}
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
-        if in_file:  # (where a restart may cut writes: shmbuf.core.durable)
+        if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
         fields, meta = queues.plan(mode, fields, meta, regions, lanes, rate, priority)
+        if samplers.check(sampler) != samplers.DEFAULT:
+            if mode != "replay" or priority is not None:
+                raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "
+                                 "in order, a prioritized buffer is sampled by priority)")
+            meta = {**(meta or {}), "sampler": sampler}
         if priority is not None:
             meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
             if not isinstance(fields, Mapping) or _priority.FIELD in fields:
@@ -153,7 +160,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                                                                count(lanes, "lanes", 1))
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time(), meta, regions)
-        seg = (FileSegment if in_file else Segment).create(name, layout.total_size)
+        seg = store.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
             buf = cls._open(seg, layout, owner=not persist, rng=rng, timeout=timeout)
@@ -203,7 +210,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
     @classmethod
     def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
         """:meth:`attach` (``counted``) or :meth:`observe`."""
-        name = files.check(name)
+        name = storage.check(name)
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
         seg, layout = open_segment(name, timeout)
@@ -280,13 +287,10 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
         if plain is not None and priority is None and plain.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
-        if engine.queue is not None:
-            transition = engine.queue.stamp(transition, True)
-        if engine.trees is not None or priority is not None:
-            transition = _priority.with_priority(engine, transition, priority, None)
-            c_ring = self._native
-            if c_ring is not None and engine.gate is None and c_ring.add(transition, lane, timeout) is None:
-                return
+        transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
+        stamped = self._stamped
+        if stamped is not None and stamped.add(transition, lane, timeout) is None:
+            return
         arrays, n = engine.schema.check_rows(transition, single=True)
         engine.write(arrays, n, lane, timeout)
 
@@ -312,16 +316,12 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
                 and plain.extend(batch, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
-        if engine.queue is not None:
-            if truncate_ok is not False:
-                raise ValueError("a queue never drops rows: truncate_ok= is for replay buffers")
-            batch = engine.queue.stamp(batch, False)
-        if engine.trees is not None or priority is not None:
-            batch = _priority.with_priority(engine, batch, priority, 0)
-            c_ring = self._native
-            if c_ring is not None and truncate_ok is False and engine.gate is None \
-                    and c_ring.extend(batch, lane, timeout) is None:
-                return
+        if truncate_ok is not False:
+            engine.writes.check_truncate()
+        batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
+        stamped = self._stamped
+        if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
+            return
         arrays, n = engine.schema.check_rows(batch, single=False)
         if truncate_ok is not False:
             truncate_ok = validate.flag(truncate_ok, "truncate_ok")
@@ -411,8 +411,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
         out, arrays = self._outputs.prepare(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         self.engine.sample_windows(batch, length, flat, timeout, lane)
-        if self.engine.trees is not None:
-            out.pop(_priority.FIELD, None)  # (kept by shmbuf)
+        out.pop(_priority.FIELD, None)  # (kept by shmbuf)
         return out
 
     # -- lifetime --------------------------------------------------------------------

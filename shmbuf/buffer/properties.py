@@ -73,6 +73,11 @@ class Properties:
         return json.loads(json.dumps(self.engine.layout.meta))
 
     @property
+    def prioritized(self) -> bool:
+        """True for a buffer created with ``priority=`` (sampled by priority)."""
+        return self.engine.layout.meta.get("priority") is not None
+
+    @property
     def capacity(self) -> int:
         """Rows the buffer holds when full (all lanes)."""
         return self.engine.layout.capacity
@@ -103,8 +108,7 @@ class Properties:
     def __len__(self) -> int:
         """Rows currently held: written, or reserved by a writer still writing them (in
         a queue: not yet taken)."""
-        queue = self.engine.queue
-        return self.engine.ring.size() if queue is None else queue.depth()
+        return self.engine.writes.size()
 
     @property
     def total_added(self) -> int:

@@ -59,10 +59,8 @@ class Queues:
             ([1, 2], [3], 0)
             >>> q.close()
         """
-        queue = self.engine.queue
-        if queue is None:
-            raise ValueError("take() is for a queue: create the buffer with mode='queue' (a replay buffer "
-                             "is sampled, with sample())")
+        queue = self.engine.writes
+        queue.check_take()
         n = count(n, "n", 1)
         partial = validate.flag(partial, "partial")
         if n > self.capacity and not partial:

@@ -18,7 +18,7 @@ class Snapshots:
     """``Buffer``'s whole-buffer operations (see :class:`shmbuf.Buffer`)."""
 
     engine: Engine
-    sampler: Any  # the handle's sampler (shmbuf.core.sampler)
+    sampler: Any  # the handle's sampler (shmbuf.samplers)
 
     def clear(self, *, timeout: float | None = None) -> None:
         """Forget every row (all lanes). Safe while writers run: their rows in flight
@@ -32,7 +32,7 @@ class Snapshots:
             >>> buf.close()
         """
         e = self.engine
-        (e.ring if e.queue is None else e.queue).clear(e.seconds(timeout))
+        e.writes.clear(e.seconds(timeout))
 
     def flush(self, *, timeout: float | None = None) -> None:
         """A durability point of a buffer in a file: every row published before the call
@@ -71,7 +71,7 @@ class Snapshots:
             >>> buf.close()
         """
         e = self.engine
-        return stats.read(e) if e.queue is None else {**stats.read(e), **e.queue.stats()}
+        return {**stats.read(e), **e.writes.stats()}
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.
@@ -93,7 +93,7 @@ class Snapshots:
         """
         e = self.engine
         return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
-                               e.queue)
+                               e.writes)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -106,8 +106,7 @@ class Snapshots:
         e = self.engine
         checked = _state.check(state, e.layout, e.layout.stored())
         _state.restore(e.ring, checked, e.seconds(timeout), seg=e.seg)
-        if e.queue is not None:
-            e.queue.reset(e.seconds(timeout))  # every row restored is one not yet taken
+        e.writes.reset(e.seconds(timeout))  # (a queue: every row restored is one not yet taken)
         self.sampler.restore(checked["rng"])
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from shmbuf.core import files, segment
+from shmbuf.core import files, segment, storage
 from shmbuf.core.layout import MAGIC
 from shmbuf.persist import save as persist
 from shmbuf.cli.problem import problem
@@ -16,8 +16,8 @@ def rm(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
         try:
-            if files.is_path(n):
-                _remove_file(files.check_path(n))
+            if storage.of(n).kind == "file":
+                _remove_file(storage.check(n))
                 print(f"removed {n}")
                 continue
             if segment.unlink_name(n):

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from shmbuf.core import files, procs, segment
+from shmbuf.core import files, procs, segment, storage
 from shmbuf.actors import weights
 from shmbuf.buffer.handle import Buffer
 from shmbuf.core.layout import CTRL_FLUSHES, FLAG_PERSIST, MAGIC
@@ -53,7 +53,7 @@ def describe(name: str) -> dict[str, Any]:
         writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"] and d["claim_alive"]}
         kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
         where = {"storage": "file", "flushes": int(buf.engine.ring.control[CTRL_FLUSHES])} \
-            if files.is_path(name) else {}
+            if storage.of(name).kind == "file" else {}
         return {"name": name, **where, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
                 "capacity": buf.capacity, "lanes": buf.lanes,
                 "lane_rows": buf.lane_sizes(), "total_added": buf.total_added,
@@ -116,7 +116,7 @@ def info(args: argparse.Namespace) -> int:
     status = 0
     for n in args.names:
         try:
-            n = files.check(n)
+            n = storage.check(n)
         except ValueError as exc:
             problem("info", n, str(exc))
             status = 1

@@ -38,7 +38,7 @@ import numpy as np
 
 from shmbuf.buffer import handle as core
 from shmbuf.core import sampling
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.shared import Shared
 
@@ -124,34 +124,35 @@ class Buffer(Shared):
         return self._core.engine.sample(n_samples, n_samples, None, lambda t: self._sample_global(n_samples, t))
 
     def _sample_global(self, n: int, timeout: float) -> dict[str, np.ndarray]:
-        """imitation's draw, ``np.random.randint(size, size=n)`` over the slots, each slot
-        read through the engine's checked copy (a row being written is drawn again, from
-        the same global generator)."""
-        ring = self._core.engine.ring
-        cap = ring.lane_capacity
-        out = {f.name: np.empty((n,) + f.shape, f.dtype) for f in ring.layout.fields}
-
-        def fill(todo: np.ndarray) -> np.ndarray | None:
-            lo, head = ring.window()
-            size = int(head[0] - lo[0])
-            if size == 0:
-                raise ValueError("Buffer is empty")
-            ind = np.random.randint(size, size=len(todo))
-            last = int(head[0]) - 1
-            seq = (last - (last - ind) % cap).astype(np.int64)  # the row that slot holds now
-            part = [np.empty((len(todo),) + f.shape, f.dtype) for f in ring.layout.fields]
-            ok = sampling.copy_windows(ring, 0, seq, 1, None, part)
-            ok = np.ones(len(todo), bool) if ok is None else ok
-            for f, a in zip(ring.layout.fields, part):
-                out[f.name][todo[ok]] = a[ok]
-            return ok
-
-        until_filled(fill, n, timeout, "rows")
-        return out
+        return read(_Global(self._core.engine.ring), n, timeout)
 
     def size(self) -> Optional[int]:
         """The number of samples stored in the buffer."""
         return len(self._core)
+
+
+class _Global(Sampler):
+    """imitation's draw, ``np.random.randint(size, size=n)`` over the slots, each slot
+    read through the engine's checked copy (a row being written is drawn again, from
+    the same global generator)."""
+
+    def __init__(self, ring: Any) -> None:
+        self.ring, self.fields = ring, ring.layout.fields
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        lo, head = self.ring.window()
+        size = int(head[0] - lo[0])
+        if size == 0:
+            raise ValueError("Buffer is empty")
+        ind = np.random.randint(size, size=len(todo))
+        last = int(head[0]) - 1
+        return (last - (last - ind) % self.ring.lane_capacity).astype(np.int64)  # the rows those slots hold now
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        return sampling.copy_windows(self.ring, 0, drawn, 1, None, list(out.values()))
 
 
 def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:

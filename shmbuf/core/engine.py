@@ -12,8 +12,9 @@ What a capability may use:
 
 * ``layout``, ``fields``, ``schema``, ``seg``, ``name``: what the segment holds;
 * ``ring`` (lane table, stamps, arrays, ``put``, ``window``), ``native``, ``lock``;
-* ``rng``, ``seconds(timeout)``, ``counters``, ``gate`` (the rate limit, or None),
-  ``queue`` (a queue's :class:`~shmbuf.core.queue.Queue`, or None);
+* ``rng``, ``seconds(timeout)``, ``counters``, and the parts a capability replaces
+  (:mod:`shmbuf.core.parts`): ``writes`` (rows into the ring, or a queue's),
+  ``priorities``, ``gate`` (the rate limit);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
 * the read path: :mod:`shmbuf.core.read` with this engine.
 
@@ -39,12 +40,14 @@ from shmbuf.core import durable, native, procs, sampling, validate
 from shmbuf.core.counters import Counters
 from shmbuf.core.layout import CTRL_LOCK_HOLDER, Layout
 from shmbuf.core.lock import HeaderLock
-from shmbuf.core.queue import REGION as QUEUE, Consumed, Queue
-from shmbuf.core.ratelimit import Limiter, RateLimit
+from shmbuf.core.parts import NoPriorities, Replay
+from shmbuf.core.queue import REGION as QUEUE, Queue
+from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit
 from shmbuf.core.ring import Ring, WriteTimeout
-from shmbuf.core.files import FileSegment, is_path
+from shmbuf.core import storage
+from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
-from shmbuf.core.tables import BeyondHorizon, check_tables
+from shmbuf.core.tables import check_tables
 
 T = TypeVar("T")
 
@@ -88,7 +91,7 @@ def open_segment(name: str, timeout: float) -> tuple[Segment, Layout]:
     delay = 0.001
     while True:
         try:
-            seg = (FileSegment if is_path(name) else Segment).attach(name)
+            seg = storage.of(name).attach(name)
         except NotReadyError:
             seg = None
         if seg is not None:
@@ -155,13 +158,14 @@ class Engine:
         self.ring.counters = self.lock.stats = self.counters
         if counted:
             self.counters.claim(self.lock, min(timeout, 1.0))
+        # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
         rate = layout.meta.get("rate")
-        self.gate = None if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.trees: Any = None  # a prioritized buffer's shmbuf.priority.trees.Trees (set by its facade)
-        q = layout.meta.get("queue")
-        self.queue = None if q is None else Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
-        if rewound and self.queue is not None:
-            self.queue.recovered(timeout)  # takes in flight at the restart give their rows back
+        self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
+        self.writes: Any = Replay(self.ring) if layout.meta.get("queue") is None else \
+            Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
+        self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
+        if rewound:
+            self.writes.recovered(timeout)  # a queue's takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
@@ -208,8 +212,7 @@ class Engine:
         the row axis for ``n == 1``) into ``lane`` (None: the claimed one), through the
         rate gate."""
         timeout = self.seconds(timeout)
-        if self.gate is not None:
-            self.gate.before_insert(n, timeout)
+        self.gate.before_insert(n, timeout)
         claims = lane is None and self.layout.lanes > 1 and self.lane is None  # claimed by this write
         if lane is None and self.layout.lanes == 1:
             lane = 0
@@ -218,11 +221,7 @@ class Engine:
         try:
             if not self.prefaulted[lane]:
                 self.prefault(lane)
-            while True:
-                try:
-                    return (self.ring if self.queue is None else self.queue).put(lane, n, arrays, timeout)
-                except BeyondHorizon:  # (a buffer file's Python-path write: nothing was reserved)
-                    self.ring.reach(lane, n, timeout)
+            return self.writes.put(lane, n, arrays, timeout)
         except BaseException:
             if claims and self.lane is not None:  # a failed first write keeps no lane
                 self.release_lane(0.0)
@@ -257,11 +256,37 @@ class Engine:
         ``rows`` rows in all, after the rate gate lets ``n`` samples through; counted in
         the stats. Every sampler of every capability is called this way."""
         timeout = self.seconds(timeout)
-        if self.gate is not None:
-            self.gate.before_sample(n, timeout)
+        self.gate.before_sample(n, timeout)
         got = read(timeout)
         self.counters.sampled(rows)
         return got
+
+    def read(self, sampler: Sampler, n: int, rows: int, timeout: float | None, out: Any = None) -> Any:
+        """``n`` items of ``sampler`` (``rows`` rows in all) through the one read path
+        (:func:`shmbuf.core.read.read`), after the rate gate lets ``n`` samples through;
+        counted in the stats. The way in for a sampler outside the core."""
+        timeout = self.seconds(timeout)
+        self.writes.check_sample()
+        self.gate.before_sample(n, timeout)
+        got = read(sampler, n, timeout, out)
+        self.counters.sampled(rows)
+        return got
+
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now (a
+        sampler's draw looks here; whatever it draws is proven by :meth:`gather`)."""
+        return self.ring.window()
+
+    def writing(self) -> bool:
+        """Whether a live writer has rows reserved and not yet published (the rows a
+        sampler found unpublished may then still come)."""
+        return self.ring.live_writers_in_flight()
+
+    def gather(self, lane: Any, first: np.ndarray, length: int, out: list[Any], **filters: Any) -> np.ndarray | None:
+        """The checked gather (:func:`shmbuf.core.sampling.copy_windows`) of the windows
+        ``(lane, first)`` of ``length`` rows into ``out`` (one array or None per field,
+        in field order): None if all are intact, else the mask of the intact ones."""
+        return sampling.copy_windows(self.ring, lane, first, length, None, out, **filters)
 
     def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
                        lane: int | None = None, index: np.ndarray | None = None) -> None:
@@ -269,10 +294,8 @@ class Engine:
         intact windows drawn uniformly (of ``lane`` only, if given); ``index`` (int64
         ``(n,)``, if given) gets the slot of each window's first row."""
         timeout = self.seconds(timeout)
-        if self.queue is not None:
-            Consumed(self, None).sample()  # raises
-        if self.gate is not None:
-            self.gate.before_sample(n, timeout)
+        self.writes.check_sample()
+        self.gate.before_sample(n, timeout)
         if lane is not None:
             lane = self.resolve_lane(lane, 0)
         sampling.sample_windows(self.ring, self.rng, n, length, arrays, timeout, lane, index)
@@ -334,6 +357,6 @@ class Engine:
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
         self.counters.release()
-        self.ring = Closed(self.name)
+        self.ring = self.writes = self.priorities = self.gate = Closed(self.name)  # (any use says so)
         self.native = None  # calls go to the ring, which says it is closed
         self._finalizer()

@@ -186,7 +186,13 @@ def _exists(path: str) -> FileExistsError:
 class FileSegment(Segment):
     """A :class:`~shmbuf.core.segment.Segment` whose memory is a file (see the module)."""
 
-    durable = True
+    durable = True  # (see shmbuf.core.storage)
+    kind = "file"
+    check_name = staticmethod(check_path)
+
+    @staticmethod
+    def check_space(size: int) -> None:
+        """(The file's create checks its disk, which it knows only then.)"""
 
     @classmethod
     def create(cls, name: str, size: int) -> "FileSegment":

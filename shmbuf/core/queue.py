@@ -44,11 +44,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from shmbuf.core import procs, sampling, takes
+from shmbuf.core import procs, takes
 from shmbuf.core.interrupts import Deferred
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.lock import HeaderLock, LockTimeout
-from shmbuf.core.read import SampleTimeout, until_filled
+from shmbuf.core.read import SampleTimeout, read
 from shmbuf.core.ring import QueueFull, WriteTimeout
 from shmbuf.core.tables import BeyondHorizon
 
@@ -356,24 +356,10 @@ class Queue:
         self._give_back(s, np.array(gone, np.int64))
 
     def _copy(self, lanes: np.ndarray, seqs: np.ndarray, deadline: float, timeout: float) -> dict[str, np.ndarray]:
-        """The rows, through the read path's checked gather (they cannot change while we
-        hold them: a failed check is copied again until the deadline)."""
-        fields = [f for f in self.ring.layout.fields if f.name != FIELD]
-        out = {f.name: np.empty((len(seqs),) + f.shape, f.dtype) for f in fields}
-
-        def fill(todo: np.ndarray) -> np.ndarray | None:
-            got = out if len(todo) == len(seqs) else {k: np.empty_like(a[:len(todo)]) for k, a in out.items()}
-            ok = sampling.copy_windows(self.ring, lanes[todo], seqs[todo], 1, None,
-                                       [got.get(name) for name in self.names])
-            if got is not out:
-                for k, a in out.items():
-                    a[todo] = got[k]
-            return ok
-
-        until_filled(fill, len(seqs), timeout, "taken rows", deadline=max(deadline, time.monotonic() + 1.0),
-                     hint=": their stamps changed while they were claimed (the segment was written "
-                          "by something that does not follow the protocol)")
-        return out
+        """The rows, through the read path (they cannot change while we hold them: a
+        failed check is copied again until the deadline)."""
+        return read(takes.Taken(self.ring, lanes, seqs), len(seqs), timeout,
+                    deadline=max(deadline, time.monotonic() + 1.0))
 
     # -- whole-queue operations ------------------------------------------------------
 
@@ -422,28 +408,22 @@ class Queue:
             s.table[s.table[:, E_STATE] == RETURNED, E_STATE] = FREE
             s.next[:] = self.ring.lane_table[:, LANE_HEAD]
 
+    def size(self) -> int:
+        return self.depth()
+
+    def check_take(self) -> None:
+        pass
+
+    def check_truncate(self) -> None:
+        raise ValueError("a queue never drops rows: truncate_ok= is for replay buffers")
+
+    def check_sample(self) -> None:
+        raise ValueError("this buffer is a queue (mode='queue'): its rows are consumed in order with "
+                         "take(n), not sampled; create a replay buffer (the default mode) to sample")
+
     def stats(self) -> dict[str, Any]:
         h = self.head
         return {"queue_depth": self.depth(), "rows_taken": int(h[H_TAKEN]), "takes": int(h[H_TAKES]),
                 "rows_given_back": int(h[H_RETURNED]), "rows_skipped": int(h[H_SKIPPED]),
                 "take_wait_s": int(h[H_TAKE_WAIT]) / 1e9, "write_wait_s": int(h[H_WRITE_WAIT]) / 1e9}
-
-
-class Consumed:
-    """The sampler of a queue: a queue is consumed with ``take``, never sampled."""
-
-    def __init__(self, engine: Any, outputs: Any) -> None:
-        self.engine = engine
-
-    def sample(self, *args: Any) -> Any:
-        raise ValueError("this buffer is a queue (mode='queue'): its rows are consumed in order with "
-                         "take(n), not sampled; create a replay buffer (the default mode) to sample")
-
-    update = sample
-
-    def state(self) -> dict[str, Any]:
-        return {"rng": self.engine.rng.bit_generator.state}
-
-    def restore(self, rng: np.random.Generator) -> None:
-        self.engine.rng = rng
 

@@ -105,8 +105,25 @@ def restore_sampled(ring: Ring, count: int, timeout: float) -> None:
 LOCK_FLOOR = 0.05  # seconds a rate-limited sample waits for the header lock, even at its deadline
 
 
+class Open:
+    """The gate of a buffer without a rate limit: lets every sample and insert through."""
+
+    limited = False
+
+    def before_sample(self, n: int, timeout: float) -> None:
+        pass
+
+    def before_insert(self, n: int, timeout: float) -> None:
+        pass
+
+
+OPEN = Open()
+
+
 class Limiter:
     """A handle's view of a buffer's rate limit: waits before samples and inserts."""
+
+    limited = True
 
     def __init__(self, limit: RateLimit, ring: Ring) -> None:
         self.limit = limit

@@ -21,7 +21,7 @@ import numpy as np
 from shmbuf.core.counters import S_REDRAWS, S_RETRIES
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.lock import LockTimeout
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.core.ring import Ring
 from shmbuf.core.layout import published
 
@@ -340,53 +340,63 @@ def _scratch(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[An
     return memo.plan[1]
 
 
+class Windows(Sampler):
+    """Windows of ``length`` rows, uniformly over every lane's current windows (of lane
+    ``only``, if given): the core's sampler, behind every uniform sample. The first few
+    rounds draw uniformly over the lanes' windows; then over the exact set of published
+    windows, so a ring mostly reserved by writers that died is still sampled uniformly
+    over what is really there. A batch is one array per field, ``(m, length, *shape)``
+    (``(m, *shape)`` for ``length`` 1), and with ``index`` an int64 ``(m,)`` array last
+    that gets each window's first slot."""
+
+    hint = ": writers overwrite the ring faster than it can be read (capacity too small for the write rate?)"
+
+    def __init__(self, ring: Ring, rng: np.random.Generator, length: int, only: int | None = None,
+                 index: bool = False) -> None:
+        self.ring, self.rng, self.length, self.only, self.index = ring, rng, length, only, index
+        self.delay = 0.0
+
+    def empty(self, m: int) -> list[np.ndarray]:
+        lead = (m,) if self.length == 1 else (m, self.length)
+        out = [np.empty(lead + f.shape, f.dtype) for f in self.ring.layout.fields]
+        return out + [np.empty(m, np.int64)] if self.index else out
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        pool = None
+        if rounds > _UNIFORM_ROUNDS:
+            pool = _pool_or_raise(self.ring, self.length, deadline)
+            if pool is not None and self.only is not None:
+                keep = pool[0] == self.only
+                pool = (pool[0][keep], pool[1][keep]) if keep.any() else None
+            if pool is None:  # rows exist but are all still being written
+                time.sleep(self.delay)
+                self.delay = min(max(self.delay * 2, 20e-6), 1e-3)
+                return None
+        return draw_windows(self.ring, self.rng, len(todo), self.length, pool, self.only)
+
+    def gather(self, drawn: Any, out: list[np.ndarray]) -> np.ndarray | None:
+        m = len(out[0])
+        if drawn is None:
+            return np.zeros(m, bool)
+        lane, first, lo = drawn
+        if self.index:
+            lc = self.ring.lane_capacity
+            out[-1][:] = lane * lc + first % lc
+            out = out[:-1]
+        flat = out if self.length == 1 else [a.reshape((m * self.length,) + a.shape[2:]) for a in out]
+        return copy_windows(self.ring, lane, first, self.length, lo, flat)
+
+
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
                    out: Sequence[np.ndarray], timeout: float, only: int | None = None,
                    index: np.ndarray | None = None) -> None:
     """Fill ``out`` (one array per field, in field order, shape ``(n * length, *shape)``)
-    with ``n`` intact windows (of lane ``only``, if given), through the read path
-    (:func:`shmbuf.core.read.until_filled`). ``ValueError`` if the buffer (the lane)
-    holds no such window. The first few rounds draw uniformly over the lanes' windows;
-    then over the exact set of published windows (a ring mostly reserved by writers
-    that died is still sampled uniformly over what is really there). ``index`` (int64
-    ``(n,)``, if given) gets each window's first slot."""
-    lane, first, lo = draw_windows(ring, rng, n, length, None, only)
+    with ``n`` intact windows (of lane ``only``, if given) through :func:`read` and
+    :class:`Windows`. ``ValueError`` if the buffer (the lane) holds no such window.
+    ``index`` (int64 ``(n,)``, if given) gets each window's first slot."""
     if n == 0:
+        draw_windows(ring, rng, 0, length, None, only)  # (the ValueError of a buffer with no window)
         return
-    lc = ring.lane_capacity
-    if index is not None:
-        index[:] = lane * lc + first % lc
-    filled = copy_windows(ring, lane, first, length, lo, out)
-    if filled is None:
-        return  # the common case: one draw, one checked copy
-    shaped = [a.reshape((n, length) + a.shape[1:]) for a in out]
-    deadline = time.monotonic() + timeout
-    state = {"rounds": 1, "delay": 0.0}
-
-    def fill(todo: np.ndarray) -> np.ndarray | None:
-        rounds = state["rounds"]
-        state["rounds"] += 1
-        pool = None
-        if rounds > _UNIFORM_ROUNDS:
-            pool = _pool_or_raise(ring, length, deadline)
-            if pool is not None and only is not None:
-                keep = pool[0] == only
-                pool = (pool[0][keep], pool[1][keep]) if keep.any() else None
-            if pool is None:  # rows exist but are all still being written
-                time.sleep(state["delay"])
-                state["delay"] = min(max(state["delay"] * 2, 20e-6), 1e-3)
-                return np.zeros(len(todo), bool)
-        lane, first, lo = draw_windows(ring, rng, len(todo), length, pool, only)
-        tmp = [np.empty((len(todo) * length,) + a.shape[1:], a.dtype) for a in out]
-        ok = copy_windows(ring, lane, first, length, lo, tmp)
-        if ok is None:
-            ok = np.ones(len(todo), bool)
-        for dst, t in zip(shaped, tmp):
-            dst[todo[ok]] = t.reshape((-1, length) + t.shape[1:])[ok]
-        if index is not None:
-            index[todo[ok]] = (lane * lc + first % lc)[ok]
-        return ok
-
-    until_filled(fill, n, timeout, "rows", deadline=deadline, filled=filled,
-                 hint=": writers overwrite the ring faster than it can be read (capacity too small "
-                      "for the write rate?)")
+    batch = list(out) if length == 1 else [a.reshape((n, length) + a.shape[1:]) for a in out]
+    sampler = Windows(ring, rng, length, only, index is not None)
+    read(sampler, n, timeout, batch if index is None else batch + [index])

@@ -249,6 +249,13 @@ class Segment:
 
     durable = False
     """True for a segment in a file (:mod:`shmbuf.core.files`), which outlives a restart."""
+    kind = "shm"  # (see shmbuf.core.storage)
+    check_name = staticmethod(check_name)
+
+    @staticmethod
+    def check_space(size: int) -> None:
+        """Raise :class:`ShmSpaceError` if ``/dev/shm`` cannot hold ``size`` more bytes."""
+        check_space(size)
 
     def publish(self) -> None:
         """Make a complete new segment visible (a named segment already is)."""

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from shmbuf.core import sampling
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD, published
+from shmbuf.core.read import Sampler
 
 FIELD = "_queued"
 """The hidden field of a queue's rows: ``time.monotonic_ns()`` when their write began
@@ -148,3 +150,25 @@ def from_kept(kept: list[dict[str, np.ndarray]], n: int, partial: bool) -> dict[
     if have > n:
         kept.append({k: a[n:] for k, a in rows.items()})
     return {k: a[:n] for k, a in rows.items()}
+
+
+class Taken(Sampler):
+    """The rows a take claimed (``lanes``, ``seqs``), position by position: a failed
+    check copies the same row again."""
+
+    what = "taken rows"
+    hint = (": their stamps changed while they were claimed (the segment was written by something that "
+            "does not follow the protocol)")
+
+    def __init__(self, ring: Any, lanes: np.ndarray, seqs: np.ndarray) -> None:
+        self.ring, self.lanes, self.seqs = ring, lanes, seqs
+        self.fields = ring.layout.fields
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields if f.name != FIELD}
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        return self.lanes[todo], self.seqs[todo]
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        return sampling.copy_windows(self.ring, drawn[0], drawn[1], 1, None, [out.get(f.name) for f in self.fields])

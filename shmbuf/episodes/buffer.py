@@ -61,7 +61,7 @@ class EpisodeBuffer:
         self.user_fields = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
         self.transitions: transitions.Transitions = (  # the sampler of transitions (set again with her)
-            transitions.ByPriority(self) if core.engine.trees is not None else transitions.Transitions(self))
+            transitions.ByPriority(self) if core.prioritized else transitions.Transitions(self))
         self.episode_index = whole.Index(core.lanes)  # sample_episodes' complete episodes
         # observation fields read apart from the rest of a row (not once per step of
         # an n-step window): frames to stack, and anything larger than a packed row
@@ -165,7 +165,7 @@ class EpisodeBuffer:
             if not callable(getattr(her, "relabel", None)):
                 raise TypeError(f"her must be a shmbuf.HER (or None), got {type(her).__name__}")
             her.check(self.user_fields, self.observations, self.reward, self.frame_stack)
-            if self.engine.trees is not None:
+            if self.core.prioritized:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported")
             self.transitions = transitions.Relabelled(self, her)
         elif self._her is not None:
@@ -288,7 +288,7 @@ class EpisodeBuffer:
         batch = count(batch, "batch")
         length = count(length, "length", 1)
         burn_in = count(burn_in, "burn_in")
-        if self.engine.trees is not None:
+        if self.core.prioritized:
             beta = check_beta(beta)
         elif beta is not None:
             raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")

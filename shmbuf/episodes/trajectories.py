@@ -31,16 +31,15 @@ step for an episode that has ended, the newest step written so far for one in pr
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import numpy as np
 
-from shmbuf.core import sampling
 from shmbuf.core.layout import LANE_HEAD
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
-from shmbuf.episodes.transitions import NONE_YET, none_yet
+from shmbuf.episodes.transitions import draw_pairs, none_yet
 from shmbuf.episodes.parts import Episodes
 from shmbuf.core.layout import published
 
@@ -57,52 +56,70 @@ def sample(ebuf: Episodes, batch: int, length: int, timeout: float, where: bool 
     ``where``, also each one's ``_lane``, ``_seq`` (its last row) and ``_start`` (its
     episode's first row), for samplers built on this one."""
     total = burn_in + length
-    out = _empty(ebuf, batch, total, where)
-    deadline = time.monotonic() + timeout
-    trees = ebuf.engine.trees if beta is not None else None
-    leaf, index, low = np.empty(batch), np.empty((batch, 2), np.int64), [np.inf]
-
-    def fill(todo: np.ndarray) -> np.ndarray:
-        m = len(todo)
-        if trees is None:
-            lane, end, drawn, p, slots = *_draw(ebuf, m), True, None, None
-        else:
-            slots, p, end, least, drawn = trees.pick(ebuf.engine.rng, m, deadline, timeout)
-            low[0] = min(low[0], least)
-            lane = slots // trees.lc
-            drawn &= end + 1 < ebuf.engine.ring.lane_table[lane, LANE_HEAD]  # a transition: not the newest row
-        more = _empty(ebuf, m, total, where)
-        good = np.flatnonzero(_fill(ebuf, more, total, lane, end) & drawn)
-        for key, a in out.items():
-            a[todo[:len(good)]] = more[key][good]
-        if trees is not None:
-            leaf[todo[:len(good)]] = p[good]
-            index[todo[:len(good)], 0], index[todo[:len(good)], 1] = slots[good], end[good]
-        return np.arange(m) < len(good)
-
-    until_filled(fill, batch, timeout, "trajectories", deadline=deadline,
-                 check=None if trees is None else none_yet(ebuf))
+    draws = Trajectories(ebuf, total, where) if beta is None else ByPriority(ebuf, total, where, timeout)
+    out = read(draws, batch, timeout)
     if burn_in:
         out["burn_in_mask"] = out["mask"] & (np.arange(total) < burn_in)
-    if trees is not None:
-        out["weight"] = np.power(low[0] / leaf, beta)
-        out["index"] = index
+    if beta is not None:
+        out["weight"] = np.power(draws.low / out.pop("_p"), beta)  # type: ignore[attr-defined]
+        out["index"] = np.stack([out.pop("_slot"), out.pop("_end")], axis=1)
     return out
 
 
-def _draw(ebuf: Episodes, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The lanes and end rows of ``m`` candidates, uniformly over pairs of adjacent
-    rows (the pairs that are not transitions are rejected by :func:`_fill`)."""
-    ring = ebuf.engine.ring
-    try:
-        lane, end, _ = sampling.draw_windows(ring, ebuf.engine.rng, m, 2, None)
-    except ValueError:
-        if ring.size() == 0:
-            raise
-        raise ValueError(NONE_YET) from None
-    if type(lane) is not np.ndarray:
-        lane = np.full(m, lane, np.int64)
-    return lane, end
+class Trajectories(Sampler):
+    """Trajectories of ``length`` steps ending at a step drawn uniformly over pairs of
+    adjacent rows (the pairs that are not transitions are rejected by the gather), for
+    :func:`~shmbuf.core.read.read`."""
+
+    what = "trajectories"
+
+    def __init__(self, ebuf: Episodes, length: int, where: bool) -> None:
+        self.ebuf, self.length, self.where = ebuf, length, where
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return _empty(self.ebuf, m, self.length, self.where)
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        lane, end = draw_pairs(self.ebuf, len(todo))
+        if type(lane) is not np.ndarray:
+            lane = np.full(len(todo), lane, np.int64)
+        return lane, end, None
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        lane, end, ok = drawn
+        valid = copy_trajectories(self.ebuf, out, self.length, lane, end)
+        return valid if ok is None else valid & ok
+
+
+class ByPriority(Trajectories):
+    """Trajectories ending at a step drawn by its priority, each with its slot, end row
+    and leaf (the private ``_slot``, ``_end``, ``_p``); ``low``: the smallest leaf of
+    every version of the trees drawn from."""
+
+    what = "trajectories"
+
+    def __init__(self, ebuf: Episodes, length: int, where: bool, timeout: float) -> None:
+        super().__init__(ebuf, length, where)
+        self.trees, self.timeout, self.low = ebuf.engine.priorities, timeout, np.inf
+        self.check = none_yet(ebuf)  # type: ignore[method-assign]
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        out = super().empty(m)
+        out.update(_slot=np.empty(m, np.int64), _end=np.empty(m, np.int64), _p=np.empty(m))
+        return out
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        slots, p, end, least, drawn = self.trees.pick(self.ebuf.engine.rng, len(todo), deadline, self.timeout)
+        self.low = min(self.low, least)
+        lane = slots // self.trees.lc
+        drawn &= end + 1 < self.ebuf.engine.ring.lane_table[lane, LANE_HEAD]  # a transition: not the newest row
+        self.picked = slots, p
+        return lane, end, drawn
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        out["_slot"][:], out["_p"][:] = self.picked
+        out["_end"][:] = drawn[1]
+        return super().gather(drawn, out)
 
 
 def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str, np.ndarray]:
@@ -118,7 +135,7 @@ def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str
     return out
 
 
-def _fill(ebuf: Episodes, out: dict[str, np.ndarray], length: int, lane: np.ndarray,
+def copy_trajectories(ebuf: Episodes, out: dict[str, np.ndarray], length: int, lane: np.ndarray,
           end: np.ndarray) -> np.ndarray:
     """Read the trajectories ending at rows ``end`` of ``lane`` into ``out``; returns the
     mask of the ones proven intact (the others are drawn again)."""

@@ -11,13 +11,12 @@ the candidate, which is drawn again.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from shmbuf.core import sampling
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
@@ -32,7 +31,7 @@ NONE_YET = ("the buffer holds no transition yet: an episode's step becomes one o
 
 class Transitions:
     """The episode buffer's sampler of transitions, uniformly (the shape of
-    :mod:`shmbuf.core.sampler`'s samplers, over transitions). It keeps its plans (per
+    :mod:`shmbuf.samplers`' samplers, over transitions). It keeps its plans (per
     n-step and relabelling) and the fraction of candidates it last saw rejected (it
     draws that many more)."""
 
@@ -121,67 +120,76 @@ def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,
     and, for ``n_step > 1``, ``steps`` (taken, <= n_step) with the discounted reward.
     With frame stacking, observations come as stacks ``(n, k, *frame)``. With
     ``where``, also where each step was read: ``_lane``, ``_seq`` (its row in the lane)
-    and ``_start`` (its episode's first row), for samplers built on this one.
+    and ``_start`` (its episode's first row), for samplers built on this one."""
+    return read(uniformly(ebuf, n_step, gamma, where), n, timeout)
 
-    A few more candidates than ``n`` are drawn (about the fraction this handle last saw
-    rejected: final rows, rows still waiting for their next observation), so that a
-    second draw is rare: the first ``n`` that are transitions are kept, which in an
-    i.i.d. stream of candidates are i.i.d. too."""
+
+def uniformly(ebuf: Episodes, n_step: int, gamma: float, where: bool = False) -> Uniformly:
+    """The read sampler of :func:`sample` (for samplers built on it)."""
+    return Uniformly(ebuf, _plan(ebuf, n_step, where), gamma)
+
+
+def _plan(ebuf: Episodes, n_step: int, where: bool) -> _Reads:
     plan = ebuf.transitions.plans.get((n_step, where))
     if plan is None:
         plan = ebuf.transitions.plans[n_step, where] = _Reads(ebuf, n_step, where)
-    if n == 0:
-        return plan.empty(0)
-    out = plan.empty(n + int(n * ebuf.transitions.rejected) + 4)
-    head = {key: a[:n] for key, a in out.items()}  # (views)
-    started = False
-
-    def fill(todo: np.ndarray) -> np.ndarray | None:
-        nonlocal started
-        if not started:  # n candidates and a few more, into out
-            started = True
-            valid = _fill(ebuf, plan, out, gamma)
-            if valid is None or valid[:n].all():
-                return None
-            ebuf.transitions.rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
-            ok = valid[:n].copy()
-            bad = np.flatnonzero(~ok)
-            spare = np.flatnonzero(valid[n:])[:len(bad)] + n  # the extra ones that are transitions
-            for a in out.values():
-                a[bad[:len(spare)]] = a[spare]
-            ok[bad[:len(spare)]] = True
-            return ok
-        more = plan.empty(2 * len(todo) + 4)
-        got = _fill(ebuf, plan, more, gamma)
-        good = np.arange(len(more["steps" if n_step > 1 else "terminated"])) if got is None else np.flatnonzero(got)
-        good = good[:len(todo)]
-        for key, a in head.items():
-            a[todo[:len(good)]] = more[key][good]
-        return np.arange(len(todo)) < len(good)
-
-    check = none_yet(ebuf)
-    until_filled(fill, n, timeout, "transitions", check=check,
-                 hint=(f": with n_step={n_step}, the newest steps of an episode in progress wait until "
-                       f"{n_step} steps follow them or it ends" if n_step > 1 else ""))
-    return {key: a[:n] for key, a in out.items()}
+    return plan
 
 
-def _fill(ebuf: Episodes, plan: _Reads, out: dict[str, np.ndarray], gamma: float,
-          drawn: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
-    """Draw ``len(out)`` candidates uniformly over pairs of adjacent rows (or take the
-    ``drawn`` (lanes, rows)) and copy them into ``out``; returns the mask of those that
-    are intact transitions (None: all)."""
-    ring, rng = ebuf.engine.ring, ebuf.engine.rng
+class Uniformly(Sampler):
+    """Transitions uniformly, for :func:`~shmbuf.core.read.read`. A few more candidates
+    than asked are drawn (about the fraction the handle's sampler last saw rejected:
+    final rows, rows still waiting for their next observation), so that a second round
+    is rare: the candidates that are transitions fill the positions, which in an i.i.d.
+    stream of candidates are i.i.d. too."""
+
+    what = "transitions"
+
+    def __init__(self, ebuf: Episodes, plan: _Reads, gamma: float) -> None:
+        self.ebuf, self.plan, self.gamma = ebuf, plan, gamma
+        if plan.n > 1:
+            self.hint = (f": with n_step={plan.n}, the newest steps of an episode in progress wait until "
+                         f"{plan.n} steps follow them or it ends")
+        self.check = none_yet(ebuf)  # type: ignore[method-assign]
+        self.asked = 0
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return self.plan.empty(m)
+
+    def spare(self, m: int, rounds: int) -> int:
+        return int(m * self.ebuf.transitions.rejected) + 4 if rounds == 0 else m + 4
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        self.asked = len(todo) if rounds == 0 else 0
+        return draw_pairs(self.ebuf, len(todo) + self.spare(len(todo), rounds))
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        valid = copy_transitions(self.ebuf, self.plan, out, self.gamma, drawn)
+        if self.asked and valid is not None and not valid[:self.asked].all():  # (what the next call draws more)
+            self.ebuf.transitions.rejected = min(1.5 * (1.0 - np.count_nonzero(valid) / len(valid)), 1.0)
+        return valid
+
+
+def draw_pairs(ebuf: Episodes, m: int) -> tuple[Any, np.ndarray]:
+    """The lanes and first rows of ``m`` pairs of adjacent rows, uniformly (the pairs
+    that are not transitions are rejected by the gather)."""
+    ring = ebuf.engine.ring
+    try:
+        lane, t, _ = sampling.draw_windows(ring, ebuf.engine.rng, m, 2, None)
+    except ValueError:
+        if ring.size() == 0:
+            raise  # "empty buffer"
+        raise ValueError(NONE_YET) from None  # no lane holds two rows
+    return lane, t
+
+
+def copy_transitions(ebuf: Episodes, plan: _Reads, out: dict[str, np.ndarray], gamma: float,
+          drawn: tuple[Any, np.ndarray]) -> np.ndarray | None:
+    """Copy the transitions whose steps are ``drawn`` (lanes, rows) into ``out``; the
+    mask of those that are intact transitions (None: all)."""
+    ring = ebuf.engine.ring
     m, n, k = len(out["terminated"]), plan.n, plan.k
-    if drawn is not None:
-        lane, t = drawn
-    else:
-        try:
-            lane, t, _ = sampling.draw_windows(ring, rng, m, 2, None)
-        except ValueError:
-            if ring.size() == 0:
-                raise  # "empty buffer"
-            raise ValueError(NONE_YET) from None  # no lane holds two rows
+    lane, t = drawn
     # 1. Rows t .. t+n, one window per candidate, each position into arrays of its own:
     #    row t's fields straight into the output, then what the rows after it are read
     #    for (the large observations apart: 2.). The gather's filters keep rows of t's
@@ -240,36 +248,44 @@ def sample_by_priority(ebuf: Episodes, n: int, n_step: int, gamma: float, beta: 
     """``n`` transitions drawn by the priority of their step (see :mod:`shmbuf.priority.trees`:
     final rows have none; a drawn step that is not a transition yet, the newest of an
     episode in progress, is drawn again), with ``weight`` and ``index``."""
-    trees = ebuf.engine.trees
-    plan = ebuf.transitions.plans.get((n_step, False))
-    if plan is None:
-        plan = ebuf.transitions.plans[n_step, False] = _Reads(ebuf, n_step, False)
-    out = plan.empty(n)
-    leaf, index = np.empty(n), np.empty((n, 2), np.int64)
-    low = np.inf
-    deadline = time.monotonic() + timeout
-
-    def fill(todo: np.ndarray) -> np.ndarray:
-        nonlocal low
-        m = len(todo)
-        slots, p, seq, least, ok = trees.pick(ebuf.engine.rng, m, deadline, timeout)
-        low = min(low, least)
-        got = plan.empty(m) if m < n else out
-        valid = _fill(ebuf, plan, got, gamma, (slots // trees.lc, seq))
-        if valid is not None:
-            ok &= valid
-        if m < n:
-            for key, a in out.items():
-                a[todo[ok]] = got[key][ok]
-        leaf[todo[ok]] = p[ok]
-        index[todo[ok], 0], index[todo[ok], 1] = slots[ok], seq[ok]
-        return ok
-
-    check = none_yet(ebuf)
-    until_filled(fill, n, timeout, "transitions by priority", deadline=deadline, check=check)
-    out["weight"] = np.power(low / leaf, beta)
-    out["index"] = index
+    draws = PriorityDraws(ebuf, _plan(ebuf, n_step, False), gamma, timeout)
+    out = read(draws, n, timeout)
+    out["weight"] = np.power(draws.low / out.pop("_p"), beta)
+    out["index"] = np.stack([out.pop("_slot"), out.pop("_seq")], axis=1)
     return out
+
+
+class PriorityDraws(Uniformly):
+    """Transitions drawn by the priority of their step, for :func:`~shmbuf.core.read.read`,
+    each with its slot, row and leaf (the private ``_slot``, ``_seq``, ``_p``); ``low``:
+    the smallest leaf of every version of the trees drawn from."""
+
+    what = "transitions by priority"
+    hint = ""
+
+    def __init__(self, ebuf: Episodes, plan: _Reads, gamma: float, timeout: float) -> None:
+        super().__init__(ebuf, plan, gamma)
+        self.hint, self.timeout, self.low = "", timeout, np.inf
+        self.trees = ebuf.engine.priorities
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        out = self.plan.empty(m)
+        out.update(_slot=np.empty(m, np.int64), _seq=np.empty(m, np.int64), _p=np.empty(m))
+        return out
+
+    def spare(self, m: int, rounds: int) -> int:
+        return 0
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        slots, p, seq, least, ok = self.trees.pick(self.ebuf.engine.rng, len(todo), deadline, self.timeout)
+        self.low = min(self.low, least)
+        return slots, p, seq, ok
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        slots, p, seq, ok = drawn
+        out["_slot"][:], out["_seq"][:], out["_p"][:] = slots, seq, p
+        valid = copy_transitions(self.ebuf, self.plan, out, self.gamma, (slots // self.trees.lc, seq))
+        return ok if valid is None else ok & valid
 
 
 def _n_step_python(plan: _Reads, ring: Any, lane: Any, t: np.ndarray, first: list, fl: np.ndarray,
@@ -337,7 +353,7 @@ def _n_step(plan: _Reads, out: dict[str, np.ndarray], flags: np.ndarray, rews: n
 
 
 def none_yet(ebuf: Episodes) -> Any:
-    """The ``check`` of :func:`shmbuf.core.read.until_filled` for samplers of
+    """The ``check`` of :class:`shmbuf.core.read.Sampler` for samplers of
     transitions: after a few redraws, raise ``ValueError(NONE_YET)`` if an exact scan
     finds no transition at all."""
     def check(rounds: int) -> None:

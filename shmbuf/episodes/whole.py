@@ -9,13 +9,13 @@ then copied in one window whose every row is stamp-checked and of that episode.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from shmbuf.core import sampling
 from shmbuf.core.layout import LANE_BASE
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.core.ring import Ring
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
 from shmbuf.episodes.parts import Episodes
@@ -90,19 +90,33 @@ def sample(ebuf: Episodes, n: int, timeout: float) -> list[dict[str, np.ndarray]
     """``n`` whole episodes, uniformly over the complete ones, with replacement: each a
     dict of ``(T, ...)`` arrays (the fields, ``next_<obs>``, ``terminated``,
     ``truncated``)."""
-    ring, rng = ebuf.engine.ring, ebuf.engine.rng
-    out: list[dict[str, np.ndarray] | None] = [None] * n
+    return list(read(Whole(ebuf), n, timeout)["episode"])
 
-    def fill(todo: np.ndarray) -> np.ndarray:
-        lanes, first, last = ebuf.episode_index.complete(ring)
+
+class Whole(Sampler):
+    """Whole episodes, uniformly over the complete ones (of the episode index), for
+    :func:`~shmbuf.core.read.read`: a batch is ``{"episode": (m,) objects}``."""
+
+    what = "episodes"
+
+    def __init__(self, ebuf: Episodes) -> None:
+        self.ebuf = ebuf
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return {"episode": np.empty(m, object)}
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        lanes, first, last = self.ebuf.episode_index.complete(self.ebuf.engine.ring)
         if not len(lanes):
             raise ValueError(_NONE)
-        for i, j in zip(todo, rng.integers(0, len(lanes), len(todo))):
-            out[i] = _copy(ebuf, int(lanes[j]), int(first[j]), int(last[j]))
-        return np.array([out[i] is not None for i in todo], bool)
+        j = self.ebuf.engine.rng.integers(0, len(lanes), len(todo))
+        return lanes[j], first[j], last[j]
 
-    until_filled(fill, n, timeout, "episodes")
-    return out  # type: ignore[return-value]
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        got = out["episode"]
+        for i, (lane, first, last) in enumerate(zip(*(a.tolist() for a in drawn))):
+            got[i] = _copy(self.ebuf, lane, first, last)
+        return np.array([e is not None for e in got], bool)
 
 
 def _copy(ebuf: Episodes, lane: int, first: int, last: int) -> dict[str, np.ndarray] | None:

@@ -39,7 +39,7 @@ class EpisodeWriter:
         self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
         self._started = np.zeros(n, bool)  # an episode in progress
         self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
-        self._prio = core.engine.trees is not None  # a prioritized buffer: steps at the largest
+        self._prio = core.prioritized  # a prioritized buffer: steps at the largest
         if self._prio:                         # priority (0), final rows at none (-1)
             self._sys["_priority"] = np.zeros(n)
         if not self._axis:  # the same memory, as one row without a row axis
@@ -48,7 +48,7 @@ class EpisodeWriter:
         self._keys = buffer.step_rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
-        self._limiter = core.engine.gate  # a rate limit: writes wait in _put (no fast path)
+        self._gate = core.engine.gate  # a rate limit: writes wait in _put (no fast path)
         self._in_progress = False  # every env has an episode in progress: add's fast path
         user = buffer.step_rows.user
         self._next_specs = [(o, (n,) + user[o][0], user[o][1]) for o in buffer.observations]
@@ -153,7 +153,7 @@ class EpisodeWriter:
             self._in_progress = False
             self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
             self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
-        self._in_progress = bool(self._native is not None and self._limiter is None and self._started.all())
+        self._in_progress = bool(self._native is not None and not self._gate.limited and self._started.all())
 
     def _begin(self, envs: np.ndarray) -> None:
         """Start an episode in each env of the mask ``envs``: the next number of its
@@ -176,8 +176,7 @@ class EpisodeWriter:
         """Row i of ``data`` and ``sys`` (checked arrays, a row per env) into lane
         ``lanes[i]``: in one native call, or (pure Python, or a lane this handle has
         not mapped yet) one core write per lane."""
-        if self._limiter is not None:
-            self._limiter.before_insert(len(lanes), self.buffer.engine.seconds(timeout))
+        self._gate.before_insert(len(lanes), self.buffer.engine.seconds(timeout))
         if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
             return
         core = self.buffer.core

@@ -48,7 +48,6 @@ import math
 import os
 import secrets
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from numpy.lib import format as npformat
 
 from shmbuf.priority import trees as _priority
 from shmbuf.persist import state
-from shmbuf.core import files, procs, ratelimit, segment
+from shmbuf.core import procs, ratelimit, storage
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
 from shmbuf.core.queue import FIELD as QUEUED
@@ -96,13 +95,12 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
     ring, layout = engine.ring, engine.layout
     try:
-        leaves = engine.trees.snapshot(timeout) if engine.trees is not None else None
+        leaves = engine.priorities.snapshot(timeout)
         fields = engine.layout.stored()
         files, data = {}, {}
         # a queue's rows not yet taken, exactly: no take runs during the copy
-        quiet = nullcontext(None) if engine.queue is None else engine.queue.quiet(timeout)
         try:
-            with quiet as pos:
+            with engine.writes.quiet(timeout) as pos:
                 if pos is None:
                     pos = state.positions(ring, timeout)  # (after the leaves: rows newer are synced anew)
                 sampled = ratelimit.sampled(ring)
@@ -113,10 +111,9 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
                 stamps = np.empty(layout.capacity, np.int64)
                 bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
                 kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
-                if engine.queue is not None:  # (delivered rows are left out: see Queue.delivered)
-                    gone = engine.queue.delivered(stamps)
-                    stamps[gone] = 0
-                    kept -= int(gone.sum())
+                gone = engine.writes.delivered(stamps)  # (a queue's delivered rows are left out)
+                stamps[gone] = 0
+                kept -= int(gone.sum())
                 bar.close()
         finally:
             for out in data.values():
@@ -275,8 +272,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     module docstring."""
     got = read(path)
     # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
-    if not files.is_path(got["name"] if name is None else name):  # (a file's create checks its disk)
-        segment.check_space(got["layout"].total_size)
+    storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     kwargs: dict[str, Any] = {}
     try:
@@ -332,11 +328,10 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
                     r.close()
         bar.close()
         ratelimit.restore_sampled(buf.engine.ring, got["sampled"], timeout)
-        if buf.engine.queue is not None:
-            buf.engine.queue.reset(timeout)  # every row restored is one not yet taken
+        buf.engine.writes.reset(timeout)  # (a queue: every row restored is one not yet taken)
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
-            buf.engine.trees.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)
+            buf.engine.priorities.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)
         if restore_rng:
             buf.engine.rng = checked["rng"]
     except BaseException:

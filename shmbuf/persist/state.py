@@ -113,19 +113,17 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
 
 
 def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
-             timeout: float, queue: Any = None) -> dict[str, Any]:
-    """A consistent copy of ``ring``'s rows (see the module docstring). ``queue``: a
-    queue's :class:`~shmbuf.core.queue.Queue`, held quiet during the copy: the rows not
-    yet taken, exactly (delivered ones are left out)."""
+             timeout: float, writes: Any) -> dict[str, Any]:
+    """A consistent copy of ``ring``'s rows (see the module docstring). ``writes``: the
+    engine's write part (:mod:`shmbuf.core.parts`), held quiet during the copy (a
+    queue's: its rows not yet taken, exactly; delivered ones are left out)."""
     data = {name: np.empty_like(a) for name, a in ring.arrays.items()}
     stamps = np.empty(ring.layout.capacity, np.int64)
-    if queue is None:
-        pos = positions(ring, timeout)
+    with writes.quiet(timeout) as pos:
+        if pos is None:  # (a queue's positions come with its quiet)
+            pos = positions(ring, timeout)
         copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
-    else:
-        with queue.quiet(timeout) as pos:
-            copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
-            stamps[queue.delivered(stamps)] = 0
+        stamps[writes.delivered(stamps)] = 0
     heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
     return {"format": FORMAT, "version": VERSION, "fields": fields,
             "capacity": ring.layout.capacity, "lanes": ring.lanes,

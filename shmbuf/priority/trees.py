@@ -322,6 +322,58 @@ class Trees:
             node = left + right
         return node - self.leaves
 
+    # -- the part's operations (shmbuf.core.parts: NoPriorities is the plain one) ----------
+
+    def stamp(self, data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
+        """``data`` (of ``add``: ``axis`` None, or ``extend``: 0) with the hidden priority
+        field (0: the largest priority ever set)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
+        if FIELD in data:
+            raise ValueError(f"{FIELD!r} is kept by shmbuf: pass priority= instead")
+        if axis is None:
+            p: Any = 0.0 if priority is None else float(check_values(priority, 1, "priority")[0])
+        else:
+            try:
+                rows = len(next(iter(data.values())))
+            except (TypeError, StopIteration):
+                rows = 0  # (the schema check explains a bad batch)
+            if priority is None:
+                p = np.zeros(rows)
+            else:
+                p = check_values(priority, None, "priority")
+                if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
+                    p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
+        return {**data, FIELD: p}
+
+    def leaf_values(self, slots: np.ndarray) -> np.ndarray:
+        """The ``p**a`` the trees hold now for ``slots`` (no lock: read right after a
+        sample, by the only process that changes the trees, they are the values drawn)."""
+        return self.sum[self.leaves + np.asarray(slots, np.int64)]
+
+    def totals(self, timeout: float) -> tuple[float, float]:
+        """The buffer's priority mass ``sum p**a`` and smallest ``p**a`` (0.0, 0.0 if
+        empty), its newest rows included (synced first): what a sampler over several buffers
+        (``shmbuf.ray``) draws its per-buffer counts and weights by."""
+        with self.change(timeout):
+            self.sync()
+            return float(self.sum[1]), float(self.min[1])
+
+    def update_priorities(self, index: Any, priorities: Any, timeout: float) -> int:
+        """Set the priorities of the rows ``index`` (as a sample gave it: slot, row) that still
+        hold those rows; how many were set."""
+        idx = np.asarray(index)
+        if idx.ndim != 2 or idx.shape[1] != 2 or idx.dtype.kind not in "iu":
+            raise ValueError(f"index must be the (n, 2) integer array sample() returned as 'index' (slot, row), "
+                             f"got {idx.dtype} {idx.shape}")
+        p = check_values(priorities, len(idx), "update_priorities")
+        slots, seqs = idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
+        if len(slots) and (slots.min() < 0 or slots.max() >= self.capacity):
+            raise ValueError(f"index: slots must be in [0, {self.capacity}); was it sampled from another buffer?")
+        with self.change(timeout):
+            self.sync()  # rows published since: their slots' leaves are theirs now
+            return self.update(slots, seqs, p)
+
 
 class _Change:
     """The header lock held (Ctrl-C held off while it is: see ``HeaderLock.hold``), the
@@ -357,62 +409,3 @@ class _Change:
 def _nonzero_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise min, where 0 stands for "no row" (so min(0, x) is x)."""
     return np.where(a == 0, b, np.where(b == 0, a, np.minimum(a, b)))
-
-
-# -- the Buffer operations ---------------------------------------------------------
-
-def with_priority(engine: Engine, data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
-    """``data`` (of ``add``: ``axis`` None, or ``extend``: 0) with the hidden priority
-    field (0: the largest priority ever set)."""
-    if engine.trees is None:
-        raise ValueError("priority= is for a prioritized buffer: create it with priority=<exponent>")
-    if not isinstance(data, Mapping):
-        raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
-    if FIELD in data:
-        raise ValueError(f"{FIELD!r} is kept by shmbuf: pass priority= instead")
-    if axis is None:
-        p: Any = 0.0 if priority is None else float(check_values(priority, 1, "priority")[0])
-    else:
-        try:
-            rows = len(next(iter(data.values())))
-        except (TypeError, StopIteration):
-            rows = 0  # (the schema check explains a bad batch)
-        if priority is None:
-            p = np.zeros(rows)
-        else:
-            p = check_values(priority, None, "priority")
-            if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
-                p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
-    return {**data, FIELD: p}
-
-
-def leaf_values(engine: Engine, slots: np.ndarray) -> np.ndarray:
-    """The ``p**a`` the trees hold now for ``slots`` (no lock: read right after a
-    sample, by the only process that changes the trees, they are the values drawn)."""
-    trees: Trees = engine.trees
-    return trees.sum[trees.leaves + np.asarray(slots, np.int64)]
-
-
-def totals(engine: Engine, timeout: float) -> tuple[float, float]:
-    """The buffer's priority mass ``sum p**a`` and smallest ``p**a`` (0.0, 0.0 if
-    empty), its newest rows included (synced first): what a sampler over several buffers
-    (``shmbuf.ray``) draws its per-buffer counts and weights by."""
-    trees: Trees = engine.trees
-    with trees.change(timeout):
-        trees.sync()
-        return float(trees.sum[1]), float(trees.min[1])
-
-
-def update(engine: Engine, index: Any, priorities: Any, timeout: float) -> int:
-    trees: Trees = engine.trees
-    idx = np.asarray(index)
-    if idx.ndim != 2 or idx.shape[1] != 2 or idx.dtype.kind not in "iu":
-        raise ValueError(f"index must be the (n, 2) integer array sample() returned as 'index' (slot, row), "
-                         f"got {idx.dtype} {idx.shape}")
-    p = check_values(priorities, len(idx), "update_priorities")
-    slots, seqs = idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
-    if len(slots) and (slots.min() < 0 or slots.max() >= trees.capacity):
-        raise ValueError(f"index: slots must be in [0, {trees.capacity}); was it sampled from another buffer?")
-    with trees.change(timeout):
-        trees.sync()  # rows published since: their slots' leaves are theirs now
-        return trees.update(slots, seqs, p)

@@ -30,7 +30,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.priority import trees as priority
 from shmbuf.buffer.handle import Buffer
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.core.layout import normalize_fields
@@ -122,11 +121,11 @@ class Shard:
         b = self.buf
         size = b.transition_count if self.kind == "episodes" else len(b)
         mass = low = 0.0
-        if self.core.engine.trees is not None:
-            mass, low = priority.totals(self.core.engine, self.core.timeout)
+        if self.core.prioritized:
+            mass, low = self.core.engine.priorities.totals(self.core.timeout)
         return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
                 "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
-                "prioritized": self.core.engine.trees is not None, "native": self.core.native}
+                "prioritized": self.core.prioritized, "native": self.core.native}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
@@ -141,9 +140,9 @@ class Shard:
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
         batch = getattr(self.buf, method)(n, *args, **kwargs)
-        if self.core.engine.trees is not None and method == "sample":
+        if self.core.prioritized and method == "sample":
             del batch["weight"]
-            batch["p"] = priority.leaf_values(self.core.engine, batch["index"][:, 0])
+            batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
         return batch, self.info()
 
     def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> tuple[int, dict]:

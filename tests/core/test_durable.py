@@ -161,7 +161,7 @@ def test_a_restart_drops_claims_and_keeps_priorities_queues_and_episodes_usable(
     back = shmbuf.Buffer.attach(p)
     assert back.engine.ring.lane_table[:, LANE_CLAIM_PID].tolist() == [0, 0]
     assert values(back, 2000) == set(range(6))
-    leaves = back.engine.trees.seq
+    leaves = back.engine.priorities.seq
     assert sorted(leaves[leaves > 0].tolist()) == list(range(1, 7))  # no leaf of a dropped row
     back.extend({"x": [77]}, lane=1)
     assert values(back, 4000) == set(range(6)) | {77}

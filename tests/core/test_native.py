@@ -340,7 +340,7 @@ def test_both_paths_keep_the_same_priority_trees_and_draw_the_same_rows(name, mo
                 h.update_priorities(got[-1]["index"], new)
             for k in got[0]:
                 assert np.array_equal(got[0][k], got[1][k]), k
-        ta, tb = handles[0].engine.trees, handles[1].engine.trees
+        ta, tb = handles[0].engine.priorities, handles[1].engine.priorities
         assert np.array_equal(ta.sum, tb.sum) and np.array_equal(ta.min, tb.min)
         assert np.array_equal(ta.seq, tb.seq)
         for h in handles:

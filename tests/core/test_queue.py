@@ -176,7 +176,7 @@ def test_state_dict_and_save_keep_the_rows_not_yet_taken_in_order(name, tmp_path
             b.load_state_dict(state)
             assert len(b) == 5 and b.take(5)["i"].tolist() == [3, 4, 5, 6, 7]
         with shmbuf.Buffer.load(tmp_path / "q", name=name + "-c") as c:
-            assert c.engine.queue is not None and c.take(5)["i"].tolist() == [3, 4, 5, 6, 7]
+            assert c.engine.writes is not None and c.take(5)["i"].tolist() == [3, 4, 5, 6, 7]
         q.clear()
         assert len(q) == 0
         q.extend(queue_rows(0, 9, 10), lane=0)
@@ -210,7 +210,7 @@ def test_garbage_in_the_take_table_is_ignored(name):
     """The table is untrusted: entries that cannot be right are freed, never followed."""
     with make(name, 8) as q:
         q.extend(queue_rows(0, 0, 4))
-        t = q.engine.queue.table
+        t = q.engine.writes.table
         t[0] = [1, os.getpid(), 0, 7, -5, 10**9, 0, 0]  # lane out of range, rows outside the lane
         t[1] = [9, 0, 0, 0, 0, 0, 0, 0]  # unknown state
         t[2] = [2, 0, 0, 0, 3, 10**6, 0, 0]  # given back, past the head
@@ -250,8 +250,8 @@ def test_a_taker_killed_inside_a_commit_leaves_the_change_whole(name, tmp_path, 
         q.extend(queue_rows(0, 0, 6))
 
         def committed():
-            assert q.engine.queue.journal[0] > 0  # committed, not yet applied
+            assert q.engine.writes.journal[0] > 0  # committed, not yet applied
         kill_taker_at(name, tmp_path, point, committed)
         rest = q.take(6, partial=True)["i"].tolist()
         assert rest == ([0, 1, 2, 3, 4, 5] if point == "commit@1" else [4, 5])
-        assert q.engine.queue.journal[0] == 0 and len(q) == 0
+        assert q.engine.writes.journal[0] == 0 and len(q) == 0

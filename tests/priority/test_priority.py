@@ -43,7 +43,7 @@ def test_probabilities_and_weights_follow_the_formulas(name):
         assert np.allclose(b["weight"], w[b["x"]], rtol=1e-12, atol=0)
         assert b["weight"].dtype == np.float64 and b["index"].shape == (40_000, 2)
         assert (b["index"][:, 0] == b["x"]).all()  # one lane: slot = row here
-        check_trees(buf.engine.trees)
+        check_trees(buf.engine.priorities)
 
 
 def test_frequencies_match_the_priorities_over_many_rows(name):
@@ -77,14 +77,14 @@ def test_new_rows_enter_at_the_largest_priority_ever_set_or_their_own(name):
         assert np.allclose(freq, np.array([3, 1, 3, 6, 2, 7]) / 22, atol=0.01), freq
         buf.extend({"x": [6]})  # the largest priority set (a writer's count too): 7
         buf.sample(1)  # (rows enter the trees when the next sample or update syncs them)
-        assert buf.engine.trees.sum[1] == 29
+        assert buf.engine.priorities.sum[1] == 29
 
 
 def test_bad_priorities_are_refused_and_change_nothing(name):
     with shmbuf.Buffer.create(X, 8, priority=0.6, seed=0, name=name) as buf:
         buf.extend({"x": np.arange(4)})
         b = buf.sample(4)
-        before = buf.engine.trees.sum.copy(), buf.engine.trees.seq.copy()
+        before = buf.engine.priorities.sum.copy(), buf.engine.priorities.seq.copy()
         for bad in ([1, 2, 0, 1], [1, -1, 1, 1], [1, np.nan, 1, 1], [np.inf, 1, 1, 1], [1, 2, 3]):
             with pytest.raises(ValueError, match="priorit"):
                 buf.update_priorities(b["index"], bad)
@@ -99,7 +99,7 @@ def test_bad_priorities_are_refused_and_change_nothing(name):
         with pytest.raises(ValueError, match="kept by shmbuf"):
             buf.add({"x": 9, "_priority": 1.0})
         assert len(buf) == 4 and buf.total_added == 4
-        assert np.array_equal(buf.engine.trees.sum, before[0]) and np.array_equal(buf.engine.trees.seq, before[1])
+        assert np.array_equal(buf.engine.priorities.sum, before[0]) and np.array_equal(buf.engine.priorities.seq, before[1])
     with shmbuf.Buffer.create(X, 8, name=name) as plain:
         for call in (lambda: plain.sample(2, beta=0.4), lambda: plain.add({"x": 1}, priority=2.0),
                      lambda: plain.update_priorities(np.zeros((1, 2), np.int64), [1.0])):
@@ -146,7 +146,7 @@ def test_a_sample_after_clear_sees_only_new_rows(name):
             buf.sample(4)
         buf.extend({"x": [7, 8]})
         assert set(buf.sample(500)["x"].tolist()) == {7, 8}
-        check_trees(buf.engine.trees)
+        check_trees(buf.engine.priorities)
 
 
 @pytest.mark.both_storages
@@ -166,8 +166,8 @@ def test_writers_and_learners_in_other_processes_keep_the_trees_whole(name):
         assert all(torn == 0 for _, _, _, torn in learners)
         assert sum(applied for _, _, applied, _ in learners) > 0
         assert helpers.storm_torn(buf.sample(2000)) == 0
-        check_trees(buf.engine.trees)
-        t = buf.engine.trees
+        check_trees(buf.engine.priorities)
+        t = buf.engine.priorities
         leaves = t.sum[t.leaves:t.leaves + t.capacity]
         assert ((leaves > 0) == (t.seq > 0)).all()  # a leaf for every row, none for no row
 
@@ -183,14 +183,14 @@ def test_a_process_killed_inside_a_tree_change_leaves_a_usable_buffer(name, tmp_
         flag = tmp_path / "half"
         kill_when_there(helpers.prio_update_then_hang, (name, str(flag)), flag,
                         "the updater never got inside its change")
-        assert int(buf.engine.trees.head[0]) % 2 == 1  # left half done
+        assert int(buf.engine.priorities.head[0]) % 2 == 1  # left half done
         b = buf.sample(2000, timeout=10)
-        check_trees(buf.engine.trees)
-        assert np.isclose(buf.engine.trees.sum[1], buf.engine.trees.sum[16:32].sum())
-        assert buf.engine.trees.sum[16:32].max() == 50.0  # the dead process's leaves count
+        check_trees(buf.engine.priorities)
+        assert np.isclose(buf.engine.priorities.sum[1], buf.engine.priorities.sum[16:32].sum())
+        assert buf.engine.priorities.sum[16:32].max() == 50.0  # the dead process's leaves count
         assert (np.bincount(b["x"], minlength=16) > 0).all()
         assert buf.update_priorities(b["index"][:3], [2.0, 2.0, 2.0]) == 3
-        check_trees(buf.engine.trees)
+        check_trees(buf.engine.priorities)
 
 
 def test_prioritized_buffer_state_round_trip_and_fields(name):
@@ -231,7 +231,7 @@ def test_episode_transitions_are_drawn_by_the_priority_of_their_step(name):
                    "reward": np.ones(1, np.float32), "next_obs": np.full((1, 2), 13, np.float32)},
                   terminated=np.ones(1, bool), truncated=np.zeros(1, bool))  # its final row: no priority
         assert set(buf.sample(3000)["obs"][:, 0].tolist()) == {0, 1, 2, 3, 10, 11, 12}
-        t = buf.engine.trees
+        t = buf.engine.priorities
         leaves = t.sum[t.leaves:t.leaves + t.capacity]
         finals = (buf.engine.ring.arrays["_flags"] & 4) != 0
         assert (leaves[finals & (t.seq > 0)] == 0).all() and (leaves[~finals & (t.seq > 0)] > 0).all()
@@ -264,7 +264,7 @@ def test_a_learner_killed_inside_the_sync_loses_no_row(name, tmp_path, where):
         kill_when_there(helpers.prio_sync_then_hang, (name, str(tmp_path / "in-sync"), where),
                         tmp_path / "in-sync", "the learner to stop inside the sync")
         x = np.concatenate([buf.sample(64)["x"] for _ in range(50)])
-        check_trees(buf.engine.trees)
+        check_trees(buf.engine.priorities)
     assert (x >= 8).sum() > 0.98 * len(x), np.bincount(x, minlength=16)
 
 
@@ -281,7 +281,7 @@ def test_a_dead_writers_row_does_not_hold_the_sync_back(name, tmp_path):
                             tmp_path / point, f"the writer to stop at {point!r}")
             buf.extend({"x": np.arange(10)})
             buf.sample(8)
-            assert int(buf.engine.trees.synced[0, 0]) == buf.total_added  # nothing left to read again
+            assert int(buf.engine.priorities.synced[0, 0]) == buf.total_added  # nothing left to read again
         assert (buf.sample(500)["x"] < 10).all()
 
 
@@ -300,7 +300,7 @@ def test_a_live_writers_row_holds_the_sync_back_until_it_is_published(name, tmp_
             helpers.wait_for_file(flag, child, "the writer to stop inside its write")
             buf.extend({"x": np.arange(5, 9)}, priority=np.ones(4))
             assert 99 not in buf.sample(200)["x"]
-            assert int(buf.engine.trees.synced[0, 0]) == 4  # held at the row in flight
+            assert int(buf.engine.priorities.synced[0, 0]) == 4  # held at the row in flight
         finally:
             open(go, "w").close()
             child.join(30)

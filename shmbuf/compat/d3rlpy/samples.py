@@ -13,13 +13,12 @@ each episode read out of it through the checked gather, as a d3rlpy ``Episode``.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from shmbuf.core.batch import count as _count_arg
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.episodes import trajectories as _trajectories
 from shmbuf.episodes import transitions as _transitions
 from shmbuf.compat.d3rlpy import episodes as d3rlpy_episodes
@@ -79,43 +78,19 @@ class Samples:
         skip = mine & (drawn["_start"] == self._start) if self._start is not None else np.zeros(len(lane), bool)
         return skip | (mine & (drawn["_seq"] < cut)) if cut is not None else skip
 
-    def _shared(self, n: int, timeout: float, read: Callable[[int, float], dict[str, np.ndarray]],
-                take: Callable[[dict[str, np.ndarray], np.ndarray], int], what: str) -> None:
-        """Fill ``n`` items out of shared memory: ``read(m, seconds)`` draws ``m`` with
-        their ``_lane`` and ``_start``; ``take(drawn, keep)`` keeps those of ``keep`` it
-        can use (the active episode's are not: they are sampled here) and says how many."""
-        deadline = time.monotonic() + timeout
-
-        def fill(todo: np.ndarray) -> np.ndarray:
-            drawn = read(len(todo), max(deadline - time.monotonic(), 0.001))
-            got = take(drawn, ~self._skip(drawn))
-            return np.arange(len(todo)) < got
-
-        if n:
-            until_filled(fill, n, timeout, what, deadline=deadline)
+    def _shared(self, inner: Sampler, n: int, timeout: float, call: Optional[Callable[[Any, int], Any]] = None
+                ) -> dict[str, np.ndarray]:
+        """``n`` items of ``inner`` (a sampler of transitions or trajectories that says
+        where each was read: ``_lane``, ``_start``, ``_seq``) out of shared memory, the
+        active episode's drawn again (they are sampled here); with ``call``, also
+        ``call(episode, index)`` of each, in ``"_item"``."""
+        return read(_Skipping(inner, self._skip, call, self._ebuf, self._obs), n, timeout)
 
     def _episodes_at(self, n: int, timeout: float, call: Callable[[Any, int], Any]) -> list[Any]:
         """``call(episode, index)`` on ``n`` transitions drawn out of shared memory, each
         episode read through the checked gather (the slow path, for any picker or slicer)."""
-        out: list[Any] = []
-        ebuf, cache = self._ebuf, {}
-
-        def read(m: int, seconds: float) -> dict[str, np.ndarray]:
-            return _transitions.sample(ebuf, m, 1, 0.99, seconds, where=True)
-
-        def take(drawn: dict[str, np.ndarray], keep: np.ndarray) -> int:
-            before = len(out)
-            for i in np.flatnonzero(keep):
-                key = (int(drawn["_lane"][i]), int(drawn["_start"][i]))
-                if key not in cache:
-                    cache[key] = d3rlpy_episodes.read(ebuf, key[0], key[1], self._obs)
-                episode, index = cache[key], int(drawn["_seq"][i]) - key[1]
-                if episode is not None and index < episode.transition_count:
-                    out.append(call(episode, index))
-            return len(out) - before
-
-        self._shared(n, timeout, read, take, "transitions")
-        return out[:n]
+        inner = _transitions.uniformly(self._ebuf, 1, 0.99, where=True)
+        return list(self._shared(inner, n, timeout, call)["_item"])
 
     def sample_transition_batch(self, batch_size: int) -> Any:
         """``batch_size`` transitions, uniformly over those held, made by the picker: a
@@ -137,18 +112,8 @@ class Samples:
 
     def _fast_transitions(self, n: int, timeout: float) -> dict[str, Any]:
         """``n`` transitions of a built-in picker, read straight out of shared memory."""
-        got: list[dict[str, np.ndarray]] = []
-        ebuf, n_step, gamma = self._ebuf, self._picked["n_steps"], self._picked["gamma"]
-
-        def read(m: int, seconds: float) -> dict[str, np.ndarray]:
-            return _transitions.sample(ebuf, m, n_step, gamma, seconds, where=True)
-
-        def take(drawn: dict[str, np.ndarray], keep: np.ndarray) -> int:
-            got.append({k: v[keep] for k, v in drawn.items()})
-            return int(keep.sum())
-
-        self._shared(n, timeout, read, take, "transitions")
-        b = {k: np.concatenate([g[k] for g in got])[:n] for k in got[0]}
+        ebuf, n_step = self._ebuf, self._picked["n_steps"]
+        b = self._shared(_transitions.uniformly(ebuf, n_step, self._picked["gamma"], where=True), n, timeout)
         stacked = ebuf.frame_stack > 1
         action, next_action = (b["action"][:, -1], b["next_action"][:, -1]) if stacked else (b["action"], b["next_action"])
         terminal = b["terminated"]  # (the next observation and action after it: zeros)
@@ -201,18 +166,7 @@ class Samples:
         return build("TrajectoryMiniBatch", TrajectoryMiniBatch, {**_join(parts), "length": length})
 
     def _fast_trajectories(self, n: int, length: int, timeout: float) -> dict[str, Any]:
-        got: list[dict[str, np.ndarray]] = []
-        ebuf = self._ebuf
-
-        def read(m: int, seconds: float) -> dict[str, np.ndarray]:
-            return _trajectories.sample(ebuf, m, length, seconds, where=True)
-
-        def take(drawn: dict[str, np.ndarray], keep: np.ndarray) -> int:
-            got.append({k: v[keep] for k, v in drawn.items()})
-            return int(keep.sum())
-
-        self._shared(n, timeout, read, take, "trajectories")
-        t = {k: np.concatenate([g[k] for g in got])[:n] for k in got[0]}
+        t = self._shared(_trajectories.Trajectories(self._ebuf, length, where=True), n, timeout)
         obs = [t[o].astype(np.float32) for o in self._obs]
         return dict(observations=obs if self._tuple else obs[0], actions=t["action"].astype(np.float32),
                     rewards=t["reward"].astype(np.float32)[..., None],
@@ -228,6 +182,44 @@ class Samples:
         if len(local):
             return call(self._active, int(local[0]))
         return self._ebuf.engine.sample(1, 1, None, lambda t: self._episodes_at(1, t, call))[0]
+
+
+class _Skipping(Sampler):
+    """``inner``, with the draws of the facade's active episode (and a FIFO's evicted
+    rows still in the ring) rejected, to be drawn again; with ``call``, each item made
+    by ``call(episode, index)`` too, its episode read once per call."""
+
+    def __init__(self, inner: Sampler, skip: Callable[[dict], np.ndarray], call: Optional[Callable[[Any, int], Any]],
+                 ebuf: Any, obs: list) -> None:
+        self.inner, self.skip, self.call, self.ebuf, self.obs = inner, skip, call, ebuf, obs
+        self.what, self.hint, self.check = inner.what, inner.hint, inner.check  # type: ignore[method-assign]
+        self.episodes: dict[tuple[int, int], Any] = {}
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        out = self.inner.empty(m)
+        if self.call is not None:
+            out["_item"] = np.empty(m, object)
+        return out
+
+    def spare(self, m: int, rounds: int) -> int:
+        return self.inner.spare(m, rounds)
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        return self.inner.draw(todo, rounds, deadline)
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        ok = self.inner.gather(drawn, out)
+        ok = ~self.skip(out) & (True if ok is None else ok)
+        if self.call is not None:
+            for i in np.flatnonzero(ok).tolist():
+                key = (int(out["_lane"][i]), int(out["_start"][i]))
+                if key not in self.episodes:
+                    self.episodes[key] = d3rlpy_episodes.read(self.ebuf, key[0], key[1], self.obs)
+                episode, index = self.episodes[key], int(out["_seq"][i]) - key[1]
+                ok[i] = episode is not None and index < episode.transition_count
+                if ok[i]:
+                    out["_item"][i] = self.call(episode, index)
+        return ok
 
 
 def _join(parts: list[dict[str, Any]]) -> dict[str, Any]:

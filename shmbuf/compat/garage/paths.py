@@ -42,7 +42,7 @@ from shmbuf.buffer import handle as core
 from shmbuf.core import sampling
 from shmbuf.core.batch import count
 from shmbuf.core.layout import published
-from shmbuf.core.read import until_filled
+from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.garage.replay import ReplayBuffer
 from shmbuf.compat.shared import Lazy
@@ -196,35 +196,7 @@ class PathBuffer(Lazy):
     def sample_path(self) -> dict[str, np.ndarray]:
         """A path with no row evicted, uniformly, in order (``ValueError``: none is)."""
         buf = self._buf()
-        ring = buf.engine.ring
-        lc = ring.lane_capacity
-        path: dict[str, np.ndarray] = {}
-
-        def fill(todo: np.ndarray) -> np.ndarray:
-            lo, head = (x[0] for x in ring.window_lists())
-            seq = np.arange(lo, head)
-            slot = seq % lc
-            starts = seq[ring.arrays[_STEP][slot] == 0]  # raw reads: a guide, checked by the copy
-            lengths = ring.arrays[_LEN][starts % lc].astype(np.int64)
-            ends = starts + lengths - 1
-            whole = (lengths > 0) & (ends < head)
-            whole &= ring.stamps[starts % lc] == published(starts)  # first and last rows published
-            whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
-            if not whole.any():
-                if ring.window_lists()[1][0] != head:
-                    return np.zeros(1, bool)  # written meanwhile (what was read may be of newer rows): look again
-                raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet "
-                                 "written)")
-            j = int(self._rng.integers(whole.sum()))
-            first, n = int(starts[whole][j]), int(lengths[whole][j])
-            got = {f.name: np.empty((n,) + f.shape, f.dtype) for f in ring.layout.fields}
-            torn = sampling.copy_windows(ring, 0, np.array([first], np.int64), n, None, list(got.values()))
-            if torn is None and (got[_STEP] == np.arange(n)).all() and (got[_LEN] == n).all():
-                path.update(got)
-                return np.ones(1, bool)
-            return np.zeros(1, bool)
-
-        until_filled(fill, 1, buf.timeout, "paths")
+        path = read(_Paths(buf.engine.ring, self._rng), 1, buf.timeout)["path"][0]
         del path[_STEP], path[_LEN]
         return path
 
@@ -377,3 +349,44 @@ class HERReplayBuffer(PathBuffer):
 def _attach_her(name: str, reward_fn: Any) -> HERReplayBuffer:
     return HERReplayBuffer.attach(name, reward_fn=reward_fn)
 
+
+class _Paths(Sampler):
+    """Whole paths (no row evicted), uniformly, for :func:`~shmbuf.core.read.read`: a
+    batch is ``{"path": (m,) objects}``, each a dict of the path's rows in order."""
+
+    what = "paths"
+
+    def __init__(self, ring: Any, rng: np.random.Generator) -> None:
+        self.ring, self.rng = ring, rng
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return {"path": np.empty(m, object)}
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        ring, lc = self.ring, self.ring.lane_capacity
+        lo, head = (x[0] for x in ring.window_lists())
+        seq = np.arange(lo, head)
+        slot = seq % lc
+        starts = seq[ring.arrays[_STEP][slot] == 0]  # raw reads: a guide, checked by the copy
+        lengths = ring.arrays[_LEN][starts % lc].astype(np.int64)
+        ends = starts + lengths - 1
+        whole = (lengths > 0) & (ends < head)
+        whole &= ring.stamps[starts % lc] == published(starts)  # first and last rows published
+        whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
+        if not whole.any():
+            if ring.window_lists()[1][0] != head:
+                return None  # written meanwhile (what was read may be of newer rows): look again
+            raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet written)")
+        j = self.rng.integers(whole.sum(), size=len(todo))
+        return starts[whole][j], lengths[whole][j]
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        got = out["path"]
+        if drawn is None:
+            return np.zeros(len(got), bool)
+        for i, (first, n) in enumerate(zip(*(a.tolist() for a in drawn))):
+            path = {f.name: np.empty((n,) + f.shape, f.dtype) for f in self.ring.layout.fields}
+            torn = sampling.copy_windows(self.ring, 0, np.array([first], np.int64), n, None, list(path.values()))
+            intact = torn is None and (path[_STEP] == np.arange(n)).all() and (path[_LEN] == n).all()
+            got[i] = path if intact else None
+        return np.array([p is not None for p in got], bool)

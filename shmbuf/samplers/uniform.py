@@ -1,18 +1,5 @@
-"""Samplers: the part of a handle that decides which rows a sample holds.
-
-A handle has one sampler, chosen when it opens (the way TorchRL's ``Sampler``
-subclasses plug into its replay buffer), so a hot path calls the sampler it has and
-branches on nothing. Every sampler has the same interface:
-
-* ``sample(n, out, timeout, beta)``: a batch of ``n`` drawn through the read path
-  (:mod:`shmbuf.core.read`);
-* ``update(index, priorities, timeout)``: set priorities (samplers that have them);
-* ``state()`` / ``restore(state)``: what the sampler keeps between calls beyond the
-  segment (its generator's state), for ``state_dict``.
-
-:class:`Uniform` is the core's; :class:`shmbuf.priority.sampler.Prioritized` draws by priority;
-the episode buffer's transition samplers (:mod:`shmbuf.episodes.transitions`) are the
-same shape over transitions.
+"""The default sampler: rows uniformly, with replacement, over all published rows (the
+shape every sampler has: :mod:`shmbuf.samplers`).
 
 Example:
     >>> import numpy as np, shmbuf
@@ -36,6 +23,8 @@ from shmbuf.core.engine import Engine
 class Uniform:
     """Rows uniformly, with replacement, over all published rows."""
 
+    inline = True  # Buffer.sample does what sample() does itself, when no part is in the way
+
     def __init__(self, engine: Engine, outputs: Outputs) -> None:
         self.engine, self.outputs = engine, outputs
 
@@ -54,3 +43,6 @@ class Uniform:
 
     def restore(self, rng: np.random.Generator) -> None:
         self.engine.rng = rng
+
+
+SAMPLER = Uniform  # (what shmbuf.samplers.choose takes from this module)
