@@ -183,3 +183,62 @@ def test_the_layers_are_folders():
     assert [f for f in folders if f"{TOP}.{f}" not in entries] == []
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= TOP_MODULES, top
+
+
+# The ring's tables (its lane table, stamps, field arrays, control words) are the core's.
+# Outside it, these files alone read them, each for its reason; everything else asks the
+# engine (window, heads, bases, view, published, gather, read).
+RING_READERS = {
+    "shmbuf/episodes/gather.py": "the episodes' reads: checked copies of named fields, and the raw reads "
+                                 "that guide them (where an episode starts and ends, the counts)",
+    "shmbuf/episodes/writer.py": "the episode writer numbers episodes in the lane table of the lanes it holds",
+}
+RING_TABLES = {"lane_table", "stamps", "arrays", "control", "res", "res_pid", "rows"}
+
+
+def test_the_ring_tables_are_read_in_the_core_and_in_the_files_named_here():
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel.startswith("shmbuf/core/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in RING_TABLES \
+                    and ast.unparse(node.value).split(".")[-1] == "ring":
+                found.add(rel)
+    assert sorted(found - set(RING_READERS)) == []
+    assert len(RING_READERS) <= 3
+
+
+def test_the_storage_is_chosen_in_one_place():
+    """Only shmbuf/core/storage.py looks at a name to tell a file from a segment."""
+    calls = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "is_path":
+                calls.append(rel)
+    assert calls == ["shmbuf/core/storage.py"]
+
+
+def test_no_capability_is_a_none_flag_on_the_engine():
+    """A capability is a part the engine holds (shmbuf/core/parts.py), never an attribute
+    that is None when the capability is off."""
+    import re
+    flag = re.compile(r"engine\.(priorities|writes|gate|trees|queue)\s+is\s+(not\s+)?None")
+    found = [f"{p.relative_to(PACKAGE.parent)}: {m.group(0)}" for p in PACKAGE.rglob("*.py")
+             for m in flag.finditer(p.read_text())]
+    assert found == []
+
+
+def test_one_read_loop():
+    """Every sampler is driven by shmbuf.core.read.read: no other module defines a redraw
+    loop of its own (a function named like a fill, or the old until_filled)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "fill" in node.name:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name}")
+            if isinstance(node, ast.Name) and node.id == "until_filled":
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: until_filled")
+    assert found == []

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.priority import trees as _priority
-from shmbuf.buffer import queues
+from shmbuf.buffer import queue_mode
 from shmbuf.core import counters, durable, procs, sampling, storage, validate
 from shmbuf.core.batch import Outputs, count
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
@@ -27,7 +27,7 @@ from shmbuf.core.segment import Segment
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots, queues.Queues):
+class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -144,7 +144,7 @@ class Buffer(Properties, Lanes, Snapshots, queues.Queues):
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
-        fields, meta = queues.plan(mode, fields, meta, regions, lanes, rate, priority)
+        fields, meta = queue_mode.plan(mode, fields, meta, regions, lanes, rate, priority)
         if samplers.check(sampler) != samplers.DEFAULT:
             if mode != "replay" or priority is not None:
                 raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "

@@ -11,7 +11,7 @@ import numpy as np
 from shmbuf.core.engine import Engine
 from shmbuf.priority.trees import FIELD
 from shmbuf.core.queue import FIELD as QUEUED
-from shmbuf.core.layout import FLAG_PERSIST, LANE_HEAD
+from shmbuf.core.layout import FLAG_PERSIST
 
 
 class Properties:
@@ -113,7 +113,7 @@ class Properties:
     @property
     def total_added(self) -> int:
         """Rows ever added (all lanes, since creation; :meth:`clear` does not reset it)."""
-        return int(self.engine.ring.lane_table[:, LANE_HEAD].sum())
+        return int(self.engine.heads().sum())
 
     def __repr__(self) -> str:
         if self.closed:

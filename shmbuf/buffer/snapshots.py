@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from shmbuf.persist import state as _state
-from shmbuf.buffer import stats
+from shmbuf.core import state as _state
+from shmbuf.core import stats
 from shmbuf.core import validate
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine
 
@@ -55,7 +55,7 @@ class Snapshots:
 
     def stats(self) -> dict[str, Any]:
         """Counters of the buffer, kept by every handle of every process in the segment
-        (no lock on the hot path; see :mod:`shmbuf.buffer.stats`): rows held and inserted,
+        (no lock on the hot path; see :mod:`shmbuf.core.stats`): rows held and inserted,
         batches and rows sampled, torn-read retries, lock acquisitions and seconds
         waited for the lock, write calls; per process (pid, alive, its counts) and per
         lane (rows, last writer's pid, whether it is alive, time of the last write,
@@ -77,7 +77,7 @@ class Snapshots:
         """A copy of the contents, positions and this handle's RNG state.
 
         Safe while other processes write and sample: rows being written or overwritten
-        during the copy are left out (see :mod:`shmbuf.persist.state`).
+        during the copy are left out (see :mod:`shmbuf.core.state`).
         :meth:`load_state_dict` on a buffer with the same fields, capacity and lanes
         restores it; the following samples are then identical.
 

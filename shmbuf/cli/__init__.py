@@ -3,7 +3,7 @@ removal (rm, gc), and the demo.
 
 Every command works from any process: buffers are found by name in /dev/shm (in the
 namespace of $SHMBUF_NAMESPACE, if set), or, for a name with a ``/``, at that file path. One module per group of verbs: ``show``,
-``files``, ``remove``.
+``saves``, ``remove``.
 
 Exit status: 0 on success; 1 if a named buffer is missing or unusable, or could not
 be removed, saved or loaded (each problem is one line on stderr, and the other names
@@ -38,7 +38,7 @@ def _positive(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from shmbuf.cli import files, remove, show
+    from shmbuf.cli import remove, saves, show
 
     p = argparse.ArgumentParser(
         prog="shmbuf", description="A replay buffer in shared memory that many processes write "
@@ -96,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("dir", metavar="DIR")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier save in DIR")
     c.add_argument("--timeout", type=_positive, default=10.0, help="seconds to wait for the header lock")
-    c.set_defaults(run=files.save)
+    c.set_defaults(run=saves.save)
     c = sub.add_parser("load", help="restore a saved buffer (persistent)",
                        description="Create a buffer from the save in DIR, named NAME (default: "
                        "the saved name). It is persistent: it outlives this command until "
@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("dir", metavar="DIR")
     c.add_argument("name", metavar="NAME", nargs="?", default=None)
     c.add_argument("--timeout", type=_positive, default=10.0, help="seconds to wait for the header lock")
-    c.set_defaults(run=files.load)
+    c.set_defaults(run=saves.load)
     c = sub.add_parser("rm", help="destroy buffers by name",
                        description="Remove buffers' names (a NAME with a '/' is the path of a "
                        "buffer file: removed only if it is one); processes attached keep working "

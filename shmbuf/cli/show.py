@@ -16,7 +16,7 @@ from typing import Any
 from shmbuf.core import files, procs, segment, storage
 from shmbuf.actors import weights
 from shmbuf.buffer.handle import Buffer
-from shmbuf.core.layout import CTRL_FLUSHES, FLAG_PERSIST, MAGIC
+from shmbuf.core.layout import FLAG_PERSIST, MAGIC
 from shmbuf.cli.problem import problem
 
 
@@ -52,7 +52,7 @@ def describe(name: str) -> dict[str, Any]:
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}
         writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"] and d["claim_alive"]}
         kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
-        where = {"storage": "file", "flushes": int(buf.engine.ring.control[CTRL_FLUSHES])} \
+        where = {"storage": "file", "flushes": buf.engine.flushes} \
             if storage.of(name).kind == "file" else {}
         return {"name": name, **where, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
                 "capacity": buf.capacity, "lanes": buf.lanes,

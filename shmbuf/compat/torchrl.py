@@ -62,7 +62,6 @@ from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
 
 from shmbuf.buffer.handle import Buffer
-from shmbuf.core.layout import LANE_HEAD
 
 KIND = "torchrl"
 SEP = "."
@@ -127,7 +126,7 @@ class SharedStorage(Storage):
         data = {k: np.zeros((len(rows),) + s, d) for k, (s, d) in buf.fields.items() if k not in flat.keys()}
         data.update({k: v.detach().cpu().numpy() for k, v in flat.items()})  # (a key missing: zeros)
         lane = buf.claim_lane() if buf.lanes > 1 else 0
-        head = int(buf.engine.ring.lane_table[lane, LANE_HEAD])
+        head = int(buf.engine.heads()[lane])
         buf.extend(data, truncate_ok=True)  # (more rows than a lane holds: the last ones, as TorchRL's)
         lc = buf.capacity // buf.lanes  # (the slots: exact in a lane this process claimed)
         n = len(rows)

@@ -168,7 +168,7 @@ class ReplayBuffer(Shared):
         a zero-copy view of the shared memory on the CPU (a copy on another ``device``),
         which keeps the memory mapped while it lives (after :meth:`close` too)."""
         engine = self._core.engine
-        a = engine.ring.arrays[field]
+        a = engine.view(field)
         mapping = np.frombuffer(engine.seg.mmap, np.uint8)  # (holds the mapping while the view lives)
         offset = a.__array_interface__["data"][0] - mapping.__array_interface__["data"][0]
         view = _torch().from_numpy(np.ndarray(a.shape, a.dtype, mapping, offset, a.strides))

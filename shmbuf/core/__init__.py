@@ -1,9 +1,12 @@
-"""The engine: one shared-memory segment and the protocol that every capability uses.
+"""The engine: one shared-memory segment (or file) and the protocol every layer above uses.
 
-Modules, lowest first: :mod:`procs` (process identity), :mod:`segment` (the named
-segment), :mod:`layout` (where everything lies in it), :mod:`lock` (the header lock),
-:mod:`validate` (argument checks), :mod:`native` (the optional C path), :mod:`ring`
-(reserve, write, publish), :mod:`sampling` (draws and the checked gather),
-:mod:`ratelimit` (the rate gate), :mod:`engine` (one handle's parts, wired).
+Lowest first: :mod:`procs` (process identity), :mod:`segment` and :mod:`files` (the two
+storages) chosen by :mod:`storage`, :mod:`layout` and :mod:`schema` (where everything
+lies), :mod:`lock` and :mod:`interrupts` (the header lock, Ctrl-C held off around it),
+:mod:`ring` with :mod:`claims` and :mod:`tables` (reserve, write, publish), :mod:`durable`
+(a file's horizon and rollback), :mod:`native` (the optional C path), :mod:`read` and
+:mod:`sampling` (the one read path and the checked gather), :mod:`queue` and :mod:`takes`,
+:mod:`ratelimit`, :mod:`counters` and :mod:`stats`, :mod:`state` (copies and restores),
+:mod:`parts` (the plain parts a capability replaces), :mod:`engine` (one handle, wired).
 Nothing here imports anything above ``shmbuf.core``.
 """

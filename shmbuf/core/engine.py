@@ -38,7 +38,7 @@ import numpy as np
 
 from shmbuf.core import durable, native, procs, sampling, validate
 from shmbuf.core.counters import Counters
-from shmbuf.core.layout import CTRL_LOCK_HOLDER, Layout
+from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
@@ -149,13 +149,12 @@ class Engine:
         self.prefaulted = bytearray(layout.lanes)  # 1: this handle has mapped the lane's pages
         self.native = native.make_ring(layout, seg.mmap, self.lock.busy, self.prefaulted,
                                        procs.is_alive, WriteTimeout, self.lock.timeout_error)
-        self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native)
-        self.ring.horizon = durable.horizon(layout, seg.mmap, self.name)
-        if self.ring.horizon is not None:
+        self.counters = self.lock.stats = Counters(layout, seg.mmap)
+        self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native, self.counters,
+                              durable.horizon(layout, seg.mmap, self.name), layout.meta.get("queue") is not None)
+        if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
         rewound = seg.durable and durable.recover(self.ring, timeout)
-        self.counters = Counters(layout, seg.mmap)
-        self.ring.counters = self.lock.stats = self.counters
         if counted:
             self.counters.claim(self.lock, min(timeout, 1.0))
         # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
@@ -276,6 +275,33 @@ class Engine:
         """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now (a
         sampler's draw looks here; whatever it draws is proven by :meth:`gather`)."""
         return self.ring.window()
+
+    def heads(self) -> np.ndarray:
+        """Every lane's head: the rows ever written to it (a copy; heads only grow)."""
+        return self.ring.lane_table[:, LANE_HEAD].copy()
+
+    def bases(self) -> np.ndarray:
+        """Every lane's base: its first row since the last clear or restore (a copy)."""
+        return self.ring.lane_table[:, LANE_BASE].copy()
+
+    def view(self, field: str) -> np.ndarray:
+        """Field ``field`` of every slot (``(capacity, *shape)``, lane after lane),
+        read-only and unchecked: what a facade shows as its library does, or a guide
+        that the checked gather then proves."""
+        v = self.ring.arrays[field].view()
+        v.flags.writeable = False
+        return v
+
+    def published(self, lanes: Any, seqs: np.ndarray) -> np.ndarray:
+        """Which rows ``(lanes, seqs)`` carry their published stamp now (unchecked: a
+        guide, as :meth:`view`)."""
+        lc = self.layout.lane_capacity
+        return self.ring.stamps[np.asarray(lanes) * lc + seqs % lc] == published(seqs)
+
+    @property
+    def flushes(self) -> int:
+        """How many durability points a buffer file has had (0 for ``/dev/shm``)."""
+        return int(self.ring.control[CTRL_FLUSHES])
 
     def writing(self) -> bool:
         """Whether a live writer has rows reserved and not yet published (the rows a

@@ -46,7 +46,7 @@ import os
 import secrets
 import stat
 
-from shmbuf.core.segment import FormatError, Segment, ShmSpaceError, allocate, check_name, free_bytes
+from shmbuf.core.segment import FormatError, Segment, ShmSpaceError, allocate, free_bytes
 
 REFUSED = {"nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "9p", "ceph", "glusterfs",
            "lustre", "gpfs", "afs", "fuse", "fuseblk", "virtiofs", "ncpfs", "coda", "beegfs"}
@@ -64,11 +64,6 @@ def check_path(path: object) -> str:
         raise ValueError(f"invalid buffer path {path!r}: expected the path of a file, such as "
                          "'/data/replay.shmbuf'")
     return os.path.abspath(path)
-
-
-def check(name: object) -> str:
-    """A buffer name checked: a file path (made absolute) or a ``/dev/shm`` name."""
-    return check_path(name) if is_path(name) else check_name(name)
 
 
 def filesystem(path: str, mountinfo: str | None = None) -> str | None:

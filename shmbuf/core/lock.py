@@ -77,7 +77,7 @@ class HeaderLock:
         # (which holds the GIL from its flock to its unlock) must not take the flock of
         # the same open file description then, which would succeed at once
         self.busy = np.zeros(1, np.int64)
-        self.stats: Any = None  # a shmbuf.buffer.stats.Counters: acquisitions and time waited are counted
+        self.stats: Any = None  # a shmbuf.core.counters.Counters: acquisitions and time waited are counted
         _live.add(self)
 
     def acquire(self, timeout: float) -> None:

@@ -129,7 +129,6 @@ class Queue:
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
         self._kept: list[dict[str, np.ndarray]] = []  # rows delivered as a Ctrl-C landed (_deliver)
-        ring.bounded = True
 
     # -- changes ---------------------------------------------------------------------
 
@@ -302,7 +301,7 @@ class Queue:
                     s.head[H_TAKES] += 1
                     s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                     delivered = True
-            if delivered and self.ring.counters is not None:
+            if delivered:
                 self.ring.counters.sampled(k)
             d.__exit__()
         except BaseException:

@@ -107,7 +107,12 @@ class Ring(Claims):
 
     write_timeout = WriteTimeout
 
-    def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any = None) -> None:
+    def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any, counters: Any,
+                 horizon: Any = None, bounded: bool = False) -> None:
+        """``counters``: the handle's :class:`~shmbuf.core.counters.Counters`;
+        ``horizon``: a buffer file's horizon words (:func:`shmbuf.core.durable.horizon`),
+        whose mover the engine sets as :attr:`reach`; ``bounded``: a queue's ring, which
+        never reserves past a lane's base plus its capacity."""
         self.layout = layout
         self.lock = lock
         self.native = native
@@ -131,10 +136,8 @@ class Ring(Claims):
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = owner_lock(lock)
-        self.counters: Any = None  # the handle's shmbuf.buffer.stats.Counters (set by Buffer)
-        self.bounded = False  # a queue's: never reserve past base + lane capacity
-        self.horizon: Any = None  # a buffer file's (lanes, 2) view, and what moves it (core/durable.py)
-        self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None
+        self.counters, self.horizon, self.bounded = counters, horizon, bounded
+        self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None  # (a file's: durable.Horizon)
 
     # -- lane state ------------------------------------------------------------------
 
@@ -292,8 +295,7 @@ class Ring(Claims):
                 lt[lane, LANE_OWN_COUNT] = 0
             else:
                 self._abandon(pid, token, runs if stamped else [])
-        if self.counters is not None:
-            self.counters.wrote(lane)
+        self.counters.wrote(lane)
         return True
 
     def _abandon_runs(self, runs: list[tuple[int, int, int]]) -> None:

@@ -274,10 +274,9 @@ def _count_retries(ring: Ring, ok: np.ndarray, torn: int) -> None:
     of them were torn (a row changed during its copy), the others were not to be used
     for another reason (a row not yet published or no longer there, a sampler's filter,
     a clear() in between). Each is drawn again."""
-    if ring.counters is not None:
-        slot = ring.counters.slot
-        slot[S_RETRIES] += torn
-        slot[S_REDRAWS] += len(ok) - int(np.count_nonzero(ok)) - torn
+    slot = ring.counters.slot
+    slot[S_RETRIES] += torn
+    slot[S_REDRAWS] += len(ok) - int(np.count_nonzero(ok)) - torn
 
 
 def filters(ring: Ring, rows: np.ndarray, length: int, same: str | None,
@@ -355,6 +354,7 @@ class Windows(Sampler):
                  index: bool = False) -> None:
         self.ring, self.rng, self.length, self.only, self.index = ring, rng, length, only, index
         self.delay = 0.0
+        self.flat: Any = None  # (a batch, and its arrays flat: the copy's scratch is kept per arrays)
 
     def empty(self, m: int) -> list[np.ndarray]:
         lead = (m,) if self.length == 1 else (m, self.length)
@@ -383,7 +383,12 @@ class Windows(Sampler):
             lc = self.ring.lane_capacity
             out[-1][:] = lane * lc + first % lc
             out = out[:-1]
-        flat = out if self.length == 1 else [a.reshape((m * self.length,) + a.shape[2:]) for a in out]
+        if self.length == 1:
+            flat = out
+        elif self.flat is not None and out is self.flat[0]:
+            flat = self.flat[1]
+        else:
+            flat = [a.reshape((m * self.length,) + a.shape[2:]) for a in out]
         return copy_windows(self.ring, lane, first, self.length, lo, flat)
 
 
@@ -399,4 +404,8 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
         return
     batch = list(out) if length == 1 else [a.reshape((n, length) + a.shape[1:]) for a in out]
     sampler = Windows(ring, rng, length, only, index is not None)
-    read(sampler, n, timeout, batch if index is None else batch + [index])
+    if index is not None:
+        batch.append(index)
+    elif length > 1:
+        sampler.flat = (batch, list(out))
+    read(sampler, n, timeout, batch)

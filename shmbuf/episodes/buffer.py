@@ -10,7 +10,7 @@ from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
 from shmbuf.core.batch import count
 from shmbuf.core.layout import normalize_fields
 from shmbuf.priority.trees import check_beta
-from shmbuf.episodes import counts, gather, trajectories, transitions, whole
+from shmbuf.episodes import gather, trajectories, transitions, whole
 from shmbuf.episodes.rows import SYSTEM, StepRows, plan
 from shmbuf.episodes.writer import EpisodeWriter
 
@@ -364,7 +364,7 @@ class EpisodeBuffer:
         return sum(live for _, _, live, _ in self._lanes())
 
     def _lanes(self) -> list[tuple[int, int, int, int]]:
-        return counts.per_lane(self.engine.ring)
+        return gather.per_lane(self.engine.ring)
 
     def __len__(self) -> int:
         """Rows stored (steps and final observations)."""

@@ -1,4 +1,6 @@
-"""Copying named fields of chosen rows out of an episode buffer, stamp-checked.
+"""Reading an episode buffer's rows: named fields of chosen rows, stamp-checked, and
+the raw reads that guide the samplers and counts (the only module of the episodes
+that reads the ring's tables, beside the writer that numbers episodes in them).
 
 Every sampler of the package reads rows through :func:`rows`, which calls the core's
 :func:`shmbuf.core.sampling.copy_windows` (the one torn-read check of the library) with
@@ -14,7 +16,7 @@ import numpy as np
 
 from shmbuf.core import sampling
 from shmbuf.core.ring import Ring
-from shmbuf.core.layout import LANE_HEAD
+from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.episodes.rows import FINAL
 from shmbuf.core.layout import published
 
@@ -135,3 +137,83 @@ class Ends:
         self.start[keep] = start_m[final]
         self.last[keep] = found[final]
         return last
+
+
+# -- raw reads (guides, and counts exact while no writer runs) ---------------------
+
+def per_lane(ring: Ring) -> list[tuple[int, int, int, int]]:
+    """What an episode buffer holds, per lane: rows, episodes with rows, episodes with a
+    transition, final rows (raw reads, exact while no writer runs; for
+    :class:`shmbuf.episodes.EpisodeBuffer`'s counts)."""
+    lo, head = ring.window_lists()
+    eps, starts, flags = ring.arrays["_episode"], ring.arrays["_start"], ring.arrays["_flags"]
+    lc = ring.lane_capacity
+    out = []
+    for lane in range(ring.lanes):
+        rows = head[lane] - lo[lane]
+        if rows == 0:
+            out.append((0, 0, 0, 0))
+            continue
+        h = head[lane] - 1  # the newest published row (not one a writer is writing, or died in)
+        while h > lo[lane] and ring.stamps[lane * lc + h % lc] != published(h) and head[lane] - h < 8:
+            h -= 1
+        unpublished = head[lane] - 1 - h
+        first, last = lane * lc + lo[lane] % lc, lane * lc + h % lc
+        n = max(int(eps[last]) - int(eps[first]) + 1, 0)
+        live = n - bool(flags[first] & FINAL) - (not flags[last] & FINAL and starts[last] == h)
+        finals = min(n, rows) - (not flags[last] & FINAL)  # (the episode of the newest row has none yet)
+        out.append((rows - unpublished, min(n, rows), max(live, 0), max(finals, 0)))
+    return out
+
+
+def walk(ring: Ring, lane: int, lo: int, head: int, stop: int) -> tuple[list[tuple[int, int]], int]:
+    """The complete episodes of ``lane`` whose final row is in ``[max(lo, stop), head)``,
+    oldest first, and the row below which the lane is now fully indexed. A published row
+    (its stamp the same before and after the reads) is trusted to say where its episode
+    began, and the walk jumps there; any other row is stepped over one at a time."""
+    lc = ring.lane_capacity
+    stamps, starts, flags = ring.stamps, ring.arrays["_start"], ring.arrays["_flags"]
+    found: list[tuple[int, int]] = []
+    unpublished = None  # the lowest row stepped over
+    h = head - 1
+    floor = max(lo, stop)
+    while h >= floor:
+        slot = lane * lc + h % lc
+        before = int(stamps[slot])
+        s, f = int(starts[slot]), int(flags[slot])
+        if before != published(h) or int(stamps[slot]) != before or not lo <= s <= h:
+            h -= 1  # not published (being written, reserved by a dead writer): no guide
+            unpublished = h + 1
+            continue
+        if f & FINAL and s < h:
+            found.append((s, h))
+        h = s - 1
+    found.reverse()
+    # indexed for good: below the lowest row stepped over, else up to the newest episode
+    frontier = unpublished if unpublished is not None else found[-1][1] + 1 if found else stop
+    return found, max(stop, frontier)
+
+
+def any_transition(ring: Ring) -> bool:
+    """Whether any published pair of rows is a transition (an exact scan; rare)."""
+    lo, head = ring.window()
+    lc = ring.lane_capacity
+    for lane in range(ring.lanes):
+        seq = np.arange(lo[lane], head[lane])
+        slots = lane * lc + seq % lc
+        ok = ring.stamps[slots] == published(seq)
+        ep, fl = ring.arrays["_episode"][slots], ring.arrays["_flags"][slots]
+        pair = ok[:-1] & ok[1:] & (ep[:-1] == ep[1:]) & ((fl[:-1] & FINAL) == 0)
+        if pair.any():
+            return True
+    return False
+
+
+def stamps(ring: Ring, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The stamps of rows ``seq`` of ``lane`` as read now (raw: a guide)."""
+    return ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity]
+
+
+def bases(ring: Ring) -> list[int]:
+    """Every lane's base (its first row since the last clear or restore)."""
+    return ring.lane_table[:, LANE_BASE].tolist()

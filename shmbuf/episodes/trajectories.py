@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core.layout import LANE_HEAD
 from shmbuf.core.read import Sampler, read
 from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
@@ -112,7 +111,7 @@ class ByPriority(Trajectories):
         slots, p, end, least, drawn = self.trees.pick(self.ebuf.engine.rng, len(todo), deadline, self.timeout)
         self.low = min(self.low, least)
         lane = slots // self.trees.lc
-        drawn &= end + 1 < self.ebuf.engine.ring.lane_table[lane, LANE_HEAD]  # a transition: not the newest row
+        drawn &= end + 1 < self.ebuf.engine.heads()[lane]  # a transition: not the newest row
         self.picked = slots, p
         return lane, end, drawn
 
@@ -197,7 +196,7 @@ def _tail(ebuf: Episodes, lane: np.ndarray, end: np.ndarray, start: np.ndarray,
     # the row after the last: its stamp read before the tail is copied
     lc = ring.lane_capacity
     nxt = last + 1
-    sentinel = ring.stamps[ln * lc + nxt % lc]
+    sentinel = gather.stamps(ring, ln, nxt)
     count = np.maximum(last - e, 0)  # rows end + 1 .. last: at least the next step (or final row)
     span = count + 1  # and the row after them, read through the check too
     rows = np.repeat(np.arange(len(which)), span)
@@ -218,7 +217,7 @@ def _tail(ebuf: Episodes, lane: np.ndarray, end: np.ndarray, start: np.ndarray,
     unpublished = sentinel < published(nxt)
     zero = unpublished & (sentinel == 0)
     if zero.any():
-        unpublished[zero] = ring.lane_table[ln[zero], LANE_HEAD] < nxt[zero] + lc
+        unpublished[zero] = ebuf.engine.heads()[ln[zero]] < nxt[zero] + lc
     known[which] = whole & (ended | unpublished)
     after[which] = np.bincount(rows, weights=np.where(mine, rew, 0), minlength=len(which))
     return after, known

@@ -21,7 +21,6 @@ from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
 from shmbuf.episodes.parts import Episodes
-from shmbuf.core.layout import published
 
 
 _ROUNDS_BEFORE_SCAN = 8
@@ -357,22 +356,6 @@ def none_yet(ebuf: Episodes) -> Any:
     transitions: after a few redraws, raise ``ValueError(NONE_YET)`` if an exact scan
     finds no transition at all."""
     def check(rounds: int) -> None:
-        if rounds > _ROUNDS_BEFORE_SCAN and not _any_transition(ebuf):
+        if rounds > _ROUNDS_BEFORE_SCAN and not gather.any_transition(ebuf.engine.ring):
             raise ValueError(NONE_YET)
     return check
-
-
-def _any_transition(ebuf: Episodes) -> bool:
-    """Whether any published pair of rows is a transition (an exact scan; rare)."""
-    ring = ebuf.engine.ring
-    lo, head = ring.window()
-    lc = ring.lane_capacity
-    for lane in range(ring.lanes):
-        seq = np.arange(lo[lane], head[lane])
-        slots = lane * lc + seq % lc
-        ok = ring.stamps[slots] == published(seq)
-        ep, fl = ring.arrays["_episode"][slots], ring.arrays["_flags"][slots]
-        pair = ok[:-1] & ok[1:] & (ep[:-1] == ep[1:]) & ((fl[:-1] & FINAL) == 0)
-        if pair.any():
-            return True
-    return False

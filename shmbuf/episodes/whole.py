@@ -14,12 +14,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from shmbuf.core import sampling
-from shmbuf.core.layout import LANE_BASE
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.ring import Ring
+from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
 from shmbuf.episodes.parts import Episodes
-from shmbuf.core.layout import published
 
 
 _NONE = ("the buffer holds no complete episode: one that has ended (its final observation written) "
@@ -40,12 +39,12 @@ class Index:
     def complete(self, ring: Ring) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lane, first row, final row) of every complete, unevicted episode, as read now."""
         lo, head = ring.window_lists()
-        bases = ring.lane_table[:, LANE_BASE].tolist()
+        bases = gather.bases(ring)
         out: list[tuple[int, int, int]] = []
         for lane in range(ring.lanes):
             if bases[lane] != self.base[lane] or head[lane] < self.next[lane]:
                 self.base[lane], self.next[lane], self.found[lane] = bases[lane], 0, []
-            new, frontier = _walk(ring, lane, lo[lane], head[lane], self.next[lane])
+            new, frontier = gather.walk(ring, lane, lo[lane], head[lane], self.next[lane])
             found = self.found[lane]
             found += [e for e in new if e[1] < frontier]  # the rest: walked again next time
             self.next[lane] = frontier
@@ -56,34 +55,6 @@ class Index:
             out += [(lane, f, h) for f, h in found + [e for e in new if e[1] >= frontier]]
         a = np.array(out, np.int64).reshape(-1, 3)
         return a[:, 0], a[:, 1], a[:, 2]
-
-
-def _walk(ring: Ring, lane: int, lo: int, head: int, stop: int) -> tuple[list[tuple[int, int]], int]:
-    """The complete episodes of ``lane`` whose final row is in ``[max(lo, stop), head)``,
-    oldest first, and the row below which the lane is now fully indexed. A published row
-    (its stamp the same before and after the reads) is trusted to say where its episode
-    began, and the walk jumps there; any other row is stepped over one at a time."""
-    lc = ring.lane_capacity
-    stamps, starts, flags = ring.stamps, ring.arrays["_start"], ring.arrays["_flags"]
-    found: list[tuple[int, int]] = []
-    unpublished = None  # the lowest row stepped over
-    h = head - 1
-    floor = max(lo, stop)
-    while h >= floor:
-        slot = lane * lc + h % lc
-        before = int(stamps[slot])
-        s, f = int(starts[slot]), int(flags[slot])
-        if before != published(h) or int(stamps[slot]) != before or not lo <= s <= h:
-            h -= 1  # not published (being written, reserved by a dead writer): no guide
-            unpublished = h + 1
-            continue
-        if f & FINAL and s < h:
-            found.append((s, h))
-        h = s - 1
-    found.reverse()
-    # indexed for good: below the lowest row stepped over, else up to the newest episode
-    frontier = unpublished if unpublished is not None else found[-1][1] + 1 if found else stop
-    return found, max(stop, frontier)
 
 
 def sample(ebuf: Episodes, n: int, timeout: float) -> list[dict[str, np.ndarray]]:

@@ -22,7 +22,7 @@ Files the format does not name are ignored.
 
 **Save** runs beside writers and samplers. The lane positions are read under the
 header lock (as long as a writer's reservation holds it); then, chunk by chunk and
-without the lock, stamps, rows, stamps again (as :func:`shmbuf.persist.state.copy_rows`). A
+without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.state.copy_rows`). A
 row is saved only if it was published inside its lane's window when the positions
 were read and its stamp did not change during its copy, so the save holds exactly rows
 that were published at one moment, each whole. The priority leaves are read under the
@@ -37,7 +37,7 @@ symbolic link, and ``overwrite`` never deletes a file that is not a save's.
 free space from the metadata alone, then metadata types, a schema numpy accepts and
 that matches the files, each file's dtype and shape, stamps that name rows of their
 slots), then creates the buffer and writes the rows back under the header lock, each
-lane's kept rows consecutive (see :func:`shmbuf.persist.state.check`); if anything fails after
+lane's kept rows consecutive (see :func:`shmbuf.core.state.check`); if anything fails after
 the create, the new segment is removed.
 """
 
@@ -55,7 +55,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from shmbuf.priority import trees as _priority
-from shmbuf.persist import state
+from shmbuf.core import state
 from shmbuf.core import procs, ratelimit, storage
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields

@@ -41,7 +41,6 @@ import numpy as np
 from shmbuf.core import native, sampling
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.seqlock import read_stable
-from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.engine import Engine
 from shmbuf.core.segment import FormatError
 
@@ -112,7 +111,7 @@ class Trees:
                 or (field.shape, field.dtype) != ((), np.dtype(np.float64)):
             raise FormatError(f"buffer {engine.name!r} is prioritized but its priority region ({size} bytes) "
                               f"or field ({field}) is not the one its capacity and lanes need")
-        self.alpha, self.ring, self.lock = alpha, engine.ring, engine.lock
+        self.alpha, self.engine, self.ring, self.lock = alpha, engine, engine.ring, engine.lock
         self.capacity, self.lanes, self.lc = layout.capacity, layout.lanes, layout.lane_capacity
         self.leaves = P = leaves(layout.capacity)  # leaf i of the trees is node leaves + i
         self.head = np.ndarray((_HEAD_WORDS,), np.int64, mem, off)
@@ -123,7 +122,6 @@ class Trees:
         self.sum = np.ndarray((2 * P,), np.float64, mem, off)
         self.min = np.ndarray((2 * P,), np.float64, mem, off + 16 * P)
         self.seq = np.ndarray((layout.capacity,), np.int64, mem, off + 32 * P)
-        self.prio = engine.ring.arrays[FIELD]
         self._native = native.extension() if engine.native is not None else None
 
     # -- changing the trees (under the lock) ----------------------------------------
@@ -176,7 +174,7 @@ class Trees:
         writer reserved, or an abandoned write's, is passed over for good, so it never
         makes every later sync read a whole lap again."""
         ring, lc = self.ring, self.lc
-        heads, bases = ring.lane_table[:, LANE_HEAD].copy(), ring.lane_table[:, LANE_BASE].copy()
+        heads, bases = self.engine.heads(), self.engine.bases()
         for lane in np.flatnonzero((bases != self.synced[:, 1]) | (self.synced[:, 0] > heads)).tolist():
             # cleared, restored or rolled back by a restart (shmbuf.core.durable): its rows
             # are gone (the ones written since, or kept: synced again, at their writers' priority)
@@ -257,8 +255,8 @@ class Trees:
         ``_priority`` at the next sync, as they would have), after a load."""
         rows = stamps // 2 - 1
         given = np.flatnonzero((stamps > 0) & ~np.isnan(leaf))
-        bases = self.ring.lane_table[:, LANE_BASE]
         with self.change(timeout):
+            bases = self.engine.bases()
             self.headf[H_MAX] = top
             self.seq[given] = rows[given] + 1
             self.set(given, leaf[given])

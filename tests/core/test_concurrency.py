@@ -14,7 +14,7 @@ import pytest
 
 import shmbuf
 from shmbuf.core import native
-from helpers import (STORM, claim_and_exit, storm_rows, storm_sampler, storm_torn, storm_writer,
+from helpers import (STORM, claim_and_exit, storm_rows, storm_torn, storm_writer, writers_and_samplers,
                      start_hanging_writer, wait_for_file, write_and_hang)
 
 pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
@@ -91,20 +91,9 @@ def test_several_sampler_processes_at_once(name):
     ctx = mp.get_context("forkserver")
     with shmbuf.Buffer.create(STORM, 64, name=name, seed=0) as buf:
         buf.extend(storm_rows(9, np.arange(64)))
-        ready, stop, results = ctx.Barrier(4), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=storm_writer, args=(name, w, 5, 2.0, ready, stop, results))
-                 for w in range(2)]
-        procs += [ctx.Process(target=storm_sampler, args=(name, 2.0, ready, results)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        got = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(30)
-            assert p.exitcode == 0
-        samplers = [g for g in got if g[0] == "sampler"]
-        writers = [g for g in got if g[0] != "sampler"]
-        assert all(checked > 0 and torn == 0 for _, checked, torn in samplers), samplers
-        assert all(rows > 0 for _, rows in writers), writers
+        samplers, writers = writers_and_samplers(name, ctx)
+        assert all(checked > 0 and torn == 0 for checked, torn in samplers), samplers
+        assert all(rows > 0 for rows in writers), writers
 
 
 def test_storm_detects_tears_when_the_stamp_check_is_off(name, break_protection):

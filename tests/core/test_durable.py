@@ -344,7 +344,7 @@ def test_a_power_loss_during_or_after_a_restore_of_a_file_leaves_no_torn_row(tmp
     disk = Disk(buf, monkeypatch)
     rng = np.random.default_rng(7)
     if when == "during":
-        from shmbuf.persist import state as state_mod
+        from shmbuf.core import state as state_mod
         restore = state_mod.restore
 
         def cut(*args, **kw):  # the power goes halfway through the rows' copy

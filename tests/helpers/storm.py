@@ -119,6 +119,23 @@ def storm_sampler(name: str, seconds: float, ready, results) -> None:
     results.put(("sampler", checked, torn))
 
 
+def writers_and_samplers(name: str, ctx, seconds: float = 2.0, writers: int = 2, samplers: int = 2):
+    """``writers`` storm writers (5 rows a write) and ``samplers`` storm samplers, all
+    processes of ``ctx``, on the buffer ``name`` for ``seconds``: (each sampler's
+    (rows checked, torn rows), each writer's rows written); every process exited 0."""
+    ready, stop, results = ctx.Barrier(writers + samplers), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=storm_writer, args=(name, w, 5, seconds, ready, stop, results))
+             for w in range(writers)]
+    procs += [ctx.Process(target=storm_sampler, args=(name, seconds, ready, results)) for _ in range(samplers)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return [g[1:] for g in got if g[0] == "sampler"], [g[1] for g in got if g[0] != "sampler"]
+
+
 def add_through_interrupts(name: str, ready_path: str, stop_path: str, idle_path: str) -> None:
     """Add rows in a loop that catches KeyboardInterrupt (a notebook catching Ctrl-C and
     going on); once ``stop_path`` exists, say so in ``idle_path`` and stay alive, idle.
@@ -200,4 +217,4 @@ def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int =
     return proc
 
 
-__all__ = ['start_hanging_writer', 'STORM', 'add_through_interrupts', 'break_stamp_check', 'claim_and_exit', 'patch_schema_doc', 'rate_writer', 'report_rows', 'storm_rows', 'storm_sampler', 'storm_torn', 'storm_writer', 'write_and_hang', 'write_range', 'write_rows_then_hang']
+__all__ = ['start_hanging_writer', 'writers_and_samplers', 'STORM', 'add_through_interrupts', 'break_stamp_check', 'claim_and_exit', 'patch_schema_doc', 'rate_writer', 'report_rows', 'storm_rows', 'storm_sampler', 'storm_torn', 'storm_writer', 'write_and_hang', 'write_range', 'write_rows_then_hang']

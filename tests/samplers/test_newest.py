@@ -13,7 +13,7 @@ import shmbuf
 from shmbuf.core.layout import published
 from shmbuf.samplers.newest import newest_first
 
-from helpers import STORM, start_hanging_writer, storm_rows, storm_sampler, storm_writer
+from helpers import STORM, start_hanging_writer, storm_rows, writers_and_samplers
 
 GARBAGE = -7
 
@@ -120,15 +120,6 @@ def test_storm_writers_and_newest_first_samplers_never_see_a_torn_row(name):
     ctx = mp.get_context("spawn")
     with shmbuf.Buffer.create(STORM, 64, name=name, sampler="newest") as buf:
         buf.extend(storm_rows(9, np.arange(64)))
-        ready, stop, results = ctx.Barrier(4), ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=storm_writer, args=(name, w, 5, 2.0, ready, stop, results)) for w in (1, 2)]
-        procs += [ctx.Process(target=storm_sampler, args=(name, 2.0, ready, results)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        got = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(30)
-            assert p.exitcode == 0
-    sampled = [g for g in got if g[0] == "sampler"]
-    assert all(torn == 0 for _, _, torn in sampled), sampled
-    assert sum(checked for _, checked, _ in sampled) > 0
+        sampled, _ = writers_and_samplers(name, ctx)
+    assert all(torn == 0 for _, torn in sampled), sampled
+    assert sum(checked for checked, _ in sampled) > 0

@@ -8,7 +8,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from shmbuf.core.layout import LANE_HEAD
 from shmbuf.compat.d3rlpy import episodes as d3rlpy_episodes
 
 
@@ -101,7 +100,7 @@ class Appends:
             src = steps[-1] if terminated else active.step(end)
             final = {"next_" + k: (np.zeros_like(v) if terminated else v) for k, v in src.items()}
         lane = self._lane()
-        head = int(ebuf.engine.ring.lane_table[lane, LANE_HEAD])
+        head = int(ebuf.engine.heads()[lane])
         if final is not None and first == 0 and len(steps) + 1 <= ebuf.lane_capacity:
             episode = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
             ebuf.add_episode({**episode, **final}, terminated=bool(terminated))
@@ -172,7 +171,7 @@ class Appends:
         oldest = self._rows[0] if self._rows else None
         self._cut = None if oldest is None else oldest[0]
         self._cut_start = None if oldest is None else oldest[2]
-        ring.trim(lane, int(ring.lane_table[lane, LANE_HEAD]) if oldest is None else oldest[2],
+        ring.trim(lane, int(self._ebuf.engine.heads()[lane]) if oldest is None else oldest[2],
                   self._ebuf.engine.seconds(None))
 
     def append_episode(self, episode: Any) -> None:

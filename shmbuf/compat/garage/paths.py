@@ -39,9 +39,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from shmbuf.buffer import handle as core
-from shmbuf.core import sampling
 from shmbuf.core.batch import count
-from shmbuf.core.layout import published
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.garage.replay import ReplayBuffer
@@ -196,7 +194,7 @@ class PathBuffer(Lazy):
     def sample_path(self) -> dict[str, np.ndarray]:
         """A path with no row evicted, uniformly, in order (``ValueError``: none is)."""
         buf = self._buf()
-        path = read(_Paths(buf.engine.ring, self._rng), 1, buf.timeout)["path"][0]
+        path = read(_Paths(buf.engine, self._rng), 1, buf.timeout)["path"][0]
         del path[_STEP], path[_LEN]
         return path
 
@@ -356,25 +354,24 @@ class _Paths(Sampler):
 
     what = "paths"
 
-    def __init__(self, ring: Any, rng: np.random.Generator) -> None:
-        self.ring, self.rng = ring, rng
+    def __init__(self, engine: Any, rng: np.random.Generator) -> None:
+        self.engine, self.rng = engine, rng
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
         return {"path": np.empty(m, object)}
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
-        ring, lc = self.ring, self.ring.lane_capacity
-        lo, head = (x[0] for x in ring.window_lists())
+        engine, lc = self.engine, self.engine.layout.lane_capacity
+        lo, head = (int(x[0]) for x in engine.window())
         seq = np.arange(lo, head)
-        slot = seq % lc
-        starts = seq[ring.arrays[_STEP][slot] == 0]  # raw reads: a guide, checked by the copy
-        lengths = ring.arrays[_LEN][starts % lc].astype(np.int64)
+        starts = seq[engine.view(_STEP)[seq % lc] == 0]  # raw reads: a guide, checked by the copy
+        lengths = engine.view(_LEN)[starts % lc].astype(np.int64)
         ends = starts + lengths - 1
         whole = (lengths > 0) & (ends < head)
-        whole &= ring.stamps[starts % lc] == published(starts)  # first and last rows published
-        whole[whole] &= ring.stamps[ends[whole] % lc] == 2 * ends[whole] + 2
+        whole &= engine.published(0, starts)  # first and last rows published
+        whole[whole] &= engine.published(0, ends[whole])
         if not whole.any():
-            if ring.window_lists()[1][0] != head:
+            if int(engine.heads()[0]) != head:
                 return None  # written meanwhile (what was read may be of newer rows): look again
             raise ValueError("the buffer holds no whole path (every path has rows evicted or not yet written)")
         j = self.rng.integers(whole.sum(), size=len(todo))
@@ -385,8 +382,8 @@ class _Paths(Sampler):
         if drawn is None:
             return np.zeros(len(got), bool)
         for i, (first, n) in enumerate(zip(*(a.tolist() for a in drawn))):
-            path = {f.name: np.empty((n,) + f.shape, f.dtype) for f in self.ring.layout.fields}
-            torn = sampling.copy_windows(self.ring, 0, np.array([first], np.int64), n, None, list(path.values()))
+            path = {f.name: np.empty((n,) + f.shape, f.dtype) for f in self.engine.fields}
+            torn = self.engine.gather(0, np.array([first], np.int64), n, list(path.values()))
             intact = torn is None and (path[_STEP] == np.arange(n)).all() and (path[_LEN] == n).all()
             got[i] = path if intact else None
         return np.array([p is not None for p in got], bool)

@@ -20,7 +20,6 @@ from stable_baselines3.common.utils import get_device
 
 from shmbuf.buffer.handle import Buffer
 from shmbuf.core.claims import NoFreeLane
-from shmbuf.core.layout import LANE_HEAD
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.episodes.rows import TERMINATED, TRUNCATED
 from shmbuf.compat.sb3.spaces import bad_obs, bad_shapes, space_from_json, space_to_json
@@ -300,7 +299,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         ``dones[pos - 1]`` is the newest; with ``optimize_memory_usage`` or HER,
         episodes' final observations take rows of their own, so it runs ahead of
         :meth:`size`, which counts transitions)."""
-        return int(self._plain().engine.ring.lane_table[0, LANE_HEAD]) % self.buffer_size
+        return int(self._plain().engine.heads()[0]) % self.buffer_size
 
     @pos.setter
     def pos(self, value: int) -> None:
@@ -322,11 +321,8 @@ class ReplayBuffer(SB3ReplayBuffer):
     def _view(self, field: str) -> np.ndarray:
         """Field ``field`` of every row as ``(buffer_size, lanes, *shape)``, read-only."""
         core = self._plain()
-        a = core.engine.ring.arrays[field]
-        v = a.reshape((core.lanes, self.buffer_size) + a.shape[1:]).swapaxes(0, 1)
-        v = v.view()
-        v.flags.writeable = False
-        return v
+        a = core.engine.view(field)
+        return a.reshape((core.lanes, self.buffer_size) + a.shape[1:]).swapaxes(0, 1)
 
     def _views(self, prefix: str) -> Any:
         if isinstance(self.obs_shape, dict):

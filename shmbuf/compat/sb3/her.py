@@ -29,7 +29,6 @@ import numpy as np
 from stable_baselines3.her.goal_selection_strategy import KEY_TO_GOAL_STRATEGY, GoalSelectionStrategy
 from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as SB3HerReplayBuffer
 
-from shmbuf.core.layout import LANE_HEAD
 from shmbuf.episodes.rows import FINAL
 from shmbuf.episodes.her import HER
 from shmbuf.compat.sb3.buffers import OBS, DictReplayBuffer
@@ -100,7 +99,7 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
         core = self._plain()
         if self._infos is None:
             self._infos = np.full(core.capacity, None, object)
-        lc, heads = self.buffer_size, core.engine.ring.lane_table[:, LANE_HEAD]
+        lc, heads = self.buffer_size, core.engine.heads()
         for lane, info, ended in zip(self._writer.lanes, infos, np.asarray(done).reshape(-1)):
             seq = int(heads[lane]) - 1 - bool(ended)  # the step's row (a final row follows an end)
             self._infos[lane * lc + seq % lc] = (seq, copy.deepcopy(info))
@@ -124,7 +123,7 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
         observation and stays out of the samples; a later writer's steps are never
         joined to it (so there is nothing to change)."""
         flags, lc = self._view("_flags"), self.buffer_size
-        heads = self._plain().engine.ring.lane_table[:, LANE_HEAD]
+        heads = self._plain().engine.heads()
         sizes = self._plain().lane_sizes()
         if any(size and not flags[(int(h) - 1) % lc, lane] & FINAL for lane, (h, size) in enumerate(zip(heads, sizes))):
             warnings.warn("The last trajectory in the replay buffer will be truncated.\n"
