@@ -83,6 +83,12 @@ class Sampler:
         """Before round ``rounds`` (>= 1): raise the ``ValueError`` that says why nothing
         can be drawn, if that is so."""
 
+    def scatter(self, got: Batch, src: np.ndarray, out: Batch, dst: np.ndarray) -> None:
+        """``out[dst] = got[src]``, position by position, for every array of the batches
+        (same structure; a sampler whose arrays hold several rows a position says how)."""
+        for a, b in zip(arrays(got), arrays(out)):
+            b[dst] = a[src]
+
 
 def arrays(batch: Batch) -> list[np.ndarray]:
     """The arrays of a batch (a list's Nones left out)."""
@@ -90,15 +96,18 @@ def arrays(batch: Batch) -> list[np.ndarray]:
 
 
 def read(sampler: Sampler, n: int, timeout: float, out: Batch | None = None, *,
-         deadline: float | None = None) -> Batch:
+         deadline: float | None = None, todo: np.ndarray | None = None) -> Batch:
     """``n`` intact items from ``sampler`` into ``out`` (default: ``sampler.empty(n)``),
     which is returned. A position keeps its candidate if it was copied intact; failed
     positions take the intact spares in order; the rest are drawn again. At ``deadline``
-    (default: ``timeout`` seconds from now): :class:`SampleTimeout`."""
+    (default: ``timeout`` seconds from now): :class:`SampleTimeout`. ``todo``: the
+    positions of ``out`` that a first round, made by the caller, left to fill (a hot
+    path draws and gathers once itself before it needs this loop)."""
     if deadline is None:
         deadline = time.monotonic() + timeout
-    todo = np.arange(n)
-    rounds = 0
+    rounds = 0 if todo is None else 1
+    if todo is None:
+        todo = np.arange(n)
     while len(todo):
         if rounds:
             sampler.check(rounds)
@@ -118,26 +127,21 @@ def read(sampler: Sampler, n: int, timeout: float, out: Batch | None = None, *,
         rounds += 1
         if ok is None:
             if not here:
-                _scatter(got, np.arange(m), out, todo)
+                sampler.scatter(got, np.arange(m), out, todo)
             return out
         mine = ok[:m].copy()
         bad = np.flatnonzero(~mine)
         spares = np.flatnonzero(ok[m:])[:len(bad)] + m
         took = bad[:len(spares)]
         if here:
-            _scatter(got, spares, out, todo[took])
+            if len(spares):
+                sampler.scatter(got, spares, out, todo[took])
             mine[took] = True
         else:
             mine[took] = True
             src = np.flatnonzero(mine)
             src[np.isin(src, took)] = spares  # (took is ascending: the spares in order)
-            _scatter(got, src, out, todo[mine])
+            sampler.scatter(got, src, out, todo[mine])
         todo = todo[~mine]
     return sampler.empty(0) if out is None else out
 
-
-def _scatter(got: Batch, src: np.ndarray, out: Batch, dst: np.ndarray) -> None:
-    """``out[dst] = got[src]`` for every array of the batches (same structure)."""
-    if len(src):
-        for a, b in zip(arrays(got), arrays(out)):
-            b[dst] = a[src]

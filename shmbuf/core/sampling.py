@@ -344,8 +344,8 @@ class Windows(Sampler):
     ``only``, if given): the core's sampler, behind every uniform sample. The first few
     rounds draw uniformly over the lanes' windows; then over the exact set of published
     windows, so a ring mostly reserved by writers that died is still sampled uniformly
-    over what is really there. A batch is one array per field, ``(m, length, *shape)``
-    (``(m, *shape)`` for ``length`` 1), and with ``index`` an int64 ``(m,)`` array last
+    over what is really there. A batch is one array per field, ``(m * length, *shape)``
+    (the windows one after the other), and with ``index`` an int64 ``(m,)`` array last
     that gets each window's first slot."""
 
     hint = ": writers overwrite the ring faster than it can be read (capacity too small for the write rate?)"
@@ -354,11 +354,9 @@ class Windows(Sampler):
                  index: bool = False) -> None:
         self.ring, self.rng, self.length, self.only, self.index = ring, rng, length, only, index
         self.delay = 0.0
-        self.flat: Any = None  # (a batch, and its arrays flat: the copy's scratch is kept per arrays)
 
     def empty(self, m: int) -> list[np.ndarray]:
-        lead = (m,) if self.length == 1 else (m, self.length)
-        out = [np.empty(lead + f.shape, f.dtype) for f in self.ring.layout.fields]
+        out = [np.empty((m * self.length,) + f.shape, f.dtype) for f in self.ring.layout.fields]
         return out + [np.empty(m, np.int64)] if self.index else out
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
@@ -375,21 +373,21 @@ class Windows(Sampler):
         return draw_windows(self.ring, self.rng, len(todo), self.length, pool, self.only)
 
     def gather(self, drawn: Any, out: list[np.ndarray]) -> np.ndarray | None:
-        m = len(out[0])
         if drawn is None:
-            return np.zeros(m, bool)
+            return np.zeros(len(out[0]) // self.length, bool)
         lane, first, lo = drawn
         if self.index:
             lc = self.ring.lane_capacity
             out[-1][:] = lane * lc + first % lc
             out = out[:-1]
-        if self.length == 1:
-            flat = out
-        elif self.flat is not None and out is self.flat[0]:
-            flat = self.flat[1]
-        else:
-            flat = [a.reshape((m * self.length,) + a.shape[2:]) for a in out]
-        return copy_windows(self.ring, lane, first, self.length, lo, flat)
+        return copy_windows(self.ring, lane, first, self.length, lo, out)
+
+    def scatter(self, got: list[np.ndarray], src: np.ndarray, out: list[np.ndarray], dst: np.ndarray) -> None:
+        k, last = self.length, len(out) - 1
+        for i, (a, b) in enumerate(zip(got, out)):
+            if k > 1 and not (self.index and i == last):  # (a field's arrays: k rows a position)
+                a, b = a.reshape((-1, k) + a.shape[1:]), b.reshape((-1, k) + b.shape[1:])
+            b[dst] = a[src]
 
 
 def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
@@ -399,13 +397,13 @@ def sample_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
     with ``n`` intact windows (of lane ``only``, if given) through :func:`read` and
     :class:`Windows`. ``ValueError`` if the buffer (the lane) holds no such window.
     ``index`` (int64 ``(n,)``, if given) gets each window's first slot."""
+    lane, first, lo = draw_windows(ring, rng, n, length, None, only)
     if n == 0:
-        draw_windows(ring, rng, 0, length, None, only)  # (the ValueError of a buffer with no window)
         return
-    batch = list(out) if length == 1 else [a.reshape((n, length) + a.shape[1:]) for a in out]
-    sampler = Windows(ring, rng, length, only, index is not None)
     if index is not None:
-        batch.append(index)
-    elif length > 1:
-        sampler.flat = (batch, list(out))
-    read(sampler, n, timeout, batch)
+        index[:] = lane * ring.lane_capacity + first % ring.lane_capacity
+    ok = copy_windows(ring, lane, first, length, lo, out)
+    if ok is None:
+        return  # the common case: one draw, one checked copy (read's first round, made here)
+    read(Windows(ring, rng, length, only, index is not None), n, timeout,
+         list(out) if index is None else [*out, index], todo=np.flatnonzero(~ok))
