@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import uuid
 
 import pytest
@@ -27,6 +28,12 @@ if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtuale
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
     collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_examples.py", "compat/test_compat_velora.py",
                        "compat/test_compat_d3rlpy_dump.py"]
+
+# A run started in the background of a shell without job control inherits SIGINT
+# ignored, and so would every process it starts: the tests of Ctrl-C (real SIGINTs)
+# need Python's own handler, as a terminal gives it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Child processes that import this module (spawn re-imports test modules) keep the
 # run's namespace; a new run never inherits one from the shell.
