@@ -18,6 +18,9 @@ from shmbuf import samplers
 from shmbuf.core.parts import NoPriorities, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
+from shmbuf.buffer.reads import Reads
+from shmbuf.samplers.recent import Recent
+from shmbuf.buffer import versions as versions_part
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, Layout
 from shmbuf.core.ratelimit import RateLimit
@@ -27,7 +30,7 @@ from shmbuf.core.segment import Segment
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
+class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -72,12 +75,15 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
         # The hot paths, chosen once: the C ring for whole writes when no part adds to
         # a row (no queue, no priorities, no rate gate); the C ring for rows the parts
         # have stamped when no part waits (no queue, no rate gate); a plain uniform sample.
+        self._versions = versions_part.Versions() if layout.meta.get("versions") else versions_part.NoVersions()
+        self._recent: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
         direct = isinstance(engine.writes, Replay) and not engine.gate.limited
-        self._plain = engine.native if direct and isinstance(engine.priorities, NoPriorities) else None
+        self._plain = engine.native if direct and isinstance(engine.priorities, NoPriorities) \
+            and isinstance(self._versions, versions_part.NoVersions) else None
         self._stamped = engine.native if direct and self._plain is None else None
         self._outputs = Outputs(layout.fields)
         self.sampler = samplers.choose(layout.meta)(engine, self._outputs)
-        self._uniform = self._plain is not None and self.sampler.inline  # (sample() inlines it)
+        self._uniform = direct and self.sampler.inline  # (sample() inlines it)
         return self
 
     @classmethod
@@ -85,7 +91,8 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
-               mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT) -> "Buffer":
+               mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT,
+               versions: bool = False) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -116,6 +123,9 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
             sampler: which rows a sample holds, for every handle: ``"uniform"`` (the
                 default) or ``"newest"``, the most recent rows first (see
                 :mod:`shmbuf.samplers`). A prioritized buffer or a queue has its own.
+            versions: keep each row's policy version (a ``"version"`` entry in samples;
+                ``add``/``extend`` take ``version=``; ``sample`` takes ``min_version=`` and
+                ``max_staleness=``): see :mod:`shmbuf.buffer.versions`.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -145,6 +155,7 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
         fields, meta = queue_mode.plan(mode, fields, meta, regions, lanes, rate, priority)
+        fields, meta = versions_part.plan(versions, fields, meta)
         if samplers.check(sampler) != samplers.DEFAULT:
             if mode != "replay" or priority is not None:
                 raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "
@@ -272,10 +283,12 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
     # -- writing ---------------------------------------------------------------------
 
     def add(self, transition: Mapping[str, Any], *, lane: int | None = None,
-            timeout: float | None = None, priority: float | None = None) -> None:
+            timeout: float | None = None, priority: float | None = None, version: int | None = None) -> None:
         """Add one transition: ``{name: value}`` with each value of the field's shape.
         ``priority``: a prioritized buffer's priority for it (default: the largest
-        priority ever set).
+        priority ever set). ``version``: the policy version that made it, in a buffer
+        created with ``versions=True`` (default: the bound ``Weights``' version; see
+        :mod:`shmbuf.buffer.versions`).
 
         Example:
             >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
@@ -284,9 +297,10 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
             >>> buf.close()
         """
         plain = self._plain
-        if plain is not None and priority is None and plain.add(transition, lane, timeout) is None:
+        if plain is not None and priority is None and version is None and plain.add(transition, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
+        transition = self._versions.stamp(transition, version, True)
         transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
         stamped = self._stamped
         if stamped is not None and stamped.add(transition, lane, timeout) is None:
@@ -296,9 +310,9 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
                truncate_ok: bool = False, timeout: float | None = None,
-               priority: Any = None) -> None:
+               priority: Any = None, version: int | None = None) -> None:
         """Add ``n`` transitions given along axis 0 of every field (``priority``: of a
-        prioritized buffer, one for all or one per row).
+        prioritized buffer, one for all or one per row; ``version``: as :meth:`add`'s).
 
         More rows than a lane holds raise ``ValueError`` unless ``truncate_ok=True``,
         which keeps only the last ``lane_capacity`` of them. Values are checked before
@@ -312,12 +326,13 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
             >>> buf.close()
         """
         plain = self._plain
-        if plain is not None and priority is None and truncate_ok is False \
+        if plain is not None and priority is None and version is None and truncate_ok is False \
                 and plain.extend(batch, lane, timeout) is None:
             return  # the common case, checked and written in C
         engine = self.engine
         if truncate_ok is not False:
             engine.writes.check_truncate()
+        batch = self._versions.stamp(batch, version, False)
         batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
         stamped = self._stamped
         if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
@@ -340,12 +355,9 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
 
     # -- sampling --------------------------------------------------------------------
 
-    def empty_batch(self, n: int, length: int | None = None) -> Batch:
-        """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
-        return self._outputs.empty((n,) if length is None else (n, length))
-
     def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
-               beta: float | None = None) -> Batch:
+               beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
+               version: int | None = None) -> Batch:
         """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
         prioritized buffer, by priority, adding ``weight`` (importance sampling with
         exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
@@ -353,7 +365,10 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
 
         Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
         ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
-        exceed ``len(self)``. An empty buffer raises ``ValueError``.
+        exceed ``len(self)``. An empty buffer raises ``ValueError``. In a buffer created
+        with ``versions=True``: only rows of version ``>= min_version``, or at most
+        ``max_staleness`` versions older than the newest (``version``, else the bound
+        ``Weights``' latest, else the newest row's); see :mod:`shmbuf.samplers.recent`.
 
         Example:
             >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
@@ -364,55 +379,27 @@ class Buffer(Properties, Lanes, Snapshots, queue_mode.Queues):
         if type(n) is not int or n < 0:
             n = count(n, "n")
         engine = self.engine
-        if self._uniform and beta is None:  # the common case: the read path, nothing around it
-            out, arrays = self._outputs.prepare(out, (n,))
+        if self._uniform and beta is None and min_version is None and max_staleness is None and version is None:
+            out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
             sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
                                     engine.timeout if timeout is None else validate.timeout(timeout))
             engine.counters.sampled(n)
             return out
-        return self.sampler.sample(n, out, timeout, beta)
+        if min_version is None and max_staleness is None and version is None:
+            return self.sampler.sample(n, out, timeout, beta)
+        bound = self._versions.bound(engine, min_version, max_staleness, version)
+        if beta is not None or not self.sampler.inline:
+            raise ValueError("min_version= and max_staleness= draw uniformly: they are for a replay buffer "
+                             "without priority= or another sampler")
+        out, _ = self._outputs.prepare(out, (n,))
+        return engine.read(Recent(engine, bound, self._recent), n, n, timeout, out)
 
-    def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
-        """Set the priorities of sampled rows, from any process: ``index`` as
-        :meth:`sample` returned it, ``priorities`` one per row, finite and > 0 (``|td| +
-        1e-6``, say). Rows overwritten since they were sampled are skipped (the new row
-        in their slot keeps its own priority); returns how many were set.
-
-        Example:
-            >>> buf = Buffer.create({"x": ((), "int64")}, 4, priority=1.0, seed=0)
-            >>> buf.extend({"x": [0, 1, 2, 3]})
-            >>> b = buf.sample(1)
-            >>> buf.update_priorities(b["index"], [1e-9])
-            1
-            >>> bool((buf.sample(1000)["x"] == b["x"][0]).mean() < 0.01)
-            True
-            >>> buf.close()
-        """
-        return self.sampler.update(index, priorities, self.engine.seconds(timeout))
-
-    def sample_sequences(self, batch: int, length: int, *, out: Batch | None = None,
-                         timeout: float | None = None, lane: int | None = None) -> Batch:
-        """Sample ``batch`` windows of ``length`` consecutive rows of one lane (of lane
-        ``lane`` only, if given: one env's sequences).
-
-        Rows of a window are in the order they were written; a window may wrap
-        physically around the ring but never joins the newest row to the oldest, never
-        contains an unpublished row, and never mixes lanes. Windows may cross episode
-        boundaries. Returns ``{name: (batch, length, *shape)}``.
-
-        Example:
-            >>> buf = Buffer.from_data({"t": np.arange(5)}, capacity=5, seed=0)
-            >>> buf.sample_sequences(2, 3)["t"].shape
-            (2, 3)
-            >>> buf.close()
-        """
-        batch = count(batch, "batch")
-        length = count(length, "length", 1)
-        out, arrays = self._outputs.prepare(out, (batch, length))
-        flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
-        self.engine.sample_windows(batch, length, flat, timeout, lane)
-        out.pop(_priority.FIELD, None)  # (kept by shmbuf)
-        return out
+    def bind(self, weights: Any) -> None:
+        """Rows this handle writes without ``version=`` get ``weights.version``, the
+        version of the policy weights it last pulled (a :class:`shmbuf.Weights`; None
+        unbinds); ``max_staleness`` counts from its latest. For a buffer created with
+        ``versions=True``."""
+        self._versions.bind(weights)
 
     # -- lifetime --------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ class Snapshots:
 
     engine: Engine
     sampler: Any  # the handle's sampler (shmbuf.samplers)
+    _versions: Any  # the handle's versions part (shmbuf.buffer.versions)
 
     def clear(self, *, timeout: float | None = None) -> None:
         """Forget every row (all lanes). Safe while writers run: their rows in flight
@@ -59,7 +60,8 @@ class Snapshots:
         batches and rows sampled, torn-read retries, lock acquisitions and seconds
         waited for the lock, write calls; per process (pid, alive, its counts) and per
         lane (rows, last writer's pid, whether it is alive, time of the last write,
-        claimer). ``shmbuf stat NAME`` prints the same from a shell.
+        claimer; in a buffer created with ``versions=True``, the newest row's
+        ``newest_version``). ``shmbuf stat NAME`` prints the same from a shell.
 
         Example:
             >>> import numpy as np, shmbuf
@@ -71,7 +73,9 @@ class Snapshots:
             >>> buf.close()
         """
         e = self.engine
-        return {**stats.read(e), **e.writes.stats()}
+        out = {**stats.read(e), **e.writes.stats()}
+        self._versions.describe(e, out["lanes"])
+        return out
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """A copy of the contents, positions and this handle's RNG state.

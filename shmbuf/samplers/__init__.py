@@ -36,8 +36,10 @@ DEFAULT = "uniform"
 
 
 def names() -> list[str]:
-    """The names ``Buffer.create(sampler=...)`` takes: this folder's selectors."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "prioritized"))
+    """The names ``Buffer.create(sampler=...)`` takes: this folder's selectors (the
+    modules with a ``SAMPLER``, but a queue's and a prioritized buffer's own)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "prioritized")
+                  and hasattr(importlib.import_module(f"{__name__}.{m.name}"), "SAMPLER"))
 
 
 def check(name: Any) -> str:

@@ -11,6 +11,8 @@ import numpy as np
 class Consumed:
     """The sampler of a queue: a queue is consumed with ``take``, never sampled."""
 
+    inline = False
+
     def __init__(self, engine: Any, outputs: Any) -> None:
         self.engine = engine
 

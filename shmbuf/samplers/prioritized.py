@@ -19,6 +19,8 @@ class Prioritized(Uniform):
     """Rows drawn by priority (see the module), with ``weight`` and ``index``: the
     sampler of a buffer created with ``priority=``."""
 
+    inline = False
+
     def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> dict[str, np.ndarray]:
         if out is not None:
             raise ValueError("out= is not supported by prioritized sampling")

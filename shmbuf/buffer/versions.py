@@ -1,0 +1,117 @@
+"""Policy versions (``Buffer.create(..., versions=True)``): every row keeps the version of
+the policy that made it, and samples can ask for recent ones.
+
+A write's rows get the version given as ``version=`` to ``add`` / ``extend``, or the
+version of the :class:`shmbuf.Weights` the handle was bound to (:meth:`Versions.bind`:
+the version its actor last pulled). A handle's versions never go backwards (a smaller
+one is refused and changes nothing), so with one writer per lane a lane's versions
+never decrease. Samples carry a ``"version"`` entry; ``sample(n, min_version=v)`` and
+``sample(n, max_staleness=k)`` (``v`` = the newest version minus ``k``) draw uniformly
+over the rows of version ``>= v`` (see :mod:`shmbuf.samplers.recent`). The newest
+version is the bound ``Weights``' latest, else ``version=`` given to ``sample``, else
+the newest row's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from shmbuf.samplers.recent import FIELD
+
+
+def plan(versions: Any, fields: Any, meta: Mapping[str, Any] | None) -> tuple[Any, Mapping[str, Any] | None]:
+    """The fields and meta of a new buffer created with ``versions``."""
+    if not isinstance(versions, bool):
+        raise TypeError(f"versions must be True or False, got {versions!r}")
+    if not versions:
+        return fields, meta
+    if not isinstance(fields, Mapping) or FIELD in fields:
+        raise ValueError(f"fields must be a mapping without {FIELD!r}: a buffer created with versions=True "
+                         "keeps each row's policy version there")
+    return {**fields, FIELD: ((), np.int64)}, {**(meta or {}), "versions": True}
+
+
+def check_version(value: Any, what: str = "version") -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+    return int(value)
+
+
+class NoVersions:
+    """The versions of a buffer created without ``versions=True``: none."""
+
+    def stamp(self, data: Any, version: Any, single: bool) -> Any:
+        if version is not None:
+            raise ValueError("version= is for a buffer created with versions=True")
+        return data
+
+    def bind(self, weights: Any) -> None:
+        raise ValueError("bind() is for a buffer created with versions=True")
+
+    def bound(self, engine: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
+        raise ValueError("min_version= and max_staleness= are for a buffer created with versions=True")
+
+    def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
+        """Add what this part knows to ``stats()``'s lanes (nothing)."""
+
+
+class Versions:
+    """The versions part of a handle (see the module)."""
+
+    def __init__(self) -> None:
+        self.weights: Any = None
+        self.high = 0  # the largest version this handle wrote
+
+    def bind(self, weights: Any) -> None:
+        """Rows written without ``version=`` get ``weights.version`` (a :class:`shmbuf.Weights`, or None to unbind)."""
+        if weights is not None and not hasattr(weights, "version"):
+            raise TypeError(f"bind takes a shmbuf.Weights (or None), got {type(weights).__name__}")
+        self.weights = weights
+
+    def stamp(self, data: Any, version: Any, single: bool) -> dict[str, Any]:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
+        if FIELD in data:
+            raise ValueError(f"{FIELD!r} is kept by shmbuf: pass version= (or bind a shmbuf.Weights)")
+        if version is None:
+            if self.weights is None:
+                raise ValueError("this buffer keeps each row's policy version: pass version= to add/extend, "
+                                 "or bind the actor's shmbuf.Weights with buf.bind(weights)")
+            version = self.weights.version
+        v = check_version(version)
+        if v < self.high:
+            raise ValueError(f"versions never go backwards: this handle wrote version {self.high}, got {v}")
+        self.high = v
+        if single:
+            return {**data, FIELD: v}
+        try:
+            rows = len(next(iter(data.values())))
+        except (TypeError, StopIteration):
+            rows = 0  # (the schema check explains a bad batch)
+        return {**data, FIELD: np.full(rows, v, np.int64)}
+
+    def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
+        """Each lane's ``newest_version`` (its newest row's, raw; None for an empty lane)."""
+        lo, head = engine.window()
+        view, lc = engine.view(FIELD), engine.layout.lane_capacity
+        for i, d in enumerate(lanes):
+            d["newest_version"] = int(view[i * lc + (head[i] - 1) % lc]) if head[i] > lo[i] else None
+
+    def bound(self, engine: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
+        """The smallest version a sample with these arguments takes."""
+        if min_version is not None:
+            if max_staleness is not None or version is not None:
+                raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
+            return check_version(min_version, "min_version")
+        k = check_version(max_staleness, "max_staleness")
+        if version is not None:
+            newest = check_version(version)
+        elif self.weights is not None:
+            newest = int(self.weights.version)
+        else:  # the newest row's (lanes' newest rows: versions never decrease in a lane)
+            lo, head = engine.window()
+            lc, held = engine.layout.lane_capacity, head > lo
+            newest = int(engine.view(FIELD)[(np.arange(len(head)) * lc + (head - 1) % lc)[held]].max(initial=0))
+        return max(newest - k, 0)

@@ -1,0 +1,99 @@
+"""Rows of recent policies: a sample uniform over the rows whose ``version`` is at least
+a bound (``Buffer.sample(n, min_version=v)`` or ``max_staleness=k``, on a buffer created
+with ``versions=True``; see :mod:`shmbuf.buffer.versions`).
+
+A lane's versions never decrease (each writer's never do, and a lane has one writer at a
+time), so the rows of a lane that qualify are the newest ones: a suffix of its window.
+Where each suffix begins is found by a binary search over the raw versions (a guide),
+kept between calls and moved forward from there (the bound only grows in training, and
+rows only come after), so a sample costs about what a uniform one does. Every row drawn
+is then read through the checked gather and its version checked again on the copy: a
+sample never holds a torn or unpublished row, nor one below the bound. When no row
+qualifies, the sample waits for one (writers may be about to write them) and raises
+``SampleTimeout`` at its deadline, saying how many rows the buffer holds and their
+newest version.
+
+Example:
+    >>> import numpy as np, shmbuf
+    >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 16, versions=True, seed=0)
+    >>> buf.extend({"x": np.arange(4)}, version=1)
+    >>> buf.extend({"x": np.arange(4, 8)}, version=2)
+    >>> sorted(set(buf.sample(100, min_version=2)["x"].tolist()))
+    [4, 5, 6, 7]
+    >>> b = buf.sample(3, max_staleness=1); bool(b["version"].min() >= 1)
+    True
+    >>> buf.close()
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from shmbuf.core.read import Sampler
+
+FIELD = "version"
+
+
+class Recent(Sampler):
+    """Rows of version ``>= bound``, uniformly (see the module), for
+    :func:`~shmbuf.core.read.read`; ``starts`` is the handle's memo of where each lane's
+    qualifying rows begin, for one bound."""
+
+    def __init__(self, engine: Any, bound: int, starts: dict[str, Any]) -> None:
+        self.engine, self.bound, self.memo = engine, bound, starts
+        self.fields = engine.fields
+        self.versions = engine.view(FIELD)
+        self.lc = engine.layout.lane_capacity
+        self.delay = 0.0
+
+    def empty(self, m: int) -> dict[str, np.ndarray]:
+        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+
+    def starts(self, lo: np.ndarray, head: np.ndarray) -> np.ndarray:
+        """Per lane, the first row of version >= bound in ``lo .. head`` (head: none)."""
+        memo, bases = self.memo, self.engine.bases()
+        if memo.get("bound") == self.bound and np.array_equal(memo["bases"], bases):
+            return np.minimum(np.maximum(memo["at"], lo), head)  # (rows only come after: still the start)
+        if memo.get("bound") is None or self.bound < memo["bound"] or not np.array_equal(memo["bases"], bases):
+            memo["at"] = lo.copy()  # (search the whole window)
+        memo["bound"], memo["bases"] = self.bound, bases
+        lanes = np.arange(len(lo))
+        lo_, hi = np.minimum(np.maximum(memo["at"], lo), head), head.copy()  # the first qualifying row is in [lo_, hi]
+        while True:
+            open_ = lo_ < hi
+            if not open_.any():
+                break
+            mid = (lo_ + hi) // 2
+            ok = self.versions[lanes * self.lc + mid % self.lc] >= self.bound
+            hi = np.where(open_ & ok, mid, hi)
+            lo_ = np.where(open_ & ~ok, mid + 1, lo_)
+        memo["at"] = lo_
+        return lo_
+
+    def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
+        lo, head = self.engine.window()
+        start = self.starts(lo, head)
+        sizes = head - start
+        total = int(sizes.sum())
+        if total == 0:  # none yet: wait for them (SampleTimeout at the deadline)
+            newest = [int(self.versions[i * self.lc + (h - 1) % self.lc]) for i, h in enumerate(head.tolist()) if h]
+            self.hint = (f": no row has a version >= {self.bound} (the buffer holds {int((head - lo).sum())} "
+                         f"rows, the newest of version {max(newest) if newest else 'none'})")
+            time.sleep(self.delay)
+            self.delay = min(max(self.delay * 2, 50e-6), 2e-3)
+            return None
+        x = (self.engine.rng.random(len(todo)) * total).astype(np.int64)
+        cum = np.cumsum(sizes)
+        lane = np.searchsorted(cum, x, side="right")
+        return lane, start[lane] + x - (cum - sizes)[lane]
+
+    def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
+        m = len(out[FIELD])
+        if drawn is None:
+            return np.zeros(m, bool)
+        ok = self.engine.gather(drawn[0], drawn[1], 1, [out[f.name] for f in self.fields])
+        recent = out[FIELD] >= self.bound  # (on the copy: a row overwritten meanwhile fails its stamps)
+        return recent if ok is None else ok & recent

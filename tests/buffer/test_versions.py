@@ -1,0 +1,148 @@
+"""Policy versions (Buffer.create(versions=True)): a version per row, samples by staleness
+(both paths: scripts/test runs this file on each)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf.core.layout import published
+
+X = {"x": ((), "int64")}
+
+
+def versioned(name, capacity=64, **kw):
+    return shmbuf.Buffer.create(X, capacity, name=name, versions=True, seed=0, **kw)
+
+
+def fill(buf, versions, per=4, lane=None):
+    """``per`` rows of each version, x = 10 * version + i."""
+    for v in versions:
+        buf.extend({"x": 10 * v + np.arange(per)}, version=v, lane=lane)
+
+
+def test_rows_carry_their_version_through_samples_saves_and_state(name, tmp_path):
+    with versioned(name) as buf:
+        buf.add({"x": 7}, version=1)
+        fill(buf, [2, 3])
+        b = buf.sample(200)
+        assert set(b["version"].tolist()) == {1, 2, 3}
+        assert (b["version"] == np.where(b["x"] == 7, 1, b["x"] // 10)).all()
+        assert buf.fields["version"] == ((), np.dtype(np.int64))
+        state = buf.state_dict()
+        buf.save(tmp_path / "save")
+        with shmbuf.Buffer.load(tmp_path / "save", name=name + "-back") as back:
+            assert sorted(set(back.sample(100, min_version=3)["x"].tolist())) == [30, 31, 32, 33]
+            back.add({"x": 40}, version=4)  # a new handle: its own versions go on
+        with shmbuf.Buffer.create(buf.fields, 64, name=name + "-state") as other:
+            other.load_state_dict(state)
+            assert set(other.sample(100)["version"].tolist()) == {1, 2, 3}
+
+
+def test_the_window_is_exact_at_its_edges(name):
+    with versioned(name) as buf:
+        fill(buf, [1, 2, 3, 4, 5])
+        for v in range(1, 6):
+            assert set(buf.sample(300, min_version=v)["version"].tolist()) == set(range(v, 6))
+        assert set(buf.sample(300, max_staleness=0)["version"].tolist()) == {5}
+        assert set(buf.sample(300, max_staleness=2)["version"].tolist()) == {3, 4, 5}
+        assert set(buf.sample(300, max_staleness=1, version=3)["version"].tolist()) == {2, 3, 4, 5}
+        assert set(buf.sample(300, max_staleness=9)["version"].tolist()) == {1, 2, 3, 4, 5}
+        assert set(buf.sample(300, min_version=2)["version"].tolist()) == {2, 3, 4, 5}  # (the bound goes back)
+        with pytest.raises(shmbuf.SampleTimeout, match=r"no row has a version >= 6 \(the buffer holds 20 rows, "
+                                                         r"the newest of version 5\)"):
+            buf.sample(1, min_version=6, timeout=0.05)
+
+
+def test_lanes_each_keep_their_own_recent_rows_and_old_rows_leave_the_ring(name):
+    with versioned(name, capacity=32, lanes=4) as buf:  # 8 rows a lane
+        for lane in range(4):
+            w = shmbuf.Buffer.attach(name)
+            fill(w, [lane + 1, lane + 5], per=4, lane=lane)
+            w.close()
+        assert set(buf.sample(500, min_version=5)["version"].tolist()) == {5, 6, 7, 8}
+        assert set(buf.sample(500, min_version=4)["version"].tolist()) == {4, 5, 6, 7, 8}
+        w = shmbuf.Buffer.attach(name)
+        fill(w, [9, 10], per=4, lane=0)  # lane 0's rows of versions 1 and 5 are overwritten
+        w.close()
+        got = buf.sample(500, min_version=5)
+        assert set(got["version"].tolist()) == {6, 7, 8, 9, 10}
+        assert set(got["x"][got["version"] == 9].tolist()) == {90, 91, 92, 93}
+
+
+def test_writes_without_a_version_or_going_backwards_change_nothing(name):
+    with versioned(name) as buf:
+        fill(buf, [3])
+        before = buf.total_added
+        for bad, match in [({}, "pass version= to add/extend, or bind"),
+                           ({"version": 2}, "versions never go backwards: this handle wrote version 3, got 2"),
+                           ({"version": -1}, r"version must be an int >= 0, got -1"),
+                           ({"version": 1.5}, r"version must be an int >= 0, got 1.5"),
+                           ({"version": True}, r"version must be an int >= 0, got True"),
+                           ({"version": "4"}, r"version must be an int >= 0, got '4'")]:
+            with pytest.raises(ValueError, match=match):
+                buf.add({"x": 1}, **bad)
+            with pytest.raises(ValueError, match=match):
+                buf.extend({"x": [1, 2]}, **bad)
+        with pytest.raises(ValueError, match="'version' is kept by shmbuf"):
+            buf.add({"x": 1, "version": 4}, version=4)
+        assert buf.total_added == before
+        state = buf.engine.rng.bit_generator.state
+        for bad, match in [({"min_version": -2}, "min_version must be an int >= 0"),
+                           ({"max_staleness": 1.0}, "max_staleness must be an int >= 0"),
+                           ({"min_version": 1, "max_staleness": 1}, "pass min_version= alone"),
+                           ({"min_version": 1, "beta": 0.4}, "draw uniformly")]:
+            with pytest.raises(ValueError, match=match):
+                buf.sample(4, **bad)
+        assert buf.engine.rng.bit_generator.state == state
+
+
+def test_a_buffer_without_versions_says_so(name):
+    with shmbuf.Buffer.create(X, 8, name=name) as buf:
+        buf.add({"x": 1})
+        with pytest.raises(ValueError, match="version= is for a buffer created with versions=True"):
+            buf.add({"x": 1}, version=1)
+        with pytest.raises(ValueError, match="are for a buffer created with versions=True"):
+            buf.sample(1, max_staleness=1)
+        with pytest.raises(ValueError, match="bind\\(\\) is for a buffer created with versions=True"):
+            buf.bind(None)
+    with pytest.raises(ValueError, match="without 'version'"):
+        shmbuf.Buffer.create({"version": ((), "int64")}, 8, name=name, versions=True)
+    with pytest.raises(TypeError, match="versions must be True or False"):
+        shmbuf.Buffer.create(X, 8, name=name, versions=1)
+
+
+def test_a_bound_weights_gives_the_version_and_the_newest(name):
+    with versioned(name) as buf, shmbuf.Weights.create(name + "-w", {"w": np.zeros(2)}) as weights:
+        weights.publish({"w": np.ones(2)})  # version 1
+        buf.bind(weights)
+        buf.extend({"x": [10, 11]})
+        weights.publish({"w": np.ones(2)})
+        weights.publish({"w": np.ones(2)})  # version 3
+        buf.add({"x": 30})
+        assert sorted(set(buf.sample(100)["version"].tolist())) == [1, 3]
+        assert set(buf.sample(100, max_staleness=0)["x"].tolist()) == {30}
+        assert set(buf.sample(100, max_staleness=2)["x"].tolist()) == {10, 11, 30}
+        weights.unlink()
+
+
+def test_a_row_being_written_never_comes_out(name, break_protection):
+    """Row 12 (version 4) planted as a writer killed mid-copy leaves it: a sample of recent
+    rows never returns it; with the read path's stamp check off it does."""
+    with versioned(name) as buf:
+        fill(buf, [1, 2, 3, 4])
+        ring = buf.engine.ring
+        ring.stamps[12] = published(12) - 1
+        ring.arrays["x"][12] = -7
+        assert -7 not in buf.sample(500, min_version=4)["x"].tolist()
+        break_protection("stamp check")
+        assert -7 in buf.sample(500, min_version=4)["x"].tolist()
+
+
+def test_stats_say_each_lanes_newest_version(name):
+    with versioned(name, capacity=16, lanes=2) as buf:
+        fill(buf, [2, 5], per=2, lane=1)
+        assert [d["newest_version"] for d in buf.stats()["lanes"]] == [None, 5]
+    with shmbuf.Buffer.create(X, 8, name=name + "-plain") as plain:
+        assert "newest_version" not in plain.stats()["lanes"][0]
