@@ -146,3 +146,25 @@ def test_stats_say_each_lanes_newest_version(name):
         assert [d["newest_version"] for d in buf.stats()["lanes"]] == [None, 5]
     with shmbuf.Buffer.create(X, 8, name=name + "-plain") as plain:
         assert "newest_version" not in plain.stats()["lanes"][0]
+
+
+def test_a_clear_starts_the_search_over(name):
+    with versioned(name) as buf:
+        fill(buf, [1, 2, 3])
+        assert set(buf.sample(100, min_version=3)["x"].tolist()) == {30, 31, 32, 33}
+        buf.clear()
+        with shmbuf.Buffer.attach(name) as w:  # (a new writer: its versions start anew)
+            fill(w, [1])
+        assert set(buf.sample(100, min_version=1)["x"].tolist()) == {10, 11, 12, 13}
+        with pytest.raises(shmbuf.SampleTimeout, match="no row has a version >= 3"):
+            buf.sample(1, min_version=3, timeout=0.05)
+
+
+def test_a_lane_shared_by_writers_of_other_versions_never_gives_an_older_row(name):
+    """Two handles write one lane, so its versions go 1, 5, 1: the search is then only a
+    guide, and the version checked on the copy keeps every row below the bound out."""
+    with versioned(name) as a, shmbuf.Buffer.attach(name) as b:
+        a.extend({"x": [10, 11]}, version=1)
+        b.extend({"x": [50, 51]}, version=5)
+        a.extend({"x": [12, 13]}, version=1)
+        assert set(a.sample(300, min_version=5)["x"].tolist()) == {50, 51}
