@@ -121,6 +121,8 @@ def _main(fn: Callable[[Actor], Any], index: int, seed: int, restarts: int, buff
     """An actor process: attach, run ``fn``, close."""
     w = Weights.attach(weights) if weights is not None else None
     actor = Actor(index, seed, restarts, buffer, w, stop, conn)
+    if getattr(buffer, "versioned", False):
+        buffer.bind(actor)  # (its rows carry the version of the weights this actor last pulled)
     threading.Thread(target=actor._watch, name="shmbuf-learner-watch", daemon=True).start()
     try:
         fn(actor, *args, **kwargs)

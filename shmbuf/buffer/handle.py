@@ -387,19 +387,21 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
             return out
         if min_version is None and max_staleness is None and version is None:
             return self.sampler.sample(n, out, timeout, beta)
-        bound = self._versions.bound(engine, min_version, max_staleness, version)
+        window = engine.window()
+        bound = self._versions.bound(engine, window, min_version, max_staleness, version)
         if beta is not None or not self.sampler.inline:
             raise ValueError("min_version= and max_staleness= draw uniformly: they are for a replay buffer "
                              "without priority= or another sampler")
         out, _ = self._outputs.prepare(out, (n,))
-        return engine.read(Recent(engine, bound, self._recent), n, n, timeout, out)
+        return engine.read(Recent(engine, bound, self._recent, window), n, n, timeout, out)
 
-    def bind(self, weights: Any) -> None:
-        """Rows this handle writes without ``version=`` get ``weights.version``, the
-        version of the policy weights it last pulled (a :class:`shmbuf.Weights`; None
-        unbinds); ``max_staleness`` counts from its latest. For a buffer created with
+    def bind(self, source: Any) -> None:
+        """Rows this handle writes without ``version=`` get ``source.version``: a
+        :class:`shmbuf.Actor`'s, the version of the weights it last pulled (``Actors``
+        binds each actor's handle so), or a :class:`shmbuf.Weights`' latest, from which
+        ``max_staleness`` then counts; None unbinds. For a buffer created with
         ``versions=True``."""
-        self._versions.bind(weights)
+        self._versions.bind(source)
 
     # -- lifetime --------------------------------------------------------------------
 

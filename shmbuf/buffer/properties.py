@@ -73,6 +73,11 @@ class Properties:
         return json.loads(json.dumps(self.engine.layout.meta))
 
     @property
+    def versioned(self) -> bool:
+        """True for a buffer created with ``versions=True`` (a policy version per row)."""
+        return bool(self.engine.layout.meta.get("versions"))
+
+    @property
     def prioritized(self) -> bool:
         """True for a buffer created with ``priority=`` (sampled by priority)."""
         return self.engine.layout.meta.get("priority") is not None

@@ -1,9 +1,10 @@
 """Policy versions (``Buffer.create(..., versions=True)``): every row keeps the version of
 the policy that made it, and samples can ask for recent ones.
 
-A write's rows get the version given as ``version=`` to ``add`` / ``extend``, or the
-version of the :class:`shmbuf.Weights` the handle was bound to (:meth:`Versions.bind`:
-the version its actor last pulled). A handle's versions never go backwards (a smaller
+A write's rows get the version given as ``version=`` to ``add`` / ``extend``, or that
+of what the handle is bound to (:meth:`Versions.bind`): an actor's, the version of the
+weights it last pulled (``shmbuf.Actors`` binds each actor's handle so), or a
+:class:`shmbuf.Weights`' latest. A handle's versions never go backwards (a smaller
 one is refused and changes nothing), so with one writer per lane a lane's versions
 never decrease. Samples carry a ``"version"`` entry; ``sample(n, min_version=v)`` and
 ``sample(n, max_staleness=k)`` (``v`` = the newest version minus ``k``) draw uniformly
@@ -50,7 +51,7 @@ class NoVersions:
     def bind(self, weights: Any) -> None:
         raise ValueError("bind() is for a buffer created with versions=True")
 
-    def bound(self, engine: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
+    def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
         raise ValueError("min_version= and max_staleness= are for a buffer created with versions=True")
 
     def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
@@ -64,11 +65,13 @@ class Versions:
         self.weights: Any = None
         self.high = 0  # the largest version this handle wrote
 
-    def bind(self, weights: Any) -> None:
-        """Rows written without ``version=`` get ``weights.version`` (a :class:`shmbuf.Weights`, or None to unbind)."""
-        if weights is not None and not hasattr(weights, "version"):
-            raise TypeError(f"bind takes a shmbuf.Weights (or None), got {type(weights).__name__}")
-        self.weights = weights
+    def bind(self, source: Any) -> None:
+        """Rows written without ``version=`` get ``source.version``: a
+        :class:`shmbuf.Actor`'s (the weights it last pulled) or a :class:`shmbuf.Weights`'
+        (the latest published); None unbinds."""
+        if source is not None and not hasattr(source, "version"):
+            raise TypeError(f"bind takes a shmbuf.Actor or shmbuf.Weights (or None), got {type(source).__name__}")
+        self.weights = source
 
     def stamp(self, data: Any, version: Any, single: bool) -> dict[str, Any]:
         if not isinstance(data, Mapping):
@@ -80,6 +83,8 @@ class Versions:
                 raise ValueError("this buffer keeps each row's policy version: pass version= to add/extend, "
                                  "or bind the actor's shmbuf.Weights with buf.bind(weights)")
             version = self.weights.version
+            if version is None:
+                raise ValueError("the bound actor has pulled no weights yet: pull() first, or pass version=")
         v = check_version(version)
         if v < self.high:
             raise ValueError(f"versions never go backwards: this handle wrote version {self.high}, got {v}")
@@ -99,8 +104,9 @@ class Versions:
         for i, d in enumerate(lanes):
             d["newest_version"] = int(view[i * lc + (head[i] - 1) % lc]) if head[i] > lo[i] else None
 
-    def bound(self, engine: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
-        """The smallest version a sample with these arguments takes."""
+    def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
+        """The smallest version a sample with these arguments takes (``window``: the
+        lanes' ``(lo, head)``, read once for the whole sample)."""
         if min_version is not None:
             if max_staleness is not None or version is not None:
                 raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
@@ -108,10 +114,10 @@ class Versions:
         k = check_version(max_staleness, "max_staleness")
         if version is not None:
             newest = check_version(version)
-        elif self.weights is not None:
+        elif self.weights is not None and self.weights.version is not None:
             newest = int(self.weights.version)
         else:  # the newest row's (lanes' newest rows: versions never decrease in a lane)
-            lo, head = engine.window()
-            lc, held = engine.layout.lane_capacity, head > lo
-            newest = int(engine.view(FIELD)[(np.arange(len(head)) * lc + (head - 1) % lc)[held]].max(initial=0))
+            view, lc = engine.view(FIELD), engine.layout.lane_capacity
+            newest = max((int(view[i * lc + (h - 1) % lc]) for i, (lo, h) in enumerate(zip(*(w.tolist() for w in window)))
+                          if h > lo), default=0)
         return max(newest - k, 0)

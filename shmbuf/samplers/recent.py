@@ -42,8 +42,8 @@ class Recent(Sampler):
     :func:`~shmbuf.core.read.read`; ``starts`` is the handle's memo of where each lane's
     qualifying rows begin, for one bound."""
 
-    def __init__(self, engine: Any, bound: int, starts: dict[str, Any]) -> None:
-        self.engine, self.bound, self.memo = engine, bound, starts
+    def __init__(self, engine: Any, bound: int, starts: dict[str, Any], window: Any = None) -> None:
+        self.engine, self.bound, self.memo, self.window = engine, bound, starts, window
         self.fields = engine.fields
         self.versions = engine.view(FIELD)
         self.lc = engine.layout.lane_capacity
@@ -54,10 +54,10 @@ class Recent(Sampler):
 
     def starts(self, lo: np.ndarray, head: np.ndarray) -> np.ndarray:
         """Per lane, the first row of version >= bound in ``lo .. head`` (head: none)."""
-        memo, bases = self.memo, self.engine.bases()
-        if memo.get("bound") == self.bound and np.array_equal(memo["bases"], bases):
+        memo, bases = self.memo, self.engine.bases().tolist()
+        if memo.get("bound") == self.bound and memo["bases"] == bases:
             return np.minimum(np.maximum(memo["at"], lo), head)  # (rows only come after: still the start)
-        if memo.get("bound") is None or self.bound < memo["bound"] or not np.array_equal(memo["bases"], bases):
+        if memo.get("bound") is None or self.bound < memo["bound"] or memo["bases"] != bases:
             memo["at"] = lo.copy()  # (search the whole window)
         memo["bound"], memo["bases"] = self.bound, bases
         lanes = np.arange(len(lo))
@@ -74,7 +74,7 @@ class Recent(Sampler):
         return lo_
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
-        lo, head = self.engine.window()
+        lo, head = self.window if rounds == 0 and self.window is not None else self.engine.window()
         start = self.starts(lo, head)
         sizes = head - start
         total = int(sizes.sum())
@@ -96,4 +96,6 @@ class Recent(Sampler):
             return np.zeros(m, bool)
         ok = self.engine.gather(drawn[0], drawn[1], 1, [out[f.name] for f in self.fields])
         recent = out[FIELD] >= self.bound  # (on the copy: a row overwritten meanwhile fails its stamps)
-        return recent if ok is None else ok & recent
+        if ok is None:
+            return None if recent.all() else recent
+        return ok & recent

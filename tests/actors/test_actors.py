@@ -148,3 +148,23 @@ def test_actors_of_a_learner_killed_by_sigkill_exit_and_nothing_stays(name, tmp_
             pytest.fail(f"actors {[p for p in pids if not _gone(p)]} outlived their learner, or the "
                         f"segment stayed: {os.path.exists(seg)}")
         time.sleep(0.05)
+
+
+def test_an_actors_rows_carry_the_version_of_the_weights_it_last_pulled(name):
+    """In a buffer created with versions=True, Actors binds each actor's handle to the
+    actor: a row written before any pull is refused, then each row carries the version
+    the actor had pulled when it wrote it (not the newest published)."""
+    w = shmbuf.Weights.create(name + "-w", {"w": np.zeros(2)})
+    buf = shmbuf.Buffer.create(fns.FIELDS, 8, name=name, versions=True)
+    with shmbuf.Actors(fns.write_with_pulled_versions, buf, 1, weights=w) as actors:
+        w.publish({"w": np.ones(2)})
+        deadline = time.monotonic() + 60
+        while len(buf) < 1 and time.monotonic() < deadline:  # (its row under version 1 is in)
+            time.sleep(0.001)
+        w.publish({"w": np.full(2, 2.0)})
+        (got,) = actors.wait_reports(1, timeout=60)
+    assert "pulled no weights yet" in got["refused"] and got["pulled"] == [1, 2]
+    b = buf.sample(50)
+    assert set(zip(b["t"].tolist(), b["version"].tolist())) == {(1, 1), (2, 2)}
+    w.close()
+    buf.close()

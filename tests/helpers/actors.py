@@ -84,3 +84,22 @@ def write_then_ignore(actor, flag_dir: str) -> None:
     _write_and_say_so(actor, flag_dir)
     while True:
         time.sleep(0.1)
+
+
+def write_with_pulled_versions(actor) -> None:
+    """Write a row before any pull (refused: no version yet), then pull each new version
+    of the weights and write a row under it, until stopped; report what was refused and
+    the versions pulled."""
+    refused = ""
+    try:
+        actor.buffer.add({"who": actor.index, "t": -1})
+    except ValueError as exc:
+        refused = str(exc)
+    model = {"w": np.zeros(2)}
+    pulled = []
+    while not actor.stopped and len(pulled) < 2:
+        if actor.pull(model) is not None:
+            pulled.append(actor.version)
+            actor.buffer.add({"who": actor.index, "t": int(model["w"][0])})
+        time.sleep(0.001)
+    actor.report(refused=refused, pulled=pulled)
