@@ -20,6 +20,7 @@ import shmbuf
 
 FIELDS = {"obs": ((17,), np.float32), "action": ((6,), np.float32), "reward": ((), np.float32)}
 LANES, VERSIONS, CHUNK = 8, 64, 2048  # 8 lanes x 64 versions x 2048 rows = 1M rows
+PATH = ""  # the path shmbuf ran on
 
 
 def best_us(call: Callable[[], Any], calls: int) -> float:
@@ -39,6 +40,8 @@ def rows() -> dict[str, np.ndarray]:
 
 def shmbuf_figures(k: int, calls: int) -> dict[str, float]:
     buf = shmbuf.Buffer.create(FIELDS, LANES * VERSIONS * CHUNK, lanes=LANES, versions=True, seed=0)
+    global PATH
+    PATH = "native" if buf.native else "pure-Python"
     try:
         data = rows()
         for lane in range(LANES):
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = shmbuf_figures(args.staleness, calls)
     peer = torchrl_figures(args.staleness, calls)
     base = figures["sample(256)"]
-    print(f"| call (1M rows, 8 lanes, {'native' if shmbuf.core.native.available() else 'pure-Python'} path) "
+    print(f"| call (1M rows, 8 lanes, {PATH} path) "
           "| us per call | sample(256) / it |")
     print("| --- | ---: | ---: |")
     for what, us in {**figures, **(peer or {})}.items():
