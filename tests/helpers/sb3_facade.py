@@ -4,7 +4,7 @@ place of SB3's replay buffers (``scripts/test-libraries``: ``-p sb3_facade``).
 SB3's tests import ``ReplayBuffer`` / ``DictReplayBuffer`` from
 ``stable_baselines3.common.buffers`` (``HerReplayBuffer`` from ``stable_baselines3``)
 and its algorithms make theirs in ``stable_baselines3.common.off_policy_algorithm``:
-every such name is bound to :mod:`shmbuf.compat.sb3`'s (``sb3_her``'s) classes before any test module is imported, so every
+every such name is bound to :mod:`shmbuf.compat.sb3`'s (``sb3.her``'s) classes before any test module is imported, so every
 replay buffer those tests make, directly or through DQN, SAC, TD3 and DDPG, is a
 shared-memory one. A test records which class it got, so a run proves the swap.
 """
