@@ -84,8 +84,7 @@ class EpisodeBuffer:
         ``sample`` returns stacks ``(n, k, *frame)`` of the episode's ``k`` latest
         frames, zeros before its first step. ``her=shmbuf.HER(...)`` relabels samples
         with achieved goals (this handle's; see :attr:`her`). Other arguments (``meta``:
-        more metadata to record, for the layers built on episodes): as
-        :meth:`shmbuf.Buffer.create`."""
+        more metadata to record, for the layers built on episodes): as :meth:`shmbuf.Buffer.create`."""
         if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
@@ -93,6 +92,8 @@ class EpisodeBuffer:
         if kwargs.get("mode", "replay") != "replay":
             raise ValueError(f"an EpisodeBuffer is a replay buffer, got mode={kwargs['mode']!r}; for a queue of "
                              "unrolls use shmbuf.Buffer.create(..., mode='queue') with a time axis per field")
+        if kwargs.get("versions") or kwargs.get("sampler", "uniform") != "uniform":
+            raise ValueError("versions= and sampler= are for shmbuf.Buffer (an EpisodeBuffer keeps no versions yet)")
         specs, observations = plan(fields, observations, reward)
         if her is not None:
             her.check(specs, observations, reward, int(frame_stack))

@@ -168,3 +168,9 @@ def test_a_lane_shared_by_writers_of_other_versions_never_gives_an_older_row(nam
         b.extend({"x": [50, 51]}, version=5)
         a.extend({"x": [12, 13]}, version=1)
         assert set(a.sample(300, min_version=5)["x"].tolist()) == {50, 51}
+
+
+def test_an_episode_buffer_says_it_keeps_no_versions_yet(name):
+    for kw in ({"versions": True}, {"sampler": "newest"}):
+        with pytest.raises(ValueError, match=r"are for shmbuf.Buffer \(an EpisodeBuffer keeps no versions yet\)"):
+            shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32")}, 8, name=name, **kw)
