@@ -253,10 +253,13 @@ class Queue:
             while True:
                 last = time.monotonic() >= deadline  # (decided before the try: a failed last try raises)
                 # (the lock is held for microseconds: a last try after the deadline may wait for it)
-                with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                    got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
-                    if got is None and last:  # (the wait is counted as the call ends)
-                        s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
+                try:
+                    with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+                        got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
+                        if got is None and last:  # (the wait is counted as the call ends)
+                            s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
+                except LockTimeout:  # (kept busy all this try, as a loaded machine can: no rows this try)
+                    got = None
                 if got is not None:
                     break
                 if last:
@@ -272,8 +275,9 @@ class Queue:
             if HOOK is not None:
                 HOOK("copied", out)
             return self._deliver(out, len(seqs), pid, token, start, deadline)
-        except BaseException:  # (an exception in here still leaves them to the next _reap)
-            with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+        except BaseException:  # (the error raised is this one; rows a give-back that cannot get the
+            # lock leaves claimed go back at this process's next take, or when it dies)
+            with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 self._give_back(s, self._mine(s, pid, token))
             raise
         finally:

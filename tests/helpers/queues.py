@@ -91,7 +91,7 @@ def queue_taker(name: str, log: str, stop: str, batch: int, hang: str = "", flag
     while True:
         try:
             b = q.take(batch, partial=True, timeout=0.2)
-        except shmbuf.SampleTimeout:
+        except (shmbuf.SampleTimeout, shmbuf.LockTimeout):  # (none yet, or a loaded machine kept the lock busy)
             if os.path.exists(stop):
                 return
             continue
