@@ -5,6 +5,7 @@ take's rows in per-lane order, none torn, and nobody hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -56,7 +57,15 @@ def storm(name: str, tmp_path, rounds: int = 6) -> dict:
         os.kill(procs[key].pid, signal.SIGKILL)
         procs[key].join(30)
 
-    with shmbuf.Buffer.create(QUEUE_FIELDS, 4 * 24, lanes=4, name=name, mode="queue") as q:
+    def kill_the_rest():  # (a storm that fails leaves no process running)
+        for p in list(writers.values()) + list(takers.values()):
+            if p.is_alive():
+                p.kill()
+                p.join(30)
+
+    with shmbuf.Buffer.create(QUEUE_FIELDS, 4 * 24, lanes=4, name=name, mode="queue") as q, \
+            contextlib.ExitStack() as cleanup:
+        cleanup.callback(kill_the_rest)
         for _ in range(4):
             start_writer()
         for _ in range(3):
