@@ -20,6 +20,7 @@ from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.
 from shmbuf.buffer.properties import Properties
 from shmbuf.buffer.reads import Reads
 from shmbuf.samplers.recent import Recent
+from shmbuf.samplers import limited
 from shmbuf.buffer import versions as versions_part
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, Layout
@@ -78,7 +79,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
         self._versions = versions_part.Versions() if layout.meta.get("versions") else versions_part.NoVersions()
         self._recent: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
         direct = isinstance(engine.writes, Replay) and not engine.gate.limited
-        self._plain = engine.native if direct and isinstance(engine.priorities, NoPriorities) \
+        self._plain = engine.native if direct and not engine.writes.adds and isinstance(engine.priorities, NoPriorities) \
             and isinstance(self._versions, versions_part.NoVersions) else None
         self._stamped = engine.native if direct and self._plain is None else None
         self._outputs = Outputs(layout.fields)
@@ -92,7 +93,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
                mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT,
-               versions: bool = False) -> "Buffer":
+               versions: bool = False, max_times_sampled: int | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -126,6 +127,9 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
             versions: keep each row's policy version (a ``"version"`` entry in samples;
                 ``add``/``extend`` take ``version=``; ``sample`` takes ``min_version=`` and
                 ``max_staleness=``): see :mod:`shmbuf.buffer.versions`.
+            max_times_sampled: return each row from at most this many samples, across all
+                processes, then never again (a ``"times_sampled"`` entry in samples): see
+                :mod:`shmbuf.samplers.limited`.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -156,6 +160,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
             regions[durable.REGION] = durable.region_bytes(lanes)
         fields, meta = queue_mode.plan(mode, fields, meta, regions, lanes, rate, priority)
         fields, meta = versions_part.plan(versions, fields, meta)
+        fields, meta = limited.plan(max_times_sampled, fields, meta,
+                                    mode == "replay" and priority is None and sampler == samplers.DEFAULT)
         if samplers.check(sampler) != samplers.DEFAULT:
             if mode != "replay" or priority is not None:
                 raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "

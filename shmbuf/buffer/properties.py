@@ -78,6 +78,11 @@ class Properties:
         return bool(self.engine.layout.meta.get("versions"))
 
     @property
+    def max_times_sampled(self) -> int | None:
+        """How many samples may return a row (``create(max_times_sampled=k)``); None: no limit."""
+        return self.engine.layout.meta.get("max_times_sampled")
+
+    @property
     def prioritized(self) -> bool:
         """True for a buffer created with ``priority=`` (sampled by priority)."""
         return self.engine.layout.meta.get("priority") is not None

@@ -40,7 +40,7 @@ from shmbuf.core import durable, native, procs, sampling, validate
 from shmbuf.core.counters import Counters
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
-from shmbuf.core.parts import NoPriorities, Replay
+from shmbuf.core.parts import Counted, NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
 from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit
 from shmbuf.core.ring import Ring, WriteTimeout
@@ -160,8 +160,9 @@ class Engine:
         # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
         rate = layout.meta.get("rate")
         self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.writes: Any = Replay(self.ring) if layout.meta.get("queue") is None else \
-            Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap)
+        self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap) \
+            if layout.meta.get("queue") is not None else \
+            Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
         self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
         if rewound:
             self.writes.recovered(timeout)  # a queue's takes in flight at the restart give their rows back
@@ -291,6 +292,13 @@ class Engine:
         v = self.ring.arrays[field].view()
         v.flags.writeable = False
         return v
+
+    def column(self, field: str) -> np.ndarray:
+        """Field ``field`` of every slot, writable: for a part that keeps a value of its
+        own per row beside the rows' data (``max_times_sampled``'s counts), which it
+        changes under the header lock, on published rows only, checking their stamps
+        (:meth:`published`) before and after."""
+        return self.ring.arrays[field]
 
     def published(self, lanes: Any, seqs: np.ndarray) -> np.ndarray:
         """Which rows ``(lanes, seqs)`` carry their published stamp now (unchecked: a

@@ -4,8 +4,9 @@ An :class:`~shmbuf.core.engine.Engine` holds one of each, chosen once when the h
 opens (from the segment's metadata), and calls it without asking which it is:
 
 * the **write part** (``engine.writes``): :class:`Replay`, rows straight into the ring,
-  which overwrites the oldest; a queue's :class:`~shmbuf.core.queue.Queue` in its place
-  stamps each row, waits for room and hands rows out once;
+  which overwrites the oldest; :class:`Counted` (``max_times_sampled=``) in its place
+  starts each row's count of samples at 0 and lets only its sampler read; a queue's
+  :class:`~shmbuf.core.queue.Queue` stamps each row, waits for room and hands rows out once;
 * the **priorities** (``engine.priorities``): :class:`NoPriorities`; a prioritized
   buffer's :class:`~shmbuf.priority.trees.Trees` in their place;
 * the **rate gate** (``engine.gate``): :data:`~shmbuf.core.ratelimit.OPEN`, or a
@@ -28,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Mapping
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from shmbuf.core.tables import BeyondHorizon
 
 class Replay:
     """The write part of a replay buffer (see the module)."""
+
+    adds = False  # whether stamp() adds a field to every row (the C ring's whole writes cannot)
 
     def __init__(self, ring: Any) -> None:
         self.ring = ring
@@ -88,6 +91,44 @@ class Replay:
 
     def recovered(self, timeout: float) -> None:
         """After a buffer file's rollback at a restart (nothing to do)."""
+
+
+TIMES = "times_sampled"
+"""The field of a buffer created with ``max_times_sampled=``: how many samples returned the row."""
+
+
+class Counted(Replay):
+    """The write part of a buffer created with ``max_times_sampled=k``: every row is
+    written with its count of samples at 0 (:data:`TIMES`), which its sampler
+    (:mod:`shmbuf.samplers.limited`) counts up; every other read is refused, since it
+    would return rows without counting them."""
+
+    adds = True
+
+    def stamp(self, data: Any, single: bool) -> Any:
+        if not isinstance(data, Mapping):
+            return data  # (the schema check explains what is wrong)
+        if TIMES in data:
+            raise ValueError(f"{TIMES!r} is kept by shmbuf: it counts the samples that returned each row")
+        if single:
+            return {**data, TIMES: 0}
+        try:
+            rows = len(next(iter(data.values())))
+        except (TypeError, StopIteration):
+            rows = 0  # (the schema check explains a bad batch)
+        return {**data, TIMES: np.zeros(rows, np.int64)}
+
+    def stats(self) -> dict[str, Any]:
+        """``rows_used_up``: rows held that ``max_times_sampled`` samples returned (a scan)."""
+        k, lc, times = self.ring.layout.meta["max_times_sampled"], self.ring.lane_capacity, self.ring.arrays[TIMES]
+        lo, head = self.ring.window()
+        used = sum(int((times[lane * lc + np.arange(a, b) % lc] >= k).sum())
+                   for lane, (a, b) in enumerate(zip(lo.tolist(), head.tolist())))
+        return {"max_times_sampled": k, "rows_used_up": used}
+
+    def check_sample(self) -> None:
+        raise ValueError("this buffer counts the samples of each row (max_times_sampled=): only sample() "
+                         "reads it, one row at a time, since other reads would return rows uncounted")
 
 
 class NoPriorities:

@@ -3,7 +3,8 @@
 A handle has one sampler, chosen once when it opens from the segment's metadata
 (:func:`choose`), so a sample calls the sampler it has and branches on nothing. A queue
 gets :class:`~shmbuf.samplers.consumed.Consumed`, a buffer created with ``priority=``
-:class:`~shmbuf.samplers.prioritized.Prioritized`, any other the sampler named at its
+:class:`~shmbuf.samplers.prioritized.Prioritized`, one created with
+``max_times_sampled=`` :class:`~shmbuf.samplers.limited.Limited`, any other the sampler named at its
 creation (``Buffer.create(..., sampler=NAME)``): the class ``SAMPLER`` of the module
 ``shmbuf.samplers.NAME`` (``uniform``, the default, or ``newest``). A new selector is one
 such module, and its test.
@@ -37,8 +38,8 @@ DEFAULT = "uniform"
 
 def names() -> list[str]:
     """The names ``Buffer.create(sampler=...)`` takes: this folder's selectors (the
-    modules with a ``SAMPLER``, but a queue's and a prioritized buffer's own)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "prioritized")
+    modules with a ``SAMPLER``, but those that other arguments choose)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "limited", "prioritized")
                   and hasattr(importlib.import_module(f"{__name__}.{m.name}"), "SAMPLER"))
 
 

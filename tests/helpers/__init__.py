@@ -13,3 +13,4 @@ from .weights import *  # noqa: F401,F403
 from .tensors import *  # noqa: F401,F403
 from .compat import *  # noqa: F401,F403
 from .queues import *  # noqa: F401,F403
+from .limited import *  # noqa: F401,F403
