@@ -11,6 +11,7 @@ from shmbuf.core import queue as _queue
 from shmbuf.core import validate
 from shmbuf.core.batch import count
 from shmbuf.core.engine import Engine
+from shmbuf.samplers.recent import FIELD
 
 Batch = dict[str, np.ndarray]
 
@@ -37,8 +38,10 @@ class Queues:
 
     engine: Engine
     capacity: int
+    _versions: Any
 
-    def take(self, n: int, *, timeout: float | None = None, partial: bool = False) -> Batch:
+    def take(self, n: int, *, timeout: float | None = None, partial: bool = False,
+             max_staleness: int | None = None, min_version: int | None = None, version: int | None = None) -> Batch:
         """Take the ``n`` oldest rows of a queue (``mode="queue"``): each row is
         delivered to exactly one ``take`` of any process; waits up to ``timeout`` for
         them (``SampleTimeout``), or with ``partial=True`` returns as soon as there is at
@@ -50,6 +53,13 @@ class Queues:
         take returns them first. ``n`` may be larger than the queue with ``partial=True``
         ("whatever is there", e.g. ``sys.maxsize``); ``rows_sampled`` counts the rows
         delivered.
+
+        In a queue created with ``versions=True``, ``max_staleness=k`` (Sample
+        Factory's ``max_policy_lag``) passes over the rows more than ``k`` versions older
+        than the newest (``version=``, else the bound ``Weights``' latest, else the
+        newest row's), and ``min_version=v`` those below ``v``: they are counted in
+        ``stats()["rows_stale"]`` and never delivered, to this take or a later one;
+        every other row is still delivered exactly once.
 
         Example:
             >>> import shmbuf
@@ -66,7 +76,11 @@ class Queues:
         if n > self.capacity and not partial:
             raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
                              "take fewer, or pass partial=True")
+        skip = None
+        if max_staleness is not None or min_version is not None or version is not None:
+            engine = self.engine
+            skip = (FIELD, self._versions.bound(engine, engine.window(), min_version, max_staleness, version))
         # (not through engine.sample: a queue has no rate gate, and the take counts the
         # rows it delivered itself, as it commits them)
-        return queue.take(n, partial, self.engine.seconds(timeout))
+        return queue.take(n, partial, self.engine.seconds(timeout), skip)
 

@@ -6,7 +6,7 @@ that would reach past ``base + lane_capacity`` is refused (``QueueFull``) and wa
 backing off, until takers free room. A region of the segment holds::
 
     head    rows taken, rows given back, takes, rows skipped (dead writers'), ns takers
-            waited for rows, ns writers waited for room, spare words
+            waited for rows, ns writers waited for room, rows passed over as stale, a spare word
     next    per lane: the first row no take has claimed yet
     takes   T entries: state (0 free, 1 taking, 2 given back), pid, start time, lane,
             start, count, time of the oldest row, token
@@ -17,7 +17,8 @@ backing off, until takers free room. A region of the segment holds::
    that no thread runs any more, after a Ctrl-C) are *given back* (state 2). Then the
    rows are chosen: given-back ranges first, oldest first; then, per lane, the rows
    from ``next`` up to the first row a live writer still holds (rows of writers that
-   died are skipped), merged across lanes by the monotonic time each write began.
+   died, and with a take's ``skip`` its stale rows, are passed over), merged across
+   lanes by the monotonic time each write began.
    The chosen rows of a lane are always a prefix of its rows. Each range becomes an
    entry of ours and ``next`` moves past it; until it does, nothing changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
@@ -53,7 +54,7 @@ from shmbuf.core.ring import QueueFull, WriteTimeout
 from shmbuf.core.tables import BeyondHorizon
 
 from shmbuf.core.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
-                    H_RETURNED, H_SKIPPED, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
+                    H_RETURNED, H_SKIPPED, H_STALE, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
                     RETURNED, TAKING, WIDTH)
 
 REGION = "queue"
@@ -238,9 +239,11 @@ class Queue:
         kept = sum(len(next(iter(b.values()))) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
-    def take(self, n: int, partial: bool, timeout: float) -> dict[str, np.ndarray]:
+    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
-        to this call only; waits up to ``timeout`` for them (see the module)."""
+        to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
+        bound)``: rows whose ``field`` is below ``bound`` are passed over, counted as
+        stale, and never delivered (see :func:`shmbuf.core.takes.usable`)."""
         kept = self._kept_rows(n, partial)
         if kept is not None:
             return kept
@@ -255,7 +258,7 @@ class Queue:
                 # (the lock is held for microseconds: a last try after the deadline may wait for it)
                 try:
                     with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                        got = takes.claim(self.ring, s, n, partial, pid, ctime, token)
+                        got = takes.claim(self.ring, s, n, partial, pid, ctime, token, skip)
                         if got is None and last:  # (the wait is counted as the call ends)
                             s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                 except LockTimeout:  # (kept busy all this try, as a loaded machine can: no rows this try)
@@ -266,6 +269,7 @@ class Queue:
                     raise SampleTimeout(
                         f"could not take {n if not partial else 'any'} row(s) within {timeout:g} s: the "
                         f"queue holds {self.depth()} row(s) not yet taken"
+                        + ("" if skip is None else f" (rows of {skip[0]} < {skip[1]} are passed over)")
                         + ("" if partial else "; pass partial=True to take fewer"))
                 delay = _backoff(delay)
             lanes, seqs = got
@@ -428,5 +432,6 @@ class Queue:
         h = self.head
         return {"queue_depth": self.depth(), "rows_taken": int(h[H_TAKEN]), "takes": int(h[H_TAKES]),
                 "rows_given_back": int(h[H_RETURNED]), "rows_skipped": int(h[H_SKIPPED]),
+                "rows_stale": int(h[H_STALE]),
                 "take_wait_s": int(h[H_TAKE_WAIT]) / 1e9, "write_wait_s": int(h[H_WRITE_WAIT]) / 1e9}
 

@@ -19,36 +19,54 @@ FIELD = "_queued"
 """The hidden field of a queue's rows: ``time.monotonic_ns()`` when their write began
 (CLOCK_MONOTONIC: one clock for every process of a machine)."""
 HEAD_WORDS, WIDTH = 8, 8  # the queue's head words; words per take entry
-H_TAKEN, H_RETURNED, H_TAKES, H_SKIPPED, H_TAKE_WAIT, H_WRITE_WAIT = range(6)
+H_TAKEN, H_RETURNED, H_TAKES, H_SKIPPED, H_TAKE_WAIT, H_WRITE_WAIT, H_STALE = range(7)
 E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
 FREE, TAKING, RETURNED = 0, 1, 2
 
 
+def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows ``seq`` of ``lane`` are published, and which of those a take with
+    ``skip`` delivers: ``skip=(field, bound)`` passes over the rows whose ``field`` is
+    below ``bound`` (a take's ``max_staleness``: they are counted as stale and never
+    delivered). The values are read raw: rows not yet taken never change."""
+    slots = lane * ring.lane_capacity + seq % ring.lane_capacity
+    pub = ring.stamps[slots] == published(seq)
+    return pub, pub if skip is None else pub & (ring.arrays[skip[0]][slots] >= skip[1])
+
+
 def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
-           token: int) -> tuple[np.ndarray, np.ndarray] | None:
+           token: int, skip: tuple[str, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Choose and claim the rows of a take in ``s``; None if there are not enough
-    yet (then only the rows of dead writers at the front of lanes are skipped)."""
+    yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
+    front of lanes are skipped)."""
     t = s.table
-    lc, stamps = ring.lane_capacity, ring.stamps
+    lc = ring.lane_capacity
     plan: list[tuple[int, int, int, int, np.ndarray]] = []  # (entry or -1, lane, start, end, rows)
     want = n
+    stale: list[int] = []  # per given-back range taken: its stale rows
     back = np.flatnonzero(t[:, E_STATE] == RETURNED)
     for e in back[np.lexsort((t[back, E_START], t[back, E_LANE], t[back, E_TIME]))].tolist():
         if want == 0:
             break
         lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
         seq = np.arange(start, start + count)
-        rows = seq[stamps[lane * lc + seq % lc] == published(seq)]
+        pub, ok = usable(ring, lane, seq, skip)
+        rows = seq[ok]
         end = start + count if len(rows) <= want else int(rows[want - 1]) + 1
         plan.append((e, lane, start, end, rows[:want]))
+        stale.append(int((pub & ~ok)[:end - start].sum()))  # (passed over with the range taken)
         want -= len(rows[:want])
-    fresh_, lead = fresh(ring, s, want) if want else ([], {})
+    fresh_, lead = fresh(ring, s, want, skip) if want else ([], {})
     got = n - want + sum(len(p[4]) for p in fresh_)
     if got == 0 or (got < n and not partial):
-        for lane, to in lead.items():  # only skip the rows of dead writers at the front
-            s.head[H_SKIPPED] += to - int(s.next[lane])
-            s.next[lane] = to
+        for (e, lane, start, end, rows), k in zip(plan, stale):  # given-back ranges of stale rows: passed over
+            if k and not len(rows):
+                t[e, E_STATE] = FREE
+                s.head[H_STALE] += k
+        for lane, to in lead.items():  # only skip the rows of dead writers (and stale rows) at the front
+            skipped(ring, s, lane, to, skip)
         return None
+    s.head[H_STALE] += sum(stale)
     for e, lane, start, end, rows in plan + fresh_:
         if e >= 0 and end < start + int(t[e, E_COUNT]):  # split: the rest stays given back
             t[e, E_START], t[e, E_COUNT] = end, int(t[e, E_START] + t[e, E_COUNT]) - end
@@ -65,8 +83,7 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         s.table_f[e, E_CTIME] = ctime
         t[e, E_STATE] = TAKING
     for _, lane, _, end, rows in fresh_:
-        s.head[H_SKIPPED] += end - int(s.next[lane]) - len(rows)
-        s.next[lane] = end
+        skipped(ring, s, lane, end, skip, len(rows))
     parts = []
     for part in (plan, fresh_):  # given back first, then the fresh rows oldest first
         lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
@@ -75,26 +92,39 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         parts.append((lane[order], seq[order]))
     return np.concatenate([parts[0][0], parts[1][0]]), np.concatenate([parts[0][1], parts[1][1]])
 
-def fresh(ring: Any, s: Any, want: int) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None, taken: int = 0) -> None:
+    """Move ``lane``'s ``next`` to ``to``, counting the rows passed over that a take did
+    not claim (``taken`` of them were): stale rows (published, below ``skip``'s bound)
+    and dead writers' rows (unpublished)."""
+    seq = np.arange(int(s.next[lane]), to)
+    pub, ok = usable(ring, lane, seq, skip)
+    stale = int((pub & ~ok).sum())
+    s.head[H_STALE] += stale
+    s.head[H_SKIPPED] += len(seq) - taken - stale
+    s.next[lane] = to
+
+
+def fresh(ring: Any, s: Any, want: int,
+          skip: tuple[str, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
     """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
     end, rows)``, oldest first across lanes (see the module); and per lane whose
     first rows are dead writers' rows, the first row after them."""
-    lt, lc, stamps = ring.lane_table, ring.lane_capacity, ring.stamps
+    lt, lc = ring.lane_table, ring.lane_capacity
     heads = lt[:, LANE_HEAD].copy()
     nxt = np.clip(s.next, lt[:, LANE_BASE], heads)
     s.next[:] = nxt
     lanes, seqs, settled = [], [], {}
     for lane in np.flatnonzero(heads > nxt).tolist():
         seq = np.arange(nxt[lane], heads[lane])
-        slots = lane * lc + seq % lc
-        pub = stamps[slots] == published(seq)
+        pub, ok = usable(ring, lane, seq, skip)
         if not pub.all():  # stop at the first row a live writer holds; skip the dead ones
             held = ring.held(np.full(len(seq), lane), seq)
-            pub = stamps[slots] == published(seq)  # (again, after held: see Claims.held)
+            pub, ok = usable(ring, lane, seq, skip)  # (again, after held: see Claims.held)
             live = held & ~pub
             if live.any():
                 stop = int(np.argmax(live))
-                seq, pub = seq[:stop], pub[:stop]
+                seq, pub, ok = seq[:stop], pub[:stop], ok[:stop]
+        pub = ok  # (from here: the rows to deliver; stale ones are passed over like dead ones)
         settled[lane] = (seq, pub)
         lanes.append(np.full(int(pub.sum()), lane, np.int64))
         seqs.append(seq[pub])

@@ -14,3 +14,4 @@ from .tensors import *  # noqa: F401,F403
 from .compat import *  # noqa: F401,F403
 from .queues import *  # noqa: F401,F403
 from .limited import *  # noqa: F401,F403
+from .versions import *  # noqa: F401,F403
