@@ -31,7 +31,7 @@ from shmbuf.core.segment import Segment
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
+class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_part.Bound):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -309,10 +309,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
         transition = self._versions.stamp(transition, version, True)
         transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
         stamped = self._stamped
-        if stamped is not None and stamped.add(transition, lane, timeout) is None:
-            return
-        arrays, n = engine.schema.check_rows(transition, single=True)
-        engine.write(arrays, n, lane, timeout)
+        if stamped is None or stamped.add(transition, lane, timeout) is not None:
+            arrays, n = engine.schema.check_rows(transition, single=True)
+            engine.write(arrays, n, lane, timeout)
+        self._versions.commit()
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
                truncate_ok: bool = False, timeout: float | None = None,
@@ -342,7 +342,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
         batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
         stamped = self._stamped
         if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
-            return
+            return self._versions.commit()
         arrays, n = engine.schema.check_rows(batch, single=False)
         if truncate_ok is not False:
             truncate_ok = validate.flag(truncate_ok, "truncate_ok")
@@ -358,6 +358,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
         if n == 1:
             arrays = [a[0] for a in arrays]  # one row is written without its row axis
         engine.write(arrays, n, lane, timeout)
+        self._versions.commit()
 
     # -- sampling --------------------------------------------------------------------
 
@@ -400,14 +401,6 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues):
                              "without priority= or another sampler")
         out, _ = self._outputs.prepare(out, (n,))
         return engine.read(Recent(engine, bound, self._recent, window), n, n, timeout, out)
-
-    def bind(self, source: Any) -> None:
-        """Rows this handle writes without ``version=`` get ``source.version``: a
-        :class:`shmbuf.Actor`'s, the version of the weights it last pulled (``Actors``
-        binds each actor's handle so), or a :class:`shmbuf.Weights`' latest, from which
-        ``max_staleness`` then counts; None unbinds. For a buffer created with
-        ``versions=True``."""
-        self._versions.bind(source)
 
     # -- lifetime --------------------------------------------------------------------
 

@@ -40,6 +40,13 @@ def check_version(value: Any, what: str = "version") -> int:
     return int(value)
 
 
+def floor(v: int, high: int, what: str) -> int:
+    """``v``, if not below ``high`` (``what``: says whose version ``high`` is)."""
+    if v < high:
+        raise ValueError(f"versions never go backwards: {what} {high}, got {v}")
+    return v
+
+
 class NoVersions:
     """The versions of a buffer created without ``versions=True``: none."""
 
@@ -50,6 +57,13 @@ class NoVersions:
 
     def bind(self, weights: Any) -> None:
         raise ValueError("bind() is for a buffer created with versions=True")
+
+    def current(self, version: Any) -> None:
+        if version is not None:
+            raise ValueError("version= is for a buffer created with versions=True")
+
+    def commit(self) -> None:
+        pass
 
     def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
         raise ValueError("min_version= and max_staleness= are for a buffer created with versions=True")
@@ -64,6 +78,7 @@ class Versions:
     def __init__(self) -> None:
         self.weights: Any = None
         self.high = 0  # the largest version this handle wrote
+        self.pending = 0  # the version of the write stamped last (committed once written)
 
     def bind(self, source: Any) -> None:
         """Rows written without ``version=`` get ``source.version``: a
@@ -78,17 +93,7 @@ class Versions:
             raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
         if FIELD in data:
             raise ValueError(f"{FIELD!r} is kept by shmbuf: pass version= (or bind a shmbuf.Weights)")
-        if version is None:
-            if self.weights is None:
-                raise ValueError("this buffer keeps each row's policy version: pass version= to add/extend, "
-                                 "or bind the actor's shmbuf.Weights with buf.bind(weights)")
-            version = self.weights.version
-            if version is None:
-                raise ValueError("the bound actor has pulled no weights yet: pull() first, or pass version=")
-        v = check_version(version)
-        if v < self.high:
-            raise ValueError(f"versions never go backwards: this handle wrote version {self.high}, got {v}")
-        self.high = v
+        v = self.pending = self.current(version)
         if single:
             return {**data, FIELD: v}
         try:
@@ -96,6 +101,23 @@ class Versions:
         except (TypeError, StopIteration):
             rows = 0  # (the schema check explains a bad batch)
         return {**data, FIELD: np.full(rows, v, np.int64)}
+
+    def commit(self) -> None:
+        """The write stamped last was written: its version is the handle's floor now
+        (a write that failed moves nothing)."""
+        self.high = max(self.high, self.pending)
+
+    def current(self, version: Any) -> int:
+        """The version of a write given ``version=`` (None: the bound source's), checked:
+        never below what this handle wrote before."""
+        if version is None:
+            if self.weights is None:
+                raise ValueError("this buffer keeps each row's policy version: pass version= to add/extend, "
+                                 "or bind the actor's shmbuf.Weights with buf.bind(weights)")
+            version = self.weights.version
+            if version is None:
+                raise ValueError("the bound actor has pulled no weights yet: pull() first, or pass version=")
+        return floor(check_version(version), self.high, "this handle wrote version")
 
     def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
         """Each lane's ``newest_version`` (its newest row's, raw; None for an empty lane)."""
@@ -121,3 +143,23 @@ class Versions:
             newest = max((int(view[i * lc + (h - 1) % lc]) for i, (lo, h) in enumerate(zip(*(w.tolist() for w in window)))
                           if h > lo), default=0)
         return max(newest - k, 0)
+
+
+class Bound:
+    """``bind`` and ``write_version`` of :class:`shmbuf.Buffer` (see the module)."""
+
+    _versions: Any
+
+    def bind(self, source: Any) -> None:
+        """Rows this handle writes without ``version=`` get ``source.version``: a
+        :class:`shmbuf.Actor`'s, the version of the weights it last pulled (``Actors``
+        binds each actor's handle so), or a :class:`shmbuf.Weights`' latest, from which
+        ``max_staleness`` then counts; None unbinds. For a buffer created with
+        ``versions=True``."""
+        self._versions.bind(source)
+
+    def write_version(self, version: int | None = None) -> int | None:
+        """The policy version a write given ``version=`` gets (None: the bound source's),
+        checked as :meth:`add` checks it, for the layers that write rows of their own
+        (an episode writer); None for a buffer without versions."""
+        return self._versions.current(version)

@@ -11,13 +11,14 @@ from shmbuf.core.batch import count
 from shmbuf.core.layout import normalize_fields
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather, trajectories, transitions, whole
-from shmbuf.episodes.rows import SYSTEM, StepRows, plan
+from shmbuf.episodes.rows import SYSTEM, VERSION, StepRows, plan
+from shmbuf.episodes.counts import Counts
 from shmbuf.episodes.writer import EpisodeWriter
 
 KIND = "episodes"
 
 
-class EpisodeBuffer:
+class EpisodeBuffer(Counts):
     """A replay buffer of episodes: each env's steps go in order into a lane of their
     own, so an episode is contiguous; observations are stored once (see
     :mod:`shmbuf.episodes.rows`).
@@ -57,7 +58,7 @@ class EpisodeBuffer:
         self.observations: list[str] = list(meta["observations"])
         self.reward: str | None = meta.get("reward")
         self.frame_stack: int = int(meta.get("frame_stack", 1))
-        self.step_rows = StepRows(core.fields, self.observations)
+        self.step_rows = StepRows({k: v for k, v in core.fields.items() if k != VERSION}, self.observations)
         self.user_fields = {k: v for k, v in core.fields.items() if k not in SYSTEM}
         self._writer: EpisodeWriter | None = None
         self.transitions: transitions.Transitions = (  # the sampler of transitions (set again with her)
@@ -92,8 +93,9 @@ class EpisodeBuffer:
         if kwargs.get("mode", "replay") != "replay":
             raise ValueError(f"an EpisodeBuffer is a replay buffer, got mode={kwargs['mode']!r}; for a queue of "
                              "unrolls use shmbuf.Buffer.create(..., mode='queue') with a time axis per field")
-        if kwargs.get("versions") or kwargs.get("sampler", "uniform") != "uniform":
-            raise ValueError("versions= and sampler= are for shmbuf.Buffer (an EpisodeBuffer keeps no versions yet)")
+        if kwargs.get("sampler", "uniform") != "uniform" or kwargs.get("max_times_sampled") is not None:
+            raise ValueError("sampler= and max_times_sampled= are for shmbuf.Buffer (an EpisodeBuffer samples "
+                             "transitions, trajectories and episodes its own ways)")
         specs, observations = plan(fields, observations, reward)
         if her is not None:
             her.check(specs, observations, reward, int(frame_stack))
@@ -186,15 +188,16 @@ class EpisodeBuffer:
         return EpisodeWriter(self, envs, timeout)
 
     def add(self, step: Mapping[str, Any], *, terminated: Any, truncated: Any,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None, version: int | None = None) -> None:
         """Add one step of one env, through this handle's own one-env writer (which
-        claims a lane at the first step that is written, and keeps none if that fails)."""
-        self._own("add", step, terminated=terminated, truncated=truncated, timeout=timeout)
+        claims a lane at the first step that is written, and keeps none if that fails).
+        ``version``: of a buffer created with ``versions=True`` (see :meth:`bind`)."""
+        self._own("add", step, terminated=terminated, truncated=truncated, timeout=timeout, version=version)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
-                    timeout: float | None = None) -> None:
+                    timeout: float | None = None, version: int | None = None) -> None:
         """Write a whole episode; see :meth:`EpisodeWriter.add_episode`."""
-        self._own("add_episode", episode, terminated=terminated, timeout=timeout)
+        self._own("add_episode", episode, terminated=terminated, timeout=timeout, version=version)
 
     def _own(self, method: str, *args: Any, **kwargs: Any) -> None:
         """Call ``method`` of this handle's own writer; a writer made for this call that
@@ -333,63 +336,17 @@ class EpisodeBuffer:
         system fields and final rows included."""
         return self.core.sample_sequences(batch, length, **kwargs)
 
-    # -- counts ----------------------------------------------------------------------
+    # -- versions --------------------------------------------------------------------
 
     @property
-    def transition_count(self) -> int:
-        """Transitions that can be sampled now (about, while writers run): in each lane,
-        its rows less one per episode (an episode's final row, or the newest step of
-        one in progress, is not a transition)."""
-        return sum(rows - eps for rows, eps, _, _ in self._lanes())
+    def versioned(self) -> bool:
+        """True for a buffer created with ``versions=True`` (see :meth:`bind`)."""
+        return self.core.versioned
 
-    def lane_steps(self) -> list[int]:
-        """Per lane, the steps stored (about, while writers run): its rows less the final
-        observations of the episodes that ended (SB3's count of transitions: the newest
-        step of an episode in progress counts).
-
-        Example:
-            >>> import numpy as np, shmbuf
-            >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((), "float32")}, 16)
-            >>> eb.add_episode({"obs": np.arange(3, dtype=np.float32), "next_obs": np.arange(1, 4, dtype=np.float32)})
-            >>> len(eb), eb.lane_steps()
-            (4, [3])
-            >>> eb.close()
-        """
-        return [rows - finals for rows, _, _, finals in self._lanes()]
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes with at least one transition left (d3rlpy's ``size()``): partly
-        evicted ones and the ones in progress count; whole-episode samples take only
-        the complete ones."""
-        return sum(live for _, _, live, _ in self._lanes())
-
-    def _lanes(self) -> list[tuple[int, int, int, int]]:
-        return gather.per_lane(self.engine.ring)
-
-    def __len__(self) -> int:
-        """Rows stored (steps and final observations)."""
-        return len(self.core)
-
-    @property
-    def total_added(self) -> int:
-        """Rows ever added, as :func:`len` counts them (steps and final observations),
-        by every process since creation."""
-        return self.core.total_added
-
-    def stats(self) -> dict[str, Any]:
-        """The buffer's counters from every process (see :meth:`shmbuf.Buffer.stats`).
-
-        Example:
-            >>> import numpy as np, shmbuf
-            >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((2,), np.float32)}, 64)
-            >>> eb.add_episode({"obs": np.zeros((4, 2), np.float32), "next_obs": np.ones((4, 2), np.float32)})
-            >>> _ = eb.sample(8); s = eb.stats()
-            >>> s["rows_inserted"] == eb.total_added == 5, s["rows_sampled"], s["torn_read_retries"]
-            (True, 8, 0)
-            >>> eb.close()
-        """
-        return self.core.stats()
+    def bind(self, source: Any) -> None:
+        """Steps this handle's writers write without ``version=`` get ``source.version``
+        (an Actor's or a Weights'): see :meth:`shmbuf.Buffer.bind`."""
+        self.core.bind(source)
 
     # -- the rest --------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from shmbuf.core.layout import normalize_fields
 
 TERMINATED, TRUNCATED, FINAL = 1, 2, 4
 SYSTEM = {"_episode": ((), np.int64), "_start": ((), np.int64), "_flags": ((), np.uint8)}
+VERSION = "version"  # (versions=True: written by the writer like the system fields, returned like a user's)
 
 
 def plan(fields: Mapping[str, Any], observations: Sequence[str] | None,

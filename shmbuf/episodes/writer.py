@@ -7,7 +7,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core.layout import LANE_EPISODES, LANE_HEAD
-from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED, flags_of
+from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED, VERSION, flags_of
+from shmbuf.buffer.versions import floor
 from shmbuf.episodes.parts import Episodes
 
 _BOOL = np.dtype(np.bool_)
@@ -39,6 +40,11 @@ class EpisodeWriter:
         self._start = np.zeros(n, np.int64)  # the lane sequence number of its first step
         self._started = np.zeros(n, bool)  # an episode in progress
         self._sys = {"_episode": self._episode, "_start": self._start, "_flags": np.zeros(n, np.uint8)}
+        self._version = np.zeros(n, np.int64)  # versions=True: the version of the rows written now
+        self._versioned = core.versioned
+        self._v = -1  # the version in self._version (checked against the lanes' newest rows)
+        if self._versioned:
+            self._sys[VERSION] = self._version
         self._prio = core.prioritized  # a prioritized buffer: steps at the largest
         if self._prio:                         # priority (0), final rows at none (-1)
             self._sys["_priority"] = np.zeros(n)
@@ -58,10 +64,12 @@ class EpisodeWriter:
     # -- writing ---------------------------------------------------------------------
 
     def add(self, step: Mapping[str, Any], *, terminated: Any, truncated: Any,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None, version: int | None = None) -> None:
         """Add one step of every env: ``{field: value}`` with a leading env axis (none for a
         one-env writer), ``next_<obs>`` at least where an episode ended (the real final
         observation), and ``terminated`` / ``truncated`` flags (arrays of ``envs`` bools).
+        ``version``: the policy version of a buffer created with ``versions=True``
+        (default: what the buffer's handle is bound to; see :meth:`shmbuf.Buffer.bind`).
 
         Example:
             >>> import shmbuf
@@ -77,6 +85,8 @@ class EpisodeWriter:
         # (no flag set) in an episode it has started, the values are arrays of the
         # fields' dtypes and shapes (put_rows checks those and returns False otherwise).
         # Nothing in the rows changes from step to step but the values given.
+        if self._versioned or version is not None:
+            self._versions(version)
         if (self._in_progress and type(step) is dict and (len(step) == self._n_user or step.keys() <= self._keys)
                 and (timeout is None or type(timeout) is float)):
             if not self._axis:
@@ -92,6 +102,21 @@ class EpisodeWriter:
                         self._ends(step, terminated, truncated, timeout):
                     return
         self._add(step, terminated, truncated, timeout)
+
+    def _versions(self, version: Any) -> int | None:
+        """The version of the rows written now (``version=``, or the bound source's),
+        put in the rows' system fields; never below the newest row of our lanes (so a
+        write that failed leaves nothing to undo). None without versions."""
+        v = self.buffer.core.write_version(version)
+        if v is not None and v != self._v:
+            engine = self.buffer.engine
+            lo, head = engine.window()
+            view, lc = engine.view(VERSION), engine.layout.lane_capacity
+            for lane in self.lanes:
+                if head[lane] > lo[lane]:
+                    floor(v, int(view[lane * lc + (head[lane] - 1) % lc]), f"lane {lane}'s newest row is of version")
+            self._version[:] = self._v = v
+        return v
 
     def _ends(self, step: dict, term: np.ndarray, trunc: np.ndarray, timeout: float | None) -> bool:
         """``add``'s native path for a step where episodes end: the steps, then the final
@@ -121,6 +146,8 @@ class EpisodeWriter:
     def _final_sys(self, e: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
         """The system fields of the final rows of the envs ``e`` (indices)."""
         sys = {"_episode": self._episode[e], "_start": self._start[e], "_flags": flags[e] | FINAL}
+        if self._versioned:
+            sys[VERSION] = self._version[e]
         if self._prio:
             sys["_priority"] = np.full(len(e), -1.0)
         return sys
@@ -142,6 +169,8 @@ class EpisodeWriter:
         term, trunc = np.atleast_1d(term), np.atleast_1d(trunc)
         flags = term.view(np.uint8) * TERMINATED | trunc.view(np.uint8) * TRUNCATED
         sys = {"_episode": self._episode, "_start": self._start, "_flags": flags}
+        if self._versioned:
+            sys[VERSION] = self._version
         if self._prio:
             sys["_priority"] = np.zeros(self.envs)
         self._put(self._lane_array, steps, sys, timeout)
@@ -185,13 +214,13 @@ class EpisodeWriter:
             core.engine.extend({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names}, lane, timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
-                    env: int = 0, timeout: float | None = None) -> None:
+                    env: int = 0, timeout: float | None = None, version: int | None = None) -> None:
         """Write a whole episode of ``T`` steps into env ``env``'s lane in one reservation
         (garage's ``add_path``, d3rlpy's ``append_episode``). ``next_<obs>`` is either the
         ``T`` next observations or just the final one; ``terminated=False`` means the
         episode was cut (truncated). Raises ValueError while that env has an episode in
         progress, or if ``T + 1`` rows (the steps and the final observation) do not fit
-        in a lane."""
+        in a lane. ``version``: as :meth:`add`'s."""
         if not isinstance(terminated, (bool, np.bool_)):
             raise TypeError(f"terminated must be a bool, got {terminated!r}")
         if isinstance(env, bool) or not isinstance(env, (int, np.integer)) or not 0 <= env < self.envs:
@@ -223,6 +252,7 @@ class EpisodeWriter:
                     raise ValueError(f"next_{o}: expected {length} rows or one observation, got {len(v)} rows")
                 v = np.asarray(v)[-1]
             final[o] = rows.array("next_" + o, v, (), o)[None]
+        v = self._versions(version)
         # checked: the steps and the final row, in one reservation
         this = np.arange(self.envs) == env
         if not self._started[env]:
@@ -235,6 +265,8 @@ class EpisodeWriter:
         data["_start"] = np.full(length + 1, self._start[env])
         data["_flags"] = np.zeros(length + 1, np.uint8)
         data["_flags"][-2:] = flags, FINAL | flags
+        if v is not None:
+            data[VERSION] = np.full(length + 1, v, np.int64)
         if self._prio:
             data["_priority"] = np.zeros(length + 1)
             data["_priority"][-1] = -1.0  # the final row: never drawn

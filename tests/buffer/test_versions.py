@@ -170,7 +170,14 @@ def test_a_lane_shared_by_writers_of_other_versions_never_gives_an_older_row(nam
         assert set(a.sample(300, min_version=5)["x"].tolist()) == {50, 51}
 
 
-def test_an_episode_buffer_says_it_keeps_no_versions_yet(name):
-    for kw in ({"versions": True}, {"sampler": "newest"}):
-        with pytest.raises(ValueError, match=r"are for shmbuf.Buffer \(an EpisodeBuffer keeps no versions yet\)"):
-            shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32")}, 8, name=name, **kw)
+def test_a_write_that_fails_moves_no_version_floor(name):
+    with versioned(name) as buf:
+        buf.add({"x": 1}, version=2)
+        with pytest.raises(ValueError):
+            buf.extend({"x": np.zeros((2, 3))}, version=9)  # a bad batch: nothing written
+        with pytest.raises(ValueError):
+            buf.add({"y": 1}, version=9)
+        buf.add({"x": 2}, version=3)  # (9 was never written: 3 is not going backwards)
+        with pytest.raises(ValueError, match="versions never go backwards: this handle wrote version 3, got 2"):
+            buf.add({"x": 3}, version=2)
+        assert len(buf) == 2
