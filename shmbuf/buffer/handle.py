@@ -19,7 +19,6 @@ from shmbuf.core.parts import NoPriorities, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
 from shmbuf.buffer.reads import Reads
-from shmbuf.samplers.recent import Recent
 from shmbuf.samplers import limited
 from shmbuf.buffer import versions as versions_part
 from shmbuf.buffer.snapshots import Snapshots
@@ -77,7 +76,6 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         # a row (no queue, no priorities, no rate gate); the C ring for rows the parts
         # have stamped when no part waits (no queue, no rate gate); a plain uniform sample.
         self._versions = versions_part.Versions() if layout.meta.get("versions") else versions_part.NoVersions()
-        self._recent: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
         direct = isinstance(engine.writes, Replay) and not engine.gate.limited
         self._plain = engine.native if direct and not engine.writes.adds and isinstance(engine.priorities, NoPriorities) \
             and isinstance(self._versions, versions_part.NoVersions) else None
@@ -364,7 +362,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
 
     def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
                beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
-               version: int | None = None) -> Batch:
+               version: int | None = None, freshness: Any = None) -> Batch:
         """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
         prioritized buffer, by priority, adding ``weight`` (importance sampling with
         exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
@@ -375,7 +373,9 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         exceed ``len(self)``. An empty buffer raises ``ValueError``. In a buffer created
         with ``versions=True``: only rows of version ``>= min_version``, or at most
         ``max_staleness`` versions older than the newest (``version``, else the bound
-        ``Weights``' latest, else the newest row's); see :mod:`shmbuf.samplers.recent`.
+        ``Weights``' latest, else the newest row's); ``freshness=True`` (or a function of
+        the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
+        :mod:`shmbuf.samplers.recent`.
 
         Example:
             >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
@@ -386,21 +386,22 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         if type(n) is not int or n < 0:
             n = count(n, "n")
         engine = self.engine
-        if self._uniform and beta is None and min_version is None and max_staleness is None and version is None:
+        plain = min_version is None and max_staleness is None and version is None and freshness is None
+        if plain and self._uniform and beta is None:
             out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
             sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
                                     engine.timeout if timeout is None else validate.timeout(timeout))
             engine.counters.sampled(n)
             return out
-        if min_version is None and max_staleness is None and version is None:
+        if plain:
             return self.sampler.sample(n, out, timeout, beta)
-        window = engine.window()
-        bound = self._versions.bound(engine, window, min_version, max_staleness, version)
         if beta is not None or not self.sampler.inline:
-            raise ValueError("min_version= and max_staleness= draw uniformly: they are for a replay buffer "
-                             "without priority= or another sampler")
+            raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
+                             "priority= or another sampler")
+        if freshness is not None and out is not None:
+            raise ValueError("out= is not supported with freshness= (the batch gains a weight)")
         out, _ = self._outputs.prepare(out, (n,))
-        return engine.read(Recent(engine, bound, self._recent, window), n, n, timeout, out)
+        return self._versions.sample(engine, n, out, timeout, min_version, max_staleness, version, freshness)
 
     # -- lifetime --------------------------------------------------------------------
 

@@ -79,7 +79,7 @@ class Queues:
         skip = None
         if max_staleness is not None or min_version is not None or version is not None:
             engine = self.engine
-            skip = (FIELD, self._versions.bound(engine, engine.window(), min_version, max_staleness, version))
+            skip = (FIELD, self._versions.bound(engine, engine.window(), min_version, max_staleness, version)[0])
         # (not through engine.sample: a queue has no rate gate, and the take counts the
         # rows it delivered itself, as it commits them)
         return queue.take(n, partial, self.engine.seconds(timeout), skip)

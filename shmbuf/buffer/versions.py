@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.samplers.recent import FIELD
+from shmbuf.samplers.recent import FIELD, Recent, freshness_table, weights
 
 
 def plan(versions: Any, fields: Any, meta: Mapping[str, Any] | None) -> tuple[Any, Mapping[str, Any] | None]:
@@ -65,8 +65,10 @@ class NoVersions:
     def commit(self) -> None:
         pass
 
-    def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
-        raise ValueError("min_version= and max_staleness= are for a buffer created with versions=True")
+    def bound(self, *args: Any) -> tuple[int, int]:
+        raise ValueError("min_version=, max_staleness= and freshness= are for a buffer created with versions=True")
+
+    sample = bound
 
     def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
         """Add what this part knows to ``stats()``'s lanes (nothing)."""
@@ -79,6 +81,7 @@ class Versions:
         self.weights: Any = None
         self.high = 0  # the largest version this handle wrote
         self.pending = 0  # the version of the write stamped last (committed once written)
+        self.memo: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
 
     def bind(self, source: Any) -> None:
         """Rows written without ``version=`` get ``source.version``: a
@@ -126,14 +129,36 @@ class Versions:
         for i, d in enumerate(lanes):
             d["newest_version"] = int(view[i * lc + (head[i] - 1) % lc]) if head[i] > lo[i] else None
 
-    def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any) -> int:
-        """The smallest version a sample with these arguments takes (``window``: the
-        lanes' ``(lo, head)``, read once for the whole sample)."""
+    def sample(self, engine: Any, n: int, out: Any, timeout: Any, min_version: Any, max_staleness: Any,
+               version: Any, freshness: Any) -> Any:
+        """``Buffer.sample`` with these arguments (see :mod:`shmbuf.samplers.recent`)."""
+        window = engine.window()
+        bound, newest = self.bound(engine, window, min_version, max_staleness, version, freshness is not None)
+        table = freshness_table(freshness, max(newest - bound, 0))
+        got = engine.read(Recent(engine, bound, self.memo, window, newest, table), n, n, timeout, out)
+        if table is not None:
+            got["weight"] = weights(table, newest, got[FIELD])
+        return got
+
+    def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any,
+              weighed: bool = False) -> tuple[int, int]:
+        """The smallest version a sample with these arguments takes, and the newest
+        version it counts staleness from (``window``: the lanes' ``(lo, head)``, read
+        once for the whole sample; ``weighed``: a freshness weighting, which may come
+        without a bound)."""
         if min_version is not None:
             if max_staleness is not None or version is not None:
                 raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
-            return check_version(min_version, "min_version")
+            return check_version(min_version, "min_version"), self.newest(engine, window, None)
+        if max_staleness is None and weighed:
+            return 0, self.newest(engine, window, version)
         k = check_version(max_staleness, "max_staleness")
+        newest = self.newest(engine, window, version)
+        return max(newest - k, 0), newest
+
+    def newest(self, engine: Any, window: Any, version: Any) -> int:
+        """The version staleness counts from: ``version``, else the bound source's, else
+        the newest row's."""
         if version is not None:
             newest = check_version(version)
         elif self.weights is not None and self.weights.version is not None:
@@ -142,7 +167,7 @@ class Versions:
             view, lc = engine.view(FIELD), engine.layout.lane_capacity
             newest = max((int(view[i * lc + (h - 1) % lc]) for i, (lo, h) in enumerate(zip(*(w.tolist() for w in window)))
                           if h > lo), default=0)
-        return max(newest - k, 0)
+        return newest
 
 
 class Bound:

@@ -13,6 +13,13 @@ qualifies, the sample waits for one (writers may be about to write them) and rai
 ``SampleTimeout`` at its deadline, saying how many rows the buffer holds and their
 newest version.
 
+``freshness=True`` (TorchRL's ``StalenessAwareSampler`` weighting) keeps each row drawn
+with probability ``1 / (staleness + 1)`` (staleness: the newest version less the row's),
+or the value a function of the staleness gives: rows are then drawn in proportion to it,
+by rejection (over-drawing by the share lately kept, so a sample costs a round or two).
+The batch gains ``weight``, each row's inverse probability scaled so that the stalest
+allowed has 1, for importance correction: a weighted mean is a uniform sample's.
+
 Example:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 16, versions=True, seed=0)
@@ -37,17 +44,49 @@ from shmbuf.core.read import Sampler
 FIELD = "version"
 
 
+MAX_WINDOW = 1 << 20  # versions a freshness weighting spans at most (its table of weights)
+
+
+def freshness_table(freshness: Any, span: int) -> np.ndarray | None:
+    """The keep probability of a row of each staleness ``0 .. span`` (``freshness=True``:
+    ``1 / (staleness + 1)``, TorchRL's default; a callable: its values on the stalenesses,
+    each in [0, 1], one at least above 0), checked before anything is drawn; None for
+    ``freshness=None``."""
+    if freshness is None:
+        return None
+    if span > MAX_WINDOW:
+        raise ValueError(f"freshness= weighs at most {MAX_WINDOW} versions; this sample spans {span + 1}: "
+                         "pass max_staleness= (or a larger min_version=)")
+    s = np.arange(span + 1)
+    if freshness is True:
+        return 1.0 / (s + 1.0)
+    if not callable(freshness):
+        raise TypeError(f"freshness must be True or a callable from staleness to weight, got {freshness!r}")
+    table = np.asarray(freshness(s), np.float64)
+    if table.shape != s.shape or not ((table >= 0) & (table <= 1)).all() or not (table > 0).any():
+        raise ValueError("freshness must map an int array of stalenesses to weights of its shape, each in [0, 1] "
+                         f"and one above 0 (a row is kept with that probability); got {table!r:.200}")
+    return table
+
+
 class Recent(Sampler):
     """Rows of version ``>= bound``, uniformly (see the module), for
     :func:`~shmbuf.core.read.read`; ``starts`` is the handle's memo of where each lane's
-    qualifying rows begin, for one bound."""
+    qualifying rows begin, for one bound. With ``table`` (:func:`freshness_table`), a
+    row of staleness ``s`` (from ``newest``) is kept with probability ``table[s]``."""
 
-    def __init__(self, engine: Any, bound: int, starts: dict[str, Any], window: Any = None) -> None:
+    def __init__(self, engine: Any, bound: int, starts: dict[str, Any], window: Any = None,
+                 newest: int = 0, table: np.ndarray | None = None) -> None:
         self.engine, self.bound, self.memo, self.window = engine, bound, starts, window
         self.fields = engine.fields
         self.versions = engine.view(FIELD)
         self.lc = engine.layout.lane_capacity
         self.delay = 0.0
+        self.newest, self.table = newest, table
+        self.kept = 0.5  # the share of drawn rows the freshness kept lately (spares drawn for the rest)
+
+    def spare(self, m: int, rounds: int) -> int:
+        return 0 if self.table is None else int(m / max(self.kept, 0.05)) - m + 1
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
         return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
@@ -85,7 +124,7 @@ class Recent(Sampler):
             time.sleep(self.delay)
             self.delay = min(max(self.delay * 2, 50e-6), 2e-3)
             return None
-        x = (self.engine.rng.random(len(todo)) * total).astype(np.int64)
+        x = (self.engine.rng.random(len(todo) + self.spare(len(todo), rounds)) * total).astype(np.int64)
         cum = np.cumsum(sizes)
         lane = np.searchsorted(cum, x, side="right")
         return lane, start[lane] + x - (cum - sizes)[lane]
@@ -96,6 +135,17 @@ class Recent(Sampler):
             return np.zeros(m, bool)
         ok = self.engine.gather(drawn[0], drawn[1], 1, [out[f.name] for f in self.fields])
         recent = out[FIELD] >= self.bound  # (on the copy: a row overwritten meanwhile fails its stamps)
+        if self.table is not None:  # kept with the probability of its staleness
+            keep = self.engine.rng.random(m) < self.table[np.clip(self.newest - out[FIELD], 0, len(self.table) - 1)]
+            self.kept = 0.5 * self.kept + 0.5 * float(keep.mean())
+            recent &= keep
         if ok is None:
             return None if recent.all() else recent
         return ok & recent
+
+
+def weights(table: np.ndarray, newest: int, versions: np.ndarray) -> np.ndarray:
+    """The importance weights of rows of ``versions`` kept by ``table`` (1 / their
+    probability, scaled so that the least likely staleness has weight 1)."""
+    p = table[np.clip(newest - versions, 0, len(table) - 1)]
+    return table[table > 0].min() / p

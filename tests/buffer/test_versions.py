@@ -92,7 +92,7 @@ def test_writes_without_a_version_or_going_backwards_change_nothing(name):
         for bad, match in [({"min_version": -2}, "min_version must be an int >= 0"),
                            ({"max_staleness": 1.0}, "max_staleness must be an int >= 0"),
                            ({"min_version": 1, "max_staleness": 1}, "pass min_version= alone"),
-                           ({"min_version": 1, "beta": 0.4}, "draw uniformly")]:
+                           ({"min_version": 1, "beta": 0.4}, "are for a replay buffer without priority=")]:
             with pytest.raises(ValueError, match=match):
                 buf.sample(4, **bad)
         assert buf.engine.rng.bit_generator.state == state
@@ -181,3 +181,40 @@ def test_a_write_that_fails_moves_no_version_floor(name):
         with pytest.raises(ValueError, match="versions never go backwards: this handle wrote version 3, got 2"):
             buf.add({"x": 3}, version=2)
         assert len(buf) == 2
+
+
+def test_freshness_weighs_rows_by_staleness_and_weights_undo_it(name):
+    """freshness=True keeps a row of staleness s with probability 1/(s+1): versions 2, 3, 4
+    come in proportion 1/3 : 1/2 : 1; ``weight`` (1/probability, the stalest allowed 1)
+    makes a weighted mean that of a uniform sample (3.0)."""
+    with versioned(name, capacity=400, lanes=4) as buf:
+        for v in range(5):
+            for lane in range(4):
+                buf.extend({"x": np.arange(20)}, version=v, lane=lane)  # (a lane a writer: any handle may)
+        b = buf.sample(60_000, max_staleness=2, freshness=True)
+        share = np.bincount(b["version"], minlength=5)[2:] / len(b["version"])
+        assert np.allclose(share, np.array([1 / 3, 1 / 2, 1]) / (11 / 6), atol=0.01), share
+        assert sorted(set(zip(b["version"].tolist(), b["weight"].round(6).tolist()))) == \
+            [(2, 1.0), (3, round(2 / 3, 6)), (4, round(1 / 3, 6))]
+        assert abs(np.average(b["version"], weights=b["weight"]) - 3.0) < 0.02
+        exp = buf.sample(30_000, freshness=lambda s: np.exp(-s.astype(float)))  # no bound: every version
+        counts = np.bincount(exp["version"], minlength=5)
+        assert (np.diff(counts) > 0).all() and abs(counts[4] / counts[3] - np.e) < 0.15
+        assert set(buf.sample(200, min_version=4, freshness=True)["weight"].tolist()) == {1.0}
+
+
+def test_bad_freshness_is_a_clear_error_that_changes_nothing(name):
+    with versioned(name) as buf:
+        fill(buf, [1, 2, 3])
+        state = buf.engine.rng.bit_generator.state
+        for bad, err, msg in ((lambda s: s * 2.0, ValueError, r"each in \[0, 1\]"),
+                              (lambda s: np.zeros(2), ValueError, "weights of its shape"),
+                              (lambda s: 0.0 * s, ValueError, "one above 0"),
+                              ("yes", TypeError, "freshness must be True or a callable")):
+            with pytest.raises(err, match=msg):
+                buf.sample(3, freshness=bad)
+        with pytest.raises(ValueError, match="out= is not supported with freshness="):
+            buf.sample(2, freshness=True, out=buf.empty_batch(2))
+        with pytest.raises(ValueError, match=r"freshness= weighs at most 1048576 versions; this sample spans"):
+            buf.sample(1, freshness=True, version=1 << 21)
+        assert buf.engine.rng.bit_generator.state == state and buf.stats()["rows_sampled"] == 0
