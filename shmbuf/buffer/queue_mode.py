@@ -76,11 +76,13 @@ class Queues:
         if n > self.capacity and not partial:
             raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
                              "take fewer, or pass partial=True")
-        skip = None
-        if max_staleness is not None or min_version is not None or version is not None:
-            engine = self.engine
-            skip = (FIELD, self._versions.bound(engine, engine.window(), min_version, max_staleness, version)[0])
-        # (not through engine.sample: a queue has no rate gate, and the take counts the
-        # rows it delivered itself, as it commits them)
-        return queue.take(n, partial, self.engine.seconds(timeout), skip)
+        if max_staleness is None and min_version is None and version is None:
+            # (not through engine.sample: a queue has no rate gate, and the take counts the
+            # rows it delivered itself, as it commits them)
+            return queue.take(n, partial, self.engine.seconds(timeout))
+        engine = self.engine
+        bound, newest = self._versions.bound(engine, engine.window(), min_version, max_staleness, version)
+        got = queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound))
+        engine.counters.stale(np.maximum(newest - got[FIELD], 0))
+        return got
 

@@ -61,7 +61,9 @@ class Snapshots:
         waited for the lock, write calls; per process (pid, alive, its counts) and per
         lane (rows, last writer's pid, whether it is alive, time of the last write,
         claimer; in a buffer created with ``versions=True``, the newest row's
-        ``newest_version``). ``shmbuf stat NAME`` prints the same from a shell.
+        ``newest_version``, and ``sampled_staleness``: see
+        :meth:`~shmbuf.buffer.versions.Versions.describe`). ``shmbuf stat NAME`` prints
+        the same from a shell.
 
         Example:
             >>> import numpy as np, shmbuf
@@ -74,7 +76,7 @@ class Snapshots:
         """
         e = self.engine
         out = {**stats.read(e), **e.writes.stats()}
-        self._versions.describe(e, out["lanes"])
+        self._versions.describe(e, out)
         return out
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:

@@ -70,8 +70,8 @@ class NoVersions:
 
     sample = bound
 
-    def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
-        """Add what this part knows to ``stats()``'s lanes (nothing)."""
+    def describe(self, engine: Any, stats: dict[str, Any]) -> None:
+        """Add what this part knows to ``stats()`` (nothing)."""
 
 
 class Versions:
@@ -122,11 +122,14 @@ class Versions:
                 raise ValueError("the bound actor has pulled no weights yet: pull() first, or pass version=")
         return floor(check_version(version), self.high, "this handle wrote version")
 
-    def describe(self, engine: Any, lanes: list[dict[str, Any]]) -> None:
-        """Each lane's ``newest_version`` (its newest row's, raw; None for an empty lane)."""
+    def describe(self, engine: Any, stats: dict[str, Any]) -> None:
+        """Each lane's ``newest_version`` (its newest row's, raw; None for an empty lane),
+        and ``sampled_staleness``: the rows that samples by version (and takes with a
+        lag limit) returned, their mean and largest staleness (None: none yet)."""
+        stats["sampled_staleness"] = engine.counters.staleness()
         lo, head = engine.window()
         view, lc = engine.view(FIELD), engine.layout.lane_capacity
-        for i, d in enumerate(lanes):
+        for i, d in enumerate(stats["lanes"]):
             d["newest_version"] = int(view[i * lc + (head[i] - 1) % lc]) if head[i] > lo[i] else None
 
     def sample(self, engine: Any, n: int, out: Any, timeout: Any, min_version: Any, max_staleness: Any,
@@ -138,6 +141,7 @@ class Versions:
         got = engine.read(Recent(engine, bound, self.memo, window, newest, table), n, n, timeout, out)
         if table is not None:
             got["weight"] = weights(table, newest, got[FIELD])
+        engine.counters.stale(np.maximum(newest - got[FIELD], 0))
         return got
 
     def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any,

@@ -158,18 +158,25 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
                    f"takes, {s['rows_given_back']:,} given back by takers that died, {s['rows_skipped']:,} "
                    f"skipped (writers that died); takers waited {s['take_wait_s']:.3f} s, writers "
                    f"{s['write_wait_s']:.3f} s")
+    if s.get("sampled_staleness"):
+        st = s["sampled_staleness"]
+        out.append(f"staleness of the rows sampled by version: mean {st['mean']:.2f}, max {st['max']:,} "
+                   f"({st['rows']:,} rows)" + (f"; {s['rows_stale']:,} stale rows passed over by takes"
+                                              if "rows_stale" in s else ""))
     if r is not None:
         out.append("rates over the last interval: " + ", ".join(f"{v:,.0f} {k}" for k, v in r.items()))
     now = s["time"]
     if s["lanes"]:
-        rows = [["LANE", "ROWS", "INSERTED", "WRITER", "LAST WRITE", "CLAIMED BY"]]
+        versions = "newest_version" in s["lanes"][0]
+        rows = [["LANE", "ROWS", "INSERTED", "WRITER", "LAST WRITE", "CLAIMED BY"] + ["VERSION"] * versions]
         for d in s["lanes"]:
             w = "-" if d["writer_pid"] is None else f"{d['writer_pid']} ({'alive' if d['writer_alive'] else 'dead'})"
             rows.append([str(d["lane"]), f"{d['rows']:,}", f"{d['rows_inserted']:,}", w,
                          _ago(d["last_write"], now),
                          "-" if not d["claimed_by"] else
-                         f"{d['claimed_by']} ({'alive' if d['claim_alive'] else 'dead'})"])
-        out += ["", table(rows, right={0, 1, 2})]
+                         f"{d['claimed_by']} ({'alive' if d['claim_alive'] else 'dead'})"]
+                        + ([str(d["newest_version"]) if d["newest_version"] is not None else "-"] if versions else []))
+        out += ["", table(rows, right={0, 1, 2, 6})]
     if s["processes"]:
         rows = [["PID", "ALIVE", "BATCHES", "ROWS SAMPLED", "RETRIES", "WRITES", "LOCKS", "LOCK WAIT"]]
         for p in s["processes"]:

@@ -1,7 +1,8 @@
 """Counters every handle keeps in the segment, readable from any process (``stats()``,
 ``shmbuf stat``/``watch``).
 
-A region of the segment holds, besides a small head::
+A region of the segment holds, besides a small head (``fold_seq``, and the staleness of
+the rows sampled by version: rows, sum, max)::
 
     lanes    per lane: pid and start time of its last writer, time of its last write
     slots    NSLOTS x [pid, start time, batches sampled, rows sampled, torn-read
@@ -33,7 +34,7 @@ from shmbuf.core import procs
 REGION = "stats"
 NSLOTS = 64
 HEAD_WORDS, LANE_WORDS, SLOT_WORDS = 8, 4, 9
-H_FOLD = 0
+H_FOLD, H_STALE_ROWS, H_STALE_SUM, H_STALE_MAX = 0, 1, 2, 3
 L_PID, L_CTIME, L_TIME = 0, 1, 2
 S_PID, S_CTIME, S_BATCHES, S_ROWS, S_RETRIES, S_LOCKS, S_LOCK_NS, S_WRITES, S_REDRAWS = range(9)
 COUNTERS = {"batches_sampled": S_BATCHES, "rows_sampled": S_ROWS, "torn_read_retries": S_RETRIES,
@@ -137,6 +138,23 @@ class Counters:
         s = self.slot
         s[S_BATCHES] += 1
         s[S_ROWS] += n
+
+    def stale(self, staleness: np.ndarray) -> None:
+        """Rows with these stalenesses were sampled (by version): shared words, stored
+        without the lock, so processes that sample at the same instant may lose a count
+        now and then (diagnostics, as the shared slot's)."""
+        if self.present and len(staleness):
+            h = self.head
+            h[H_STALE_ROWS] += len(staleness)
+            h[H_STALE_SUM] += int(staleness.sum())
+            h[H_STALE_MAX] = max(int(h[H_STALE_MAX]), int(staleness.max()))
+
+    def staleness(self) -> dict[str, Any] | None:
+        """``{"rows", "mean", "max"}`` of the rows sampled by version (None: none yet)."""
+        rows = int(self.head[H_STALE_ROWS]) if self.present else 0
+        if not rows:
+            return None
+        return {"rows": rows, "mean": int(self.head[H_STALE_SUM]) / rows, "max": int(self.head[H_STALE_MAX])}
 
     def wrote(self, lane: int) -> None:
         """A write to ``lane`` was published (the Python path; the native one does the

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import shmbuf
+
+from helpers import cli
 from shmbuf.core.layout import published
 
 X = {"x": ((), "int64")}
@@ -140,12 +142,34 @@ def test_a_row_being_written_never_comes_out(name, break_protection):
         assert -7 in buf.sample(500, min_version=4)["x"].tolist()
 
 
-def test_stats_say_each_lanes_newest_version(name):
+def test_stats_and_shmbuf_stat_say_each_lanes_newest_version_and_the_sampled_staleness(name):
     with versioned(name, capacity=16, lanes=2) as buf:
         fill(buf, [2, 5], per=2, lane=1)
-        assert [d["newest_version"] for d in buf.stats()["lanes"]] == [None, 5]
+        stats = buf.stats()
+        assert [d["newest_version"] for d in stats["lanes"]] == [None, 5] and stats["sampled_staleness"] is None
+        b = buf.sample(50, max_staleness=3)  # versions 2 (staleness 3) and 5 (0)
+        want = {"rows": 50, "mean": float((5 - b["version"]).mean()), "max": int((5 - b["version"]).max())}
+        assert buf.stats()["sampled_staleness"] == want and want["max"] == 3
+        buf.sample(10)  # (a sample that asks nothing of versions is not counted)
+        assert buf.stats()["sampled_staleness"] == want
+        out = cli("stat", name).stdout
+        assert f"staleness of the rows sampled by version: mean {want['mean']:.2f}, max 3 (50 rows)" in out
+        lines = out.splitlines()
+        head = next(i for i, line in enumerate(lines) if line.startswith("LANE"))
+        assert lines[head].split()[-1] == "VERSION" and lines[head + 1].split()[-1] == "-" \
+            and lines[head + 2].split()[-1] == "5"
     with shmbuf.Buffer.create(X, 8, name=name + "-plain") as plain:
-        assert "newest_version" not in plain.stats()["lanes"][0]
+        assert "newest_version" not in plain.stats()["lanes"][0] and "sampled_staleness" not in plain.stats()
+        assert "VERSION" not in cli("stat", name + "-plain").stdout
+
+
+def test_a_queues_lag_limited_takes_count_their_staleness(name):
+    with shmbuf.Buffer.create(X, 32, name=name, mode="queue", versions=True) as q:
+        fill(q, [1, 2, 3])
+        q.take(8, max_staleness=1)  # versions 2 (staleness 1), 3 (0); version 1 passed over
+        stats = q.stats()
+        assert stats["sampled_staleness"] == {"rows": 8, "mean": 0.5, "max": 1} and stats["rows_stale"] == 4
+        assert "4 stale rows passed over by takes" in cli("stat", name).stdout
 
 
 def test_a_clear_starts_the_search_over(name):
