@@ -68,7 +68,7 @@ class NoVersions:
     def bound(self, *args: Any) -> tuple[int, int]:
         raise ValueError("min_version=, max_staleness= and freshness= are for a buffer created with versions=True")
 
-    sample = bound
+    sample = rows_since = newest_row = bound
 
     def describe(self, engine: Any, stats: dict[str, Any]) -> None:
         """Add what this part knows to ``stats()`` (nothing)."""
@@ -160,6 +160,19 @@ class Versions:
         newest = self.newest(engine, window, version)
         return max(newest - k, 0), newest
 
+    def rows_since(self, engine: Any, bound: int) -> int:
+        """Rows held of version ``>= bound`` (the lanes' binary search: exact where a
+        lane's versions never decrease)."""
+        lo, head = engine.window()
+        return int((head - Recent(engine, check_version(bound, "min_version"), self.memo).starts(lo, head)).sum())
+
+    def newest_row(self, engine: Any) -> int | None:
+        """The newest version of any lane's newest row (None: no rows)."""
+        lo, head = engine.window()
+        view, lc = engine.view(FIELD), engine.layout.lane_capacity
+        return max((int(view[i * lc + (h - 1) % lc]) for i, (a, h) in enumerate(zip(lo.tolist(), head.tolist()))
+                    if h > a), default=None)
+
     def newest(self, engine: Any, window: Any, version: Any) -> int:
         """The version staleness counts from: ``version``, else the bound source's, else
         the newest row's."""
@@ -175,9 +188,11 @@ class Versions:
 
 
 class Bound:
-    """``bind`` and ``write_version`` of :class:`shmbuf.Buffer` (see the module)."""
+    """``bind``, ``rows_since``, ``newest_version`` and ``write_version`` of
+    :class:`shmbuf.Buffer` (see the module)."""
 
     _versions: Any
+    engine: Any
 
     def bind(self, source: Any) -> None:
         """Rows this handle writes without ``version=`` get ``source.version``: a
@@ -186,6 +201,17 @@ class Bound:
         ``max_staleness`` then counts; None unbinds. For a buffer created with
         ``versions=True``."""
         self._versions.bind(source)
+
+    def rows_since(self, min_version: int) -> int:
+        """How many rows held are of version ``>= min_version`` (what ``sample(n,
+        min_version=...)`` draws from), for a buffer created with ``versions=True``."""
+        return self._versions.rows_since(self.engine, min_version)
+
+    @property
+    def newest_version(self) -> int | None:
+        """The version of the newest row of any lane (None: empty), for a buffer created
+        with ``versions=True``."""
+        return self._versions.newest_row(self.engine)
 
     def write_version(self, version: int | None = None) -> int | None:
         """The policy version a write given ``version=`` gets (None: the bound source's),

@@ -64,10 +64,10 @@ class Shard:
 class Plan:
     """A batch asked for: its calls in flight, per shard."""
 
-    __slots__ = ("key", "n", "parts")
+    __slots__ = ("key", "n", "parts", "sizes")
 
-    def __init__(self, key: tuple, n: int, parts: list[tuple[Shard, Any, int]]) -> None:
-        self.key, self.n, self.parts = key, n, parts
+    def __init__(self, key: tuple, n: int, parts: list[tuple[Shard, Any, int]], sizes: Any = None) -> None:
+        self.key, self.n, self.parts, self.sizes = key, n, parts, sizes
 
 
 class ShardCalls:
@@ -76,7 +76,7 @@ class ShardCalls:
     _shards: list[Shard]
 
     def _take(self, method: str, n: int, args: tuple, kwargs: dict[str, Any], prefetch: int,
-              timeout: float | None, beta: float | None = None) -> dict[str, np.ndarray]:
+              timeout: float | None, beta: float | None = None, sizes: Any = None) -> dict[str, np.ndarray]:
         timeout = self._t(timeout)
         prefetch = count(prefetch, "prefetch")
         key = (method, n, args, sorted(kwargs.items()))
@@ -84,15 +84,17 @@ class ShardCalls:
             self._inflight.clear()  # asked for with other arguments: dropped
         self._poll()
         deadline = time.monotonic() + timeout
-        plan = self._inflight.popleft() if self._inflight else self._launch(key, timeout)
+        plan = self._inflight.popleft() if self._inflight else self._launch(key, timeout, sizes=sizes)
         while len(self._inflight) < prefetch:
-            self._inflight.append(self._launch(key, timeout))
+            self._inflight.append(self._launch(key, timeout, sizes=sizes))
         return self._finish(plan, deadline, timeout, beta)
 
-    def _launch(self, key: tuple, timeout: float, n: int | None = None) -> Plan:
+    def _launch(self, key: tuple, timeout: float, n: int | None = None, sizes: Any = None) -> Plan:
         """Draw the per-shard counts of ``n`` rows (the key's) and ask the shards. Each
         gets 0.4 ``timeout`` for its own waits (a rate limit, torn-read retries): its
-        timeout error is then the caller's, before the shard is taken for silent."""
+        timeout error is then the caller's, before the shard is taken for silent.
+        ``sizes``: ``{shard index: rows}`` to split by instead of the shards' sizes
+        (the rows of recent enough versions)."""
         method, n_key, args, kwargs = key
         n = n_key if n is None else n
         deadline = time.monotonic() + timeout
@@ -104,7 +106,13 @@ class ShardCalls:
         if not live:
             raise ShardsUnavailable(f"no shard of {self._name!r} is up ({self._describe()})")
         by_mass = self._prioritized and method == "sample"
-        w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
+        if sizes is not None:
+            live = [s for s in live if sizes.get(s.index, 0) > 0]
+            if not live:
+                raise ShardsUnavailable(f"no shard of {self._name!r} that is up holds rows of the versions asked "
+                                        f"for ({self._describe()})")
+        w = np.array([sizes[s.index] if sizes is not None else s.mass if by_mass else s.size for s in live],
+                     np.float64)
         if not w.sum() > 0:  # (the sizes known say empty: they may be old)
             self._refresh(live, (deadline - time.monotonic()) / 2)
             live = [s for s in live if s.up]
@@ -123,7 +131,7 @@ class ShardCalls:
                 parts.append((s, s.actor.sample.remote((method, c, args, ask)), c))
             elif s.info_ref is None:
                 s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
-        return Plan(key, n, parts)
+        return Plan(key, n, parts, sizes)
 
     def _finish(self, plan: Plan, deadline: float, timeout: float, beta: float | None) -> dict[str, np.ndarray]:
         """Wait for a plan's answers; draw again from the others the rows of shards that
@@ -154,7 +162,7 @@ class ShardCalls:
                 raise ShardsUnavailable(
                     f"{missing} of {plan.n} rows could not be drawn within {timeout:g} s: "
                     f"{self._describe()}")
-            parts = self._launch(plan.key, max(deadline - time.monotonic(), 1e-3), missing).parts
+            parts = self._launch(plan.key, max(deadline - time.monotonic(), 1e-3), missing, plan.sizes).parts
             patience = deadline
         self._collect_infos()
         return self._assemble(plan.n, got, beta)

@@ -145,6 +145,15 @@ class Shard:
             batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
         return batch, self.info()
 
+    def versions(self, bound: int | None) -> tuple[int | None, int]:
+        """The shard's newest version (None: empty), and how many rows it holds of version
+        ``>= bound`` (0 for None): what the learner splits a sample by staleness by."""
+        if self.error is not None:
+            raise self.error
+        if self.kind != "buffer":
+            raise ValueError("a sample by version is for shards of a shmbuf.Buffer (created with versions=True)")
+        return self.buf.newest_version, 0 if bound is None else self.buf.rows_since(bound)
+
     def update_priorities(self, index: np.ndarray, priorities: np.ndarray) -> tuple[int, dict]:
         """How many rows of ``index`` (slot, row) were set, and the info after (the new mass)."""
         if self.error is not None:

@@ -29,6 +29,7 @@ from shmbuf.priority.trees import check_beta, check_values
 from shmbuf.ray import shard as _shard
 from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from shmbuf.ray.shard import NAMESPACE
+from shmbuf.buffer.versions import check_version
 
 class ShardedBuffer(ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.
@@ -225,17 +226,53 @@ class ShardedBuffer(ShardCalls):
         answers. A shard that has not answered within half of ``timeout`` is dropped
         (:class:`ShardWarning`) and its rows drawn from the others.
 
+        In a buffer created with ``versions=True``, ``min_version=``, ``max_staleness=``
+        and ``version=`` are those of :meth:`shmbuf.Buffer.sample` over the whole
+        cluster: the bound is the cluster's (``max_staleness`` counts from ``version``,
+        else the newest row of any shard), and the rows are split across the shards by
+        how many each holds of those versions (asked of them first: one more round trip).
+
         Raises:
             ShardsUnavailable: no shard could give its rows within ``timeout``.
             ValueError: every shard is empty; or a shard's own error (bad arguments).
         """
         n = count(n, "n")
+        if {"min_version", "max_staleness", "version", "freshness"} & set(kwargs):
+            return self._recent(n, prefetch, timeout, **kwargs)
         if beta is not None or self._prioritized:
             if not self._prioritized:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
             beta = check_beta(beta)
             return self._take("sample", n, (), kwargs, prefetch, timeout, beta)
         return self._take("sample", n, (), kwargs, prefetch, timeout)
+
+    def _recent(self, n: int, prefetch: int, timeout: float | None, min_version: Any = None,
+                max_staleness: Any = None, version: Any = None, freshness: Any = None) -> dict[str, np.ndarray]:
+        """:meth:`sample` by version over the cluster (see there)."""
+        if freshness is not None:
+            raise ValueError("freshness= is not supported across shards (each shard's rows would need their "
+                             "weights' sum); use max_staleness= or min_version=")
+        if min_version is not None and (max_staleness is not None or version is not None):
+            raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
+        bound = min_version
+        if bound is None:
+            k = check_version(max_staleness, "max_staleness")
+            newest = check_version(version) if version is not None else max(
+                (v for v, _ in self._versions(None, timeout).values() if v is not None), default=0)
+            bound = max(newest - k, 0)
+        sizes = {i: rows for i, (_, rows) in self._versions(check_version(bound, "min_version"), timeout).items()}
+        return self._take("sample", n, (), {"min_version": bound}, prefetch, timeout, sizes=sizes)
+
+    def _versions(self, bound: int | None, timeout: float | None) -> dict[int, tuple[Any, int]]:
+        """Every shard that is up and answers in time: its newest version and rows of version >= bound."""
+        ray = ray_module()
+        live = [s for s in self._shards if s.up]
+        refs = [s.actor.versions.remote(bound) for s in live]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._t(timeout) / 2)
+        try:
+            return {s.index: ray.get(r) for s, r in zip(live, refs) if r in ready}
+        except ray.exceptions.RayTaskError as exc:
+            raise cause(exc) from None
 
     def sample_sequences(self, batch: int, length: int, *, prefetch: int = 0,
                          timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:

@@ -242,3 +242,18 @@ def test_bad_freshness_is_a_clear_error_that_changes_nothing(name):
         with pytest.raises(ValueError, match=r"freshness= weighs at most 1048576 versions; this sample spans"):
             buf.sample(1, freshness=True, version=1 << 21)
         assert buf.engine.rng.bit_generator.state == state and buf.stats()["rows_sampled"] == 0
+
+
+def test_rows_since_and_newest_version_say_what_a_sample_draws_from(name):
+    with versioned(name, capacity=32, lanes=2) as buf:
+        assert buf.newest_version is None and buf.rows_since(0) == 0
+        fill(buf, [1, 2], lane=0)
+        with shmbuf.Buffer.attach(name) as other:
+            fill(other, [3], per=2, lane=1)
+        assert buf.newest_version == 3
+        assert [buf.rows_since(v) for v in range(5)] == [10, 10, 6, 2, 0]
+        with pytest.raises(ValueError, match="min_version must be an int >= 0"):
+            buf.rows_since(-1)
+    with shmbuf.Buffer.create(X, 8, name=name + "-plain") as plain:
+        with pytest.raises(ValueError, match="are for a buffer created with versions=True"):
+            plain.rows_since(0)

@@ -221,6 +221,37 @@ def test_rows_are_in_a_random_order_and_sequences_come_from_one_shard(nodes, nam
         assert (np.diff(key, axis=1) == 1).all() and ((key // 1_000_000_000) == s["shard"][:, None]).all()
 
 
+@ray.remote
+def write_versions(rb: ShardedBuffer, writer: int, versions: list) -> int:
+    """Rows (writer, 10 * v + i), 10 of each version ``v``, into this node's shard."""
+    with rb.local() as local:
+        for v in versions:
+            local.extend(helpers.storm_rows(writer, 10 * v + np.arange(10)), version=v)
+        return len(local)
+
+
+def test_versions_travel_through_shards_and_staleness_holds_across_the_cluster(nodes, name):
+    """Shard 0 holds versions 1-3, shard 1 versions 2-5: a sample with max_staleness
+    (from version=5, or from the newest row of the cluster) gets versions 4, 5 only
+    (shard 1's), one with min_version=3 both shards' rows of 3 and up, in proportion to
+    how many each holds; every row's version is the one its writer gave."""
+    with ShardedBuffer.create(FIELDS, 256, name=name, nodes=nodes[:2], seed=4, versions=True) as rb:
+        ray.get([on(nodes[0], write_versions).remote(rb, 0, [1, 2, 3]),
+                 on(nodes[1], write_versions).remote(rb, 1, [2, 3, 4, 5])])
+        b = rb.sample(300)
+        assert (b["version"] == (b["a"][:, 0] % 1_000_000_000) // 10).all() and helpers.storm_torn(b) == 0
+        assert set(b["version"].tolist()) == {1, 2, 3, 4, 5}
+        recent = rb.sample(200, max_staleness=1, version=5)
+        assert set(recent["version"].tolist()) == {4, 5} and set(recent["shard"].tolist()) == {1}
+        assert set(rb.sample(100, max_staleness=1)["version"].tolist()) == {4, 5}  # (the cluster's newest: 5)
+        later = rb.sample(4000, min_version=3)
+        assert set(later["version"].tolist()) == {3, 4, 5} and 0.15 < (later["shard"] == 0).mean() < 0.35  # 10 of 40
+        with pytest.raises(ValueError, match="freshness= is not supported across shards"):
+            rb.sample(10, max_staleness=1, freshness=True)
+        with pytest.raises(ValueError, match="max_staleness must be an int >= 0"):
+            rb.sample(10, max_staleness=-1)
+
+
 def test_local_on_a_node_without_a_shard_says_where_the_shards_are(nodes, name):
     here = ray.get_runtime_context().get_node_id()
     other = [n for n in nodes if n != here]
