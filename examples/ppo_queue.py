@@ -6,14 +6,18 @@ reward, done, value, and the value of the observation after the last step) into 
 ``shmbuf.Buffer`` in queue mode: one lane per actor, no pickling, and an actor that
 runs ahead of the learner waits (the queue is small) instead of overwriting. The
 learner ``take``s batches of unrolls, each delivered exactly once, computes GAE on them
-and runs clipped-PPO epochs; the policy lag is a version or two, which PPO's clipping
-absorbs. An actor that dies gives nothing torn to the learner, and rows it had not
+and runs clipped-PPO epochs. Every unroll carries the version of the weights its actor
+acted with (``versions=True``), and the learner's takes have a lag limit (Sample
+Factory's ``max_policy_lag``): ``take(..., max_staleness=LAG)`` passes over unrolls more
+than ``LAG`` versions behind the weights it trains, counts them, and never delivers
+them. An actor that dies gives nothing torn to the learner, and rows it had not
 finished are never seen.
 
     pip install torch==2.13.0
     pip install gymnasium -e .
     python examples/ppo_queue.py                  # until solved (mean return >= 475)
     python examples/ppo_queue.py --seconds 20     # a short run
+    python examples/ppo_queue.py --max-lag 0      # on-policy only: stale unrolls passed over
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ def actor(queue_name: str, weights_name: str, seed: int, stop) -> None:
                 u["episode_return"][i] = finished[i][-1]
                 finished[i] = []
         try:
-            q.extend(u, timeout=30)  # waits while the learner is behind
+            q.extend(u, timeout=30, version=version)  # waits while the learner is behind
         except shmbuf.WriteTimeout:
             if not stop.is_set():
                 raise
@@ -102,9 +106,11 @@ def gae(batch):
     return adv, adv + value
 
 
-def train(seconds: float, actors: int = 2, target: float = 475.0, seed: int = 0) -> dict:
+def train(seconds: float, actors: int = 2, target: float = 475.0, seed: int = 0, max_lag: int | None = 2) -> dict:
     """Run PPO until the mean of the last 20 episode returns reaches ``target`` or
-    ``seconds`` pass; returns the updates made, the returns seen and the time solved."""
+    ``seconds`` pass, taking unrolls at most ``max_lag`` versions behind (None: every
+    unroll); returns the
+    updates made, the returns seen, the time solved and the queue's counts."""
     import torch
 
     torch.manual_seed(seed)
@@ -112,8 +118,8 @@ def train(seconds: float, actors: int = 2, target: float = 475.0, seed: int = 0)
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    returns, updates, solved = [], 0, None
-    with shmbuf.Buffer.create(FIELDS, actors * 16, lanes=actors, mode="queue") as q, \
+    returns, updates, solved, lags = [], 0, None, []
+    with shmbuf.Buffer.create(FIELDS, actors * 16, lanes=actors, mode="queue", versions=True) as q, \
             shmbuf.Weights.create(f"{q.name}-w", net.state_dict()) as weights:
         weights.publish(net.state_dict())
         procs = [ctx.Process(target=actor, args=(q.name, weights.name, seed * 10 + i, stop)) for i in range(actors)]
@@ -122,8 +128,11 @@ def train(seconds: float, actors: int = 2, target: float = 475.0, seed: int = 0)
         t0 = time.monotonic()
         try:
             while time.monotonic() - t0 < seconds and solved is None:
-                b = q.take(BATCH, timeout=120)  # the oldest unrolls, each delivered once
+                # the oldest unrolls of the last max_lag + 1 versions, each delivered once
+                b = q.take(BATCH, timeout=120) if max_lag is None else \
+                    q.take(BATCH, timeout=120, max_staleness=max_lag, version=weights.version)
                 returns += [float(r) for r in b["episode_return"] if not np.isnan(r)]
+                lags.append(weights.version - b["version"])  # versions behind the weights trained
                 adv, ret = gae(b)
                 obs = torch.from_numpy(b["obs"].reshape(-1, 4))
                 act = torch.from_numpy(b["action"].reshape(-1))
@@ -150,15 +159,20 @@ def train(seconds: float, actors: int = 2, target: float = 475.0, seed: int = 0)
             for p in procs:
                 p.join(60)
         stats = q.stats()
-    return {"updates": updates, "returns": returns, "solved_s": solved, "rows_taken": stats["rows_taken"]}
+    return {"updates": updates, "returns": returns, "solved_s": solved, "rows_taken": stats["rows_taken"],
+            "rows_stale": stats["rows_stale"], "lag": np.concatenate(lags) if lags else np.zeros(0, np.int64)}
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--actors", type=int, default=2)
+    ap.add_argument("--max-lag", type=int, default=2, help="-1: no lag limit")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    got = train(args.seconds, args.actors)
+    got = train(args.seconds, args.actors, seed=args.seed, max_lag=None if args.max_lag < 0 else args.max_lag)
     last = np.mean(got["returns"][-20:]) if got["returns"] else float("nan")
-    print(f"{got['updates']} updates, {got['rows_taken']} unrolls taken, mean of the last 20 returns {last:.0f}, "
+    lag = got["lag"]
+    print(f"{got['updates']} updates, {got['rows_taken']} unrolls taken ({got['rows_stale']} passed over as "
+          f"stale; lag mean {lag.mean():.2f}, max {lag.max()}), mean of the last 20 returns {last:.0f}, "
           + (f"solved in {got['solved_s']:.0f} s" if got["solved_s"] else "not solved"))

@@ -13,7 +13,7 @@ import pytest
 
 import shmbuf
 
-from helpers import (QUEUE_FIELDS, lagged_taker, queue_rows, queue_taker, read_log, wait_for_file,
+from helpers import (QUEUE_FIELDS, lagged_taker, queue_rows, queue_taker, read_log, stop_and_join, wait_for_file,
                      versioned_writer)
 
 X = {"x": ((), "int64")}
@@ -141,12 +141,7 @@ def test_storm_takers_with_a_lag_limit_deliver_each_fresh_row_once(name, tmp_pat
                 p.join(120)
                 assert p.exitcode == 0
         finally:
-            open(stop, "w").close()
-            for p in takers:
-                p.join(120)
-                if p.is_alive():
-                    p.kill()
-                    p.join(30)
+            stop_and_join(takers, stop)
         assert all(p.exitcode == 0 for p in takers)
         stats = q.stats()
     entries = [(tag, v) for log in logs for tag, v in read_log(log)]

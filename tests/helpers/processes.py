@@ -49,6 +49,17 @@ def kill_when_there(target, args, flag, what):
 
 
 
+def stop_and_join(procs, stop: str, timeout: float = 120) -> None:
+    """Create the file ``stop`` (the processes' signal to end), wait for ``procs`` to
+    exit, and kill the ones still running after ``timeout`` (a failed test leaves none)."""
+    open(stop, "w").close()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(30)
+
+
 def run_together(procs, ready, results, timeout: float = 120) -> list:
     """Start ``procs``, let them go at once (``ready``), and return one result of each
     from ``results`` once all are joined."""
@@ -110,4 +121,4 @@ def start_time() -> float:
 
     return procs.identity()[1]
 
-__all__ = ['check_while_child_writes', 'cli', 'hang_at', 'kill_when_there', 'pause_at', 'run_together', 'start_time', 'wait_for_file']
+__all__ = ['check_while_child_writes', 'cli', 'hang_at', 'kill_when_there', 'pause_at', 'run_together', 'start_time', 'stop_and_join', 'wait_for_file']

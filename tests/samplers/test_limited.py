@@ -16,7 +16,8 @@ import pytest
 import shmbuf
 from shmbuf.samplers import limited
 
-from helpers import count_and_stop, counted_buffer, counting_sampler, returned_keys, storm_torn, wait_for_file, write_keys
+from helpers import (count_and_stop, counted_buffer, counting_sampler, returned_keys, stop_and_join, storm_torn,
+                     wait_for_file, write_keys)
 
 X = {"x": ((), "int64")}
 
@@ -207,12 +208,7 @@ def test_storm_samplers_killed_at_random_never_get_a_row_more_than_k_times(name,
             while sum(returned_keys(logs)[0].values()) < 100 and time.monotonic() < deadline:
                 time.sleep(0.05)  # (the live samplers go on: some rows have come out)
         finally:
-            open(stop, "w").close()
-            for p in samplers:
-                p.join(60)
-                if p.is_alive():
-                    p.kill()
-                    p.join(30)
+            stop_and_join(samplers, stop)
         for p in samplers:
             assert p.exitcode == 0
         counts, torn = returned_keys(logs)
