@@ -83,6 +83,6 @@ class Queues:
         engine = self.engine
         bound, newest = self._versions.bound(engine, engine.window(), min_version, max_staleness, version)
         got = queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound))
-        engine.counters.stale(np.maximum(newest - got[FIELD], 0))
+        engine.counters.stale(newest, got[FIELD])
         return got
 

@@ -82,6 +82,8 @@ class Versions:
         self.high = 0  # the largest version this handle wrote
         self.pending = 0  # the version of the write stamped last (committed once written)
         self.memo: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
+        self.view: np.ndarray | None = None  # (raw())
+        self.seen: tuple[Any, Any, int] = (None, None, -1)  # the window newest_row last saw, its answer, its slot
 
     def bind(self, source: Any) -> None:
         """Rows written without ``version=`` get ``source.version``: a
@@ -138,11 +140,17 @@ class Versions:
         window = engine.window()
         bound, newest = self.bound(engine, window, min_version, max_staleness, version, freshness is not None)
         table = freshness_table(freshness, max(newest - bound, 0))
-        got = engine.read(Recent(engine, bound, self.memo, window, newest, table), n, n, timeout, out)
+        got = engine.read(Recent(engine, bound, self.memo, window, newest, table, self.raw(engine)), n, n, timeout, out)
         if table is not None:
             got["weight"] = weights(table, newest, got[FIELD])
-        engine.counters.stale(np.maximum(newest - got[FIELD], 0))
+        engine.counters.stale(newest, got[FIELD])
         return got
+
+    def raw(self, engine: Any) -> np.ndarray:
+        """The versions of every slot, raw (read-only; kept: one view a handle)."""
+        if self.view is None:
+            self.view = engine.view(FIELD)
+        return self.view
 
     def bound(self, engine: Any, window: Any, min_version: Any, max_staleness: Any, version: Any,
               weighed: bool = False) -> tuple[int, int]:
@@ -166,12 +174,18 @@ class Versions:
         lo, head = engine.window()
         return int((head - Recent(engine, check_version(bound, "min_version"), self.memo).starts(lo, head)).sum())
 
-    def newest_row(self, engine: Any) -> int | None:
-        """The newest version of any lane's newest row (None: no rows)."""
-        lo, head = engine.window()
-        view, lc = engine.view(FIELD), engine.layout.lane_capacity
-        return max((int(view[i * lc + (h - 1) % lc]) for i, (a, h) in enumerate(zip(lo.tolist(), head.tolist()))
-                    if h > a), default=None)
+    def newest_row(self, engine: Any, window: Any = None) -> int | None:
+        """The newest version of any lane's newest row (None: no rows; ``window``: the
+        lanes' ``(lo, head)`` if read already)."""
+        lo, head = engine.window() if window is None else window
+        key, view = (lo.tolist(), head.tolist()), self.raw(engine)
+        seen, newest, slot = self.seen
+        if key != seen or (slot >= 0 and int(view[slot]) != newest):  # (written, cleared or restored since)
+            lc = engine.layout.lane_capacity
+            slots = [i * lc + (h - 1) % lc for i, (a, h) in enumerate(zip(*key)) if h > a]
+            newest, slot = max(((int(view[j]), j) for j in slots), default=(None, -1))  # (Python ints: a few lanes)
+            self.seen = key, newest, slot
+        return newest
 
     def newest(self, engine: Any, window: Any, version: Any) -> int:
         """The version staleness counts from: ``version``, else the bound source's, else
@@ -181,10 +195,8 @@ class Versions:
         elif self.weights is not None and self.weights.version is not None:
             newest = int(self.weights.version)
         else:  # the newest row's (lanes' newest rows: versions never decrease in a lane)
-            view, lc = engine.view(FIELD), engine.layout.lane_capacity
-            newest = max((int(view[i * lc + (h - 1) % lc]) for i, (lo, h) in enumerate(zip(*(w.tolist() for w in window)))
-                          if h > lo), default=0)
-        return newest
+            newest = self.newest_row(engine, window)
+        return 0 if newest is None else newest
 
 
 class Bound:

@@ -139,15 +139,17 @@ class Counters:
         s[S_BATCHES] += 1
         s[S_ROWS] += n
 
-    def stale(self, staleness: np.ndarray) -> None:
-        """Rows with these stalenesses were sampled (by version): shared words, stored
-        without the lock, so processes that sample at the same instant may lose a count
-        now and then (diagnostics, as the shared slot's)."""
-        if self.present and len(staleness):
+    def stale(self, newest: int, versions: np.ndarray) -> None:
+        """Rows of these versions were sampled by version, staleness ``newest - version``
+        (negative for a row newer than the version a sample counted from): shared
+        words, stored without the lock, so processes that sample at the same instant may
+        lose a count now and then (diagnostics, as the shared slot's)."""
+        n = len(versions)
+        if self.present and n:
             h = self.head
-            h[H_STALE_ROWS] += len(staleness)
-            h[H_STALE_SUM] += int(staleness.sum())
-            h[H_STALE_MAX] = max(int(h[H_STALE_MAX]), int(staleness.max()))
+            h[H_STALE_ROWS] += n
+            h[H_STALE_SUM] += n * newest - int(versions.sum())
+            h[H_STALE_MAX] = max(int(h[H_STALE_MAX]), newest - int(versions.min()))
 
     def staleness(self) -> dict[str, Any] | None:
         """``{"rows", "mean", "max"}`` of the rows sampled by version (None: none yet)."""

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -76,10 +77,10 @@ class Recent(Sampler):
     row of staleness ``s`` (from ``newest``) is kept with probability ``table[s]``."""
 
     def __init__(self, engine: Any, bound: int, starts: dict[str, Any], window: Any = None,
-                 newest: int = 0, table: np.ndarray | None = None) -> None:
+                 newest: int = 0, table: np.ndarray | None = None, view: np.ndarray | None = None) -> None:
         self.engine, self.bound, self.memo, self.window = engine, bound, starts, window
         self.fields = engine.fields
-        self.versions = engine.view(FIELD)
+        self.versions = engine.view(FIELD) if view is None else view  # (a handle passes the one it keeps)
         self.lc = engine.layout.lane_capacity
         self.delay = 0.0
         self.newest, self.table = newest, table
@@ -114,9 +115,9 @@ class Recent(Sampler):
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         lo, head = self.window if rounds == 0 and self.window is not None else self.engine.window()
-        start = self.starts(lo, head)
-        sizes = head - start
-        total = int(sizes.sum())
+        start, ends = self.starts(lo, head).tolist(), head.tolist()  # (Python ints: a few lanes)
+        sizes = [h - a for a, h in zip(start, ends)]
+        total = sum(sizes)
         if total == 0:  # none yet: wait for them (SampleTimeout at the deadline)
             newest = [int(self.versions[i * self.lc + (h - 1) % self.lc]) for i, h in enumerate(head.tolist()) if h]
             self.hint = (f": no row has a version >= {self.bound} (the buffer holds {int((head - lo).sum())} "
@@ -124,19 +125,24 @@ class Recent(Sampler):
             time.sleep(self.delay)
             self.delay = min(max(self.delay * 2, 50e-6), 2e-3)
             return None
+        # row floor(u * total) of the lanes' qualifying rows, in lane order (as the core's draw)
         x = (self.engine.rng.random(len(todo) + self.spare(len(todo), rounds)) * total).astype(np.int64)
-        cum = np.cumsum(sizes)
-        lane = np.searchsorted(cum, x, side="right")
-        return lane, start[lane] + x - (cum - sizes)[lane]
+        cum = list(itertools.accumulate(sizes))
+        lane = np.array(cum).searchsorted(x, side="right")
+        x += np.array([a - c + z for a, c, z in zip(start, cum, sizes)])[lane]  # less the lanes before, from start
+        return lane, x
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
         m = len(out[FIELD])
         if drawn is None:
             return np.zeros(m, bool)
         ok = self.engine.gather(drawn[0], drawn[1], 1, [out[f.name] for f in self.fields])
-        recent = out[FIELD] >= self.bound  # (on the copy: a row overwritten meanwhile fails its stamps)
+        got = out[FIELD]  # (the version checked on the copy: a row overwritten meanwhile fails its stamps)
+        if self.table is None and ok is None and m and int(got.min()) >= self.bound:
+            return None  # (the usual case: one reduction)
+        recent = got >= self.bound
         if self.table is not None:  # kept with the probability of its staleness
-            keep = self.engine.rng.random(m) < self.table[np.clip(self.newest - out[FIELD], 0, len(self.table) - 1)]
+            keep = self.engine.rng.random(m) < self.table[np.clip(self.newest - got, 0, len(self.table) - 1)]
             self.kept = 0.5 * self.kept + 0.5 * float(keep.mean())
             recent &= keep
         if ok is None:

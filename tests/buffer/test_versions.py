@@ -257,3 +257,14 @@ def test_rows_since_and_newest_version_say_what_a_sample_draws_from(name):
     with shmbuf.Buffer.create(X, 8, name=name + "-plain") as plain:
         with pytest.raises(ValueError, match="are for a buffer created with versions=True"):
             plain.rows_since(0)
+
+
+def test_a_restore_with_the_same_window_moves_the_newest_version(name):
+    """The newest row's version is remembered per window; a restore that leaves every
+    lane's window as it was still changes it (and a sample by staleness sees that)."""
+    with versioned(name, capacity=16) as buf, versioned(name + "-b", capacity=16) as other:
+        fill(buf, [1, 2])
+        fill(other, [5, 6])
+        assert set(buf.sample(50, max_staleness=0)["version"].tolist()) == {2}
+        buf.load_state_dict(other.state_dict())
+        assert set(buf.sample(50, max_staleness=0)["version"].tolist()) == {6}
