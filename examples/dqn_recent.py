@@ -90,7 +90,7 @@ def learn(args):
     rb.bind(weights)  # max_staleness counts from the weights the learner published last
     returns, solved_at, updates, start = [], None, 0, time.time()
     with shmbuf.Actors(act, rb, ACTORS, weights=weights, seed=args["seed"], args=(args,)) as actors:
-        while solved_at is None and time.time() - start < args["seconds"]:
+        while (solved_at is None and time.time() - start < args["seconds"]) or updates < args.get("min_updates", 0):
             for r in actors.reports():
                 returns += r["returns"]
             if len(returns) >= 20 and np.mean(returns[-20:]) >= 475:

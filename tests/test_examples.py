@@ -32,7 +32,7 @@ def test_ppo_with_async_actors_takes_every_unroll_once():
 def test_async_dqn_samples_only_recent_policy_rows():
     import dqn_recent
 
-    args = {"seed": 1, "total_timesteps": 60000, "seconds": 8.0, "learning_rate": 2.5e-4, "buffer_size": 4000,
+    args = {"seed": 1, "total_timesteps": 60000, "seconds": 0.0, "min_updates": 3, "learning_rate": 2.5e-4, "buffer_size": 4000,
             "gamma": 0.99, "target_network_frequency": 500, "batch_size": 32, "start_e": 1.0, "end_e": 0.05,
             "exploration_fraction": 0.5, "learning_starts": 300, "train_frequency": 10, "max_staleness": 5}
     got = dqn_recent.learn(args)
