@@ -2,7 +2,7 @@
 CartPole steps into their node's shard; a learner samples prioritized n-step batches
 from all shards, fits a linear Q-function and sends the new priorities back.
 
-    pip install 'shmbuf[ray]'
+    pip install '.[ray]'        # from a clone
     python examples/ray_apex.py                     # a 2-node Ray cluster simulated here
     python examples/ray_apex.py --address auto      # a real cluster (ray start ...)
 

@@ -18,9 +18,11 @@ from shmbuf.core.ratelimit import RateLimit, RateLimitTimeout
 from shmbuf.core.ring import WriteTimeout
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.segment import ShmSpaceError
+from shmbuf.core.native import PurePythonWarning, path as implementation
 from shmbuf.spaces import fields_from_spaces
 from shmbuf.version import __version__  # noqa: F401
 from shmbuf.actors.weights import Weights
 
 __all__ = ["Buffer", "LaneWriter", "Actors", "Actor", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
-           "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError"]
+           "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError",
+           "PurePythonWarning", "implementation"]

@@ -49,7 +49,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(str(venv)), f"shmbuf was not imported from the wheel: {where.stdout}"
-    for args in (["--help"], ["--version"], ["demo", "--help"]):
+    meta = zipfile.ZipFile(wheel).read(next(n for n in packaged if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: MIT" in meta and "Classifier: Operating System :: POSIX :: Linux" in meta
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in packaged)
+    assert all(f"Provides-Extra: {e}" in meta for e in ("sb3", "torchrl", "bench", "all"))
+    for args in (["--help"], ["--version"], ["demo", "--help"], ["doctor"]):
         res = subprocess.run([str(venv / "bin" / "shmbuf"), *args], capture_output=True, text=True,
                              env=env, timeout=120)
         assert res.returncode == 0, (args, res.stderr)
@@ -59,6 +63,27 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1000 (256, 4) True"
+
+
+@pytest.mark.timeout(300)
+def test_the_sdist_holds_what_a_build_needs_and_builds_alone(tmp_path):
+    """The sdist carries the package, the C sources, the license and no tests (they run
+    from a clone), and a wheel builds from it alone."""
+    import tarfile
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "results", "__pycache__"))
+    subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b, sys; b.build_sdist(sys.argv[1])",
+                    str(tmp_path / "sdist")], check=True, capture_output=True, timeout=240, cwd=src)
+    sdist = next((tmp_path / "sdist").glob("shmbuf-*.tar.gz"))
+    names = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+    assert "LICENSE" in names and "shmbuf/core/_native.c" in names and "shmbuf/core/csrc/ring.h" in names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(sdist)], check=True, capture_output=True,
+                   timeout=240, cwd=tmp_path)
+    assert list((tmp_path / "dist").glob("shmbuf-*.whl"))
 
 
 def test_import_shmbuf_imports_no_optional_dependency():

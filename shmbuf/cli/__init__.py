@@ -1,5 +1,5 @@
 """The shmbuf command: live buffers (ls, info, stat, watch), snapshots (save, load),
-removal (rm, gc), and the demo.
+removal (rm, gc), the demo, and doctor (what this installation runs on).
 
 Every command works from any process: buffers are found by name in /dev/shm (in the
 namespace of $SHMBUF_NAMESPACE, if set), or, for a name with a ``/``, at that file path. One module per group of verbs: ``show``,
@@ -38,7 +38,7 @@ def _positive(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from shmbuf.cli import remove, saves, show
+    from shmbuf.cli import doctor, remove, saves, show
 
     p = argparse.ArgumentParser(
         prog="shmbuf", description="A replay buffer in shared memory that many processes write "
@@ -60,6 +60,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--capacity", type=int, default=100_000, help="buffer rows (default 100000)")
     c.add_argument("--batch", type=int, default=256, help="rows per sampled batch (default 256)")
     c.set_defaults(run=_demo)
+    c = sub.add_parser("doctor", help="which path runs, /dev/shm's space, the optional dependencies",
+                       description="Say what this installation runs on: the native (C) or the "
+                       "pure-Python path and why, the extension's file, Python and numpy, the free "
+                       "space of /dev/shm, the namespace, and which optional dependencies are "
+                       "installed, with their versions.")
+    c.add_argument("--json", action="store_true", help="print JSON instead of text")
+    c.set_defaults(run=doctor.doctor)
     c = sub.add_parser("ls", help="list the buffers in /dev/shm (or the buffer files in DIRs)",
                        description="List this namespace's buffers (and shmbuf.Weights), or with DIR "
                        "the buffer files in each DIR: kind, rows, capacity, size, live writers, "

@@ -44,7 +44,8 @@ ENV = "SHMBUF_PURE_PYTHON"
 
 
 def path() -> str:
-    """``"native"`` or ``"python"``: the path a handle created now uses.
+    """``"native"`` or ``"python"``: the path a handle created now uses
+    (``shmbuf.implementation()``).
 
     ``SHMBUF_PURE_PYTHON``: ``1`` selects the pure-Python path; ``0``, empty or unset the
     native one where the extension is built. Any other value is a ``ValueError``."""
@@ -79,10 +80,28 @@ def _scalar_kind(f: Any) -> str:
     return "\0"
 
 
+class PurePythonWarning(RuntimeWarning):
+    """The C extension is not built: shmbuf runs its pure-Python path (about 3x slower)."""
+
+
+_warned = False
+
+
 def make_ring(layout: Layout, mem: Any, busy: np.ndarray, prefaulted: bytearray,
               is_alive: Any, write_timeout: type, lock_timeout: Any) -> Any:
-    """The C ring over ``mem`` (a mapped, validated ``layout``), or None on the Python path."""
+    """The C ring over ``mem`` (a mapped, validated ``layout``), or None on the Python
+    path (the first handle of a process without the extension warns, once, unless
+    ``SHMBUF_PURE_PYTHON=1`` asked for that path)."""
     if path() != "native":
+        global _warned
+        if _native is None and os.environ.get(ENV) != "1" and not _warned:
+            _warned = True
+            import warnings
+            warnings.warn(PurePythonWarning(
+                "shmbuf's C extension is not built (no C compiler at install time, or its build failed): "
+                "it runs its pure-Python path, about 3x slower. Install a C compiler (gcc) and reinstall "
+                f"shmbuf; `shmbuf doctor` says more. Set {ENV}=1 to choose that path and silence this."),
+                stacklevel=2)
         return None
     fields = [(f.name, np.dtype(f.dtype).type, f.offset, f.stride, f.row_bytes, f.dtype.itemsize,
                tuple(f.shape), _format(f.dtype), _scalar_kind(f)) for f in layout.fields]

@@ -7,7 +7,7 @@ not in their path. A learner anywhere samples: per-shard counts drawn on the sha
 sizes (or priority masses), sub-batches fetched in parallel through Ray's object store,
 dead or silent shards dropped (and back when they answer). Ray is imported when a
 ``ShardedBuffer`` is made or used, never by ``import shmbuf``; install it with
-``pip install 'shmbuf[ray]'``.
+``pip install '.[ray]'`` from a clone (shmbuf is not on the package index).
 """
 
 from shmbuf.ray.sharded import NAMESPACE, ShardedBuffer, ShardsUnavailable, ShardWarning

@@ -30,7 +30,7 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError("shmbuf.ray needs Ray: pip install 'shmbuf[ray]' (or pip install ray)") from None
+        raise ImportError("shmbuf.ray needs Ray: pip install ray (or, from a clone of shmbuf, pip install '.[ray]')") from None
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialised in this process: call ray.init() (ray.init(address='auto') "
                            "to join a running cluster) before using a ShardedBuffer")

@@ -1,0 +1,84 @@
+"""``shmbuf doctor``: what this installation runs on, for a bug report or a slow run.
+
+Which path a handle made now would use (the C extension, or pure Python, and why),
+the extension's file, Python and numpy, the space of ``/dev/shm``, the namespace, and
+which optional dependencies are installed (their versions, read from their metadata:
+nothing is imported). Exit status 0; ``--json`` prints the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+EXTRAS = {  # extra: the distributions it installs (pip install 'shmbuf[EXTRA]')
+    "torch": ["torch"], "gym": ["gymnasium"], "hdf5": ["h5py"], "safetensors": ["safetensors"],
+    "ray": ["ray"], "sb3": ["stable-baselines3"], "torchrl": ["torchrl", "tensordict"], "bench": ["cpprb"]}
+
+
+def report() -> dict[str, Any]:
+    """The facts ``shmbuf doctor`` prints."""
+    import numpy as np
+
+    from shmbuf import __version__
+    from shmbuf.core import native, segment
+
+    ext = native.extension()
+    path = native.path()
+    why = ("the C extension" if path == "native" else
+           f"{native.ENV}=1 is set" if ext is not None else
+           "the C extension is not built (no C compiler at install time, or its build failed): about 3x "
+           "slower; install a C compiler (gcc) and reinstall shmbuf")
+    free = segment.free_bytes()
+    try:
+        st = os.statvfs(segment.SHM_DIR)
+        total = st.f_blocks * st.f_frsize
+    except OSError:
+        total = None
+    found = {}
+    for extra, dists in EXTRAS.items():
+        for d in dists:
+            try:
+                found[d] = metadata.version(d)
+            except metadata.PackageNotFoundError:
+                found[d] = None
+    return {"shmbuf": __version__, "path": path, "why": why,
+            "extension": getattr(ext, "__file__", None), "python": sys.version.split()[0],
+            "platform": platform.platform(), "numpy": np.__version__,
+            "dev_shm": {"free_bytes": free, "total_bytes": total},
+            "namespace": os.environ.get(segment.NAMESPACE_ENV) or None,
+            "optional": found, "missing_extras": sorted(e for e, ds in EXTRAS.items() if any(found[d] is None for d in ds))}
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    r = report()
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    shm = r["dev_shm"]
+    lines = [f"shmbuf {r['shmbuf']} on Python {r['python']}, numpy {r['numpy']} ({r['platform']})",
+             f"path: {r['path']} ({r['why']})",
+             f"extension: {r['extension'] or 'not built'}",
+             f"/dev/shm: {_size(shm['free_bytes'])} free of {_size(shm['total_bytes'])}",
+             f"namespace: {r['namespace'] or '(none)'}",
+             "optional: " + ", ".join(f"{d} {v}" if v else f"{d} (not installed)" for d, v in r["optional"].items())]
+    if r["missing_extras"]:
+        lines.append("missing extras: " + ", ".join(r["missing_extras"])
+                     + " (from a clone: pip install '.[EXTRA]'; shmbuf is not on the package index)")
+    print("\n".join(lines))
+    return 0
