@@ -14,7 +14,7 @@ from benchmarks import peers
 from benchmarks import report
 from benchmarks import run
 
-pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
+pytestmark = [pytest.mark.one_path, pytest.mark.slow]  # (scripts/test runs it on one path; --quick not at all)
 
 TINY = peers.Workload("tiny", 2048, {
     "obs": ((3,), np.float32), "next_obs": ((3,), np.float32), "action": ((2,), np.float32),

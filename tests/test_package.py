@@ -20,6 +20,7 @@ pytestmark = pytest.mark.one_path  # (scripts/test runs it on one path)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     src = tmp_path / "src"  # a clean copy: no build/ left over from an earlier build
@@ -65,6 +66,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert res.stdout.strip() == "1000 (256, 4) True"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_sdist_holds_what_a_build_needs_and_builds_alone(tmp_path):
     """The sdist carries the package, the C sources, the license and no tests (they run

@@ -214,6 +214,7 @@ FILL_IN_CGROUP = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_buffer_four_times_larger_than_the_memory_limit_fills_and_samples(tmp_path):
     limit, rows = 64 << 20, 4096  # 256 MiB of frames in a process limited to 64 MiB
@@ -347,6 +348,7 @@ FILL_THE_DISK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_buffer_file_on_btrfs_is_no_cow_and_a_full_disk_never_kills_its_writer(btrfs):
     """Trust round 3, item 8: on btrfs a rewrite needs new blocks (copy-on-write), which
     the reservation at create does not cover: once the disk was full, writes through the
