@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from shmbuf.core.batch import rows_of
 from shmbuf.samplers.recent import FIELD, Recent, freshness_table, weights
 
 
@@ -99,13 +100,7 @@ class Versions:
         if FIELD in data:
             raise ValueError(f"{FIELD!r} is kept by shmbuf: pass version= (or bind a shmbuf.Weights)")
         v = self.pending = self.current(version)
-        if single:
-            return {**data, FIELD: v}
-        try:
-            rows = len(next(iter(data.values())))
-        except (TypeError, StopIteration):
-            rows = 0  # (the schema check explains a bad batch)
-        return {**data, FIELD: np.full(rows, v, np.int64)}
+        return {**data, FIELD: v if single else np.full(rows_of(data), v, np.int64)}
 
     def commit(self) -> None:
         """The write stamped last was written: its version is the handle's floor now
@@ -130,7 +125,7 @@ class Versions:
         lag limit) returned, their mean and largest staleness (None: none yet)."""
         stats["sampled_staleness"] = engine.counters.staleness()
         lo, head = engine.window()
-        view, lc = engine.view(FIELD), engine.layout.lane_capacity
+        view, lc = self.raw(engine), engine.layout.lane_capacity
         for i, d in enumerate(stats["lanes"]):
             d["newest_version"] = int(view[i * lc + (head[i] - 1) % lc]) if head[i] > lo[i] else None
 

@@ -13,6 +13,15 @@ from shmbuf.core import validate
 Batch = dict[str, np.ndarray]
 
 
+def rows_of(data: Any) -> int:
+    """The rows of a batch (a mapping of fields), as its first field's length says; 0 if
+    it has none or that field has no length (the schema check then explains the batch)."""
+    try:
+        return len(next(iter(data.values())))
+    except (TypeError, StopIteration):
+        return 0
+
+
 def count(value: Any, what: str, minimum: int = 0) -> int:
     """``value`` as an int >= ``minimum``; ``TypeError``/``ValueError`` naming ``what``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

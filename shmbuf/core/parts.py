@@ -33,6 +33,7 @@ from typing import Any, ContextManager, Mapping
 
 import numpy as np
 
+from shmbuf.core.batch import rows_of
 from shmbuf.core.tables import BeyondHorizon
 
 
@@ -110,13 +111,7 @@ class Counted(Replay):
             return data  # (the schema check explains what is wrong)
         if TIMES in data:
             raise ValueError(f"{TIMES!r} is kept by shmbuf: it counts the samples that returned each row")
-        if single:
-            return {**data, TIMES: 0}
-        try:
-            rows = len(next(iter(data.values())))
-        except (TypeError, StopIteration):
-            rows = 0  # (the schema check explains a bad batch)
-        return {**data, TIMES: np.zeros(rows, np.int64)}
+        return {**data, TIMES: 0 if single else np.zeros(rows_of(data), np.int64)}
 
     def stats(self) -> dict[str, Any]:
         """``rows_used_up``: rows held that ``max_times_sampled`` samples returned (a scan)."""

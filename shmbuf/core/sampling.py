@@ -79,16 +79,24 @@ def draw_windows(ring: Ring, rng: np.random.Generator, n: int, length: int,
     total = sum(starts)
     if not total:
         _check_enough(lo, head, length)  # raises
-    # Window floor(u * total) of all lanes' windows, in lane order. For uniform floats u
-    # this is as uniform as integers() (bias below total / 2**53) and twice as fast.
-    x = (rng.random(n) * total).astype(np.int64)
     if ring.lanes == 1:
+        x = (rng.random(n) * total).astype(np.int64)  # (as draw_in's, without the lanes)
         x += lo[0]
         return 0, x, lo
-    cum = list(itertools.accumulate(starts))
-    lane = np.array(cum).searchsorted(x, side="right")
-    x += np.array([l - c + s for l, c, s in zip(lo, cum, starts)])[lane]  # minus the windows of lower lanes, plus lo
+    lane, x = draw_in(rng, n, lo, starts)
     return lane, x, lo
+
+
+def draw_in(rng: np.random.Generator, n: int, first: Sequence[int], sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` draws uniform over the lanes' ranges ``first[i] .. first[i] + sizes[i]`` (Python
+    ints, a total above 0): their lanes and sequence numbers. Position floor(u * total)
+    of all ranges, in lane order: for uniform floats u as uniform as ``integers()``
+    (bias below total / 2**53) and twice as fast. Every uniform draw of rows uses it."""
+    x = (rng.random(n) * sum(sizes)).astype(np.int64)
+    cum = list(itertools.accumulate(sizes))
+    lane = np.array(cum).searchsorted(x, side="right")
+    x += np.array([f - c + s for f, c, s in zip(first, cum, sizes)])[lane]  # less the lower lanes', from first
+    return lane, x
 
 
 _REWINDABLE = (np.random.PCG64, np.random.PCG64DXSM)  # (one 64-bit output per random())

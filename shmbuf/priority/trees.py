@@ -39,6 +39,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core import native, sampling
+from shmbuf.core.batch import rows_of
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.seqlock import read_stable
 from shmbuf.core.engine import Engine
@@ -332,10 +333,7 @@ class Trees:
         if axis is None:
             p: Any = 0.0 if priority is None else float(check_values(priority, 1, "priority")[0])
         else:
-            try:
-                rows = len(next(iter(data.values())))
-            except (TypeError, StopIteration):
-                rows = 0  # (the schema check explains a bad batch)
+            rows = rows_of(data)
             if priority is None:
                 p = np.zeros(rows)
             else:

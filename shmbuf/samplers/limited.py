@@ -45,6 +45,7 @@ from shmbuf.core.engine import Engine
 from shmbuf.core.lock import LockTimeout
 from shmbuf.core.parts import TIMES
 from shmbuf.core.read import Sampler, read
+from shmbuf.core.sampling import draw_in
 from shmbuf.samplers.uniform import Uniform
 
 LOCK_FLOOR = 0.05  # seconds a count waits for the header lock, even at its deadline
@@ -128,10 +129,7 @@ class Counts(Sampler):
             raise ValueError("cannot sample from an empty buffer: add rows first")
         m = len(todo)
         if rounds < 2:  # uniform over the window (rows used up are turned down by the count)
-            x = (self.engine.rng.random(m) * total).astype(np.int64)
-            cum = np.cumsum(sizes)
-            lane = np.searchsorted(cum, x, side="right")
-            return lane, lo[lane] + x - (cum - sizes)[lane]
+            return draw_in(self.engine.rng, m, lo.tolist(), sizes.tolist())
         # many turned down: draw from the rows not used up (a scan of the counts: a guide)
         lanes = np.repeat(np.arange(len(lo)), sizes)
         seqs = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), head.tolist())])

@@ -34,13 +34,13 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
 import numpy as np
 
 from shmbuf.core.read import Sampler
+from shmbuf.core.sampling import draw_in
 
 FIELD = "version"
 
@@ -125,12 +125,7 @@ class Recent(Sampler):
             time.sleep(self.delay)
             self.delay = min(max(self.delay * 2, 50e-6), 2e-3)
             return None
-        # row floor(u * total) of the lanes' qualifying rows, in lane order (as the core's draw)
-        x = (self.engine.rng.random(len(todo) + self.spare(len(todo), rounds)) * total).astype(np.int64)
-        cum = list(itertools.accumulate(sizes))
-        lane = np.array(cum).searchsorted(x, side="right")
-        x += np.array([a - c + z for a, c, z in zip(start, cum, sizes)])[lane]  # less the lanes before, from start
-        return lane, x
+        return draw_in(self.engine.rng, len(todo) + self.spare(len(todo), rounds), start, sizes)
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
         m = len(out[FIELD])
