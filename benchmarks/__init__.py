@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a buffer in a file against /dev/shm, against TorchRL's LazyMemmapStorage "
                    "larger than memory, and resume times (only: that part alone; see benchmarks.storage)")
     p.add_argument("--storage-dir", default=None, help="where the storage part's files go (default: $TMPDIR)")
+    p.add_argument("--sweep", action="store_true",
+                   help="only the figures the docs' plots draw: writers 1-4 and buffer sizes "
+                   "(see benchmarks.sweep; scripts/plots draws its JSON)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -39,6 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     kw = {k: v for k, v in {"repeats": a.repeats, "window": a.window, "e2e_window": a.e2e_window}.items()
           if v is not None}
+    peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
+    peers = [p for p in peers if _installed(p)]
+    if a.sweep:
+        from benchmarks import sweep
+        res = sweep.run([p for p in peers if p in ("shmbuf", "shmbuf-py", "cpprb", "naive", "numpy")], a.quick)
+        print(sweep.markdown(res))
+        print(f"\nsaved {sweep.save(res, a.results)}", file=sys.stderr)
+        return 0
     if a.storage != "no":
         from benchmarks import storage
         stored = storage.run(a.storage_dir, a.quick)
@@ -46,7 +57,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"saved {storage.save(stored, a.results)}", file=sys.stderr)
         if a.storage == "only":
             return 0
-    peers = a.peers.split(",") + (["torchrl", "sb3"] if a.torch else [])
     cfg = run.Config.make(a.quick, workloads=tuple(a.workloads.split(",")), peers=tuple(peers),
                           episodes=a.episodes, strategies=a.strategies, **kw)
     res = run.run(cfg)
@@ -57,3 +67,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f.write(text + "\n")
     print(f"\nsaved {path}", file=sys.stderr)
     return 0
+
+
+# the peers that need a package of their own (scripts/bench installs cpprb; --torch the others)
+PACKAGES = {"cpprb": "cpprb", "torchrl": "torchrl", "sb3": "stable_baselines3"}
+
+
+def _installed(peer: str) -> bool:
+    """Whether ``peer`` can run here; says on stderr which peer it leaves out, and why."""
+    import importlib.util
+    import sys
+
+    pkg = PACKAGES.get(peer)
+    if pkg is None or importlib.util.find_spec(pkg) is not None:
+        return True
+    print(f"scripts/bench: skipping the peer {peer}: the package {pkg} is not installed "
+          f"(pip install '.[bench]' for cpprb; scripts/bench --torch installs torchrl and "
+          f"stable-baselines3)", file=sys.stderr)
+    return False

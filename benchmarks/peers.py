@@ -123,9 +123,9 @@ class ShmbufSystem(System):
 
     LANES = 2
 
-    def __init__(self, wl: Workload, pure: bool = False) -> None:
+    def __init__(self, wl: Workload, pure: bool = False, lanes: int = LANES) -> None:
         super().__init__(wl)
-        self.pure = pure
+        self.pure, self.LANES = pure, lanes
         self.name = "shmbuf-py" if pure else "shmbuf"
         with _path(pure):
             self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0,

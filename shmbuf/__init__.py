@@ -1,6 +1,6 @@
 """shmbuf: a replay buffer in shared memory that many processes write and sample at once.
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> with shmbuf.Buffer.create({"obs": ((4,), np.float32)}, capacity=8, seed=0) as buf:
     ...     buf.extend({"obs": np.ones((3, 4))})

@@ -60,7 +60,7 @@ def export_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: s
     """Write every complete episode of ``ebuf`` (writers may keep writing) to a new HDF5
     file at ``path``; returns how many. ``compression``: an h5py filter (``"gzip"``).
 
-    Example:
+    Examples:
         >>> import tempfile, os, numpy as np, shmbuf
         >>> buf = shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "action": ((), "int64"),
         ...                                    "reward": ((), "float32")}, 32)

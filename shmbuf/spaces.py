@@ -19,7 +19,7 @@ MultiBinary(n)         ``(shape, space.dtype)`` (int8)
 :func:`unflatten` turns a sampled batch back into the nesting (tuples back into tuples
 when given the space).
 
-Example:
+Examples:
     >>> from gymnasium import spaces
     >>> obs = spaces.Dict({"pos": spaces.Box(-1, 1, (3,)), "grip": spaces.Discrete(2)})
     >>> fields_from_spaces(obs, spaces.Discrete(4))  # doctest: +NORMALIZE_WHITESPACE
@@ -100,7 +100,7 @@ def flatten(values: Mapping[str, Any]) -> dict[str, Any]:
     b, "action": c}``: dicts and tuples (lists) of arrays become dotted keys; arrays
     (any leading axes) are left as they are.
 
-    Example:
+    Examples:
         >>> flatten({"obs": {"pos": [0.1, 0.2], "pair": (1, 2)}, "reward": 1.0})
         {'obs.pos': [0.1, 0.2], 'obs.pair.0': 1, 'obs.pair.1': 2, 'reward': 1.0}
     """
@@ -128,7 +128,7 @@ def unflatten(batch: Mapping[str, Any], **spaces: Any) -> dict[str, Any]:
     space is given for a top-level key (``obs=env.observation_space``), a ``Tuple``
     space's part comes back as a tuple, and the keys keep the space's order.
 
-    Example:
+    Examples:
         >>> b = unflatten({"obs.pos": 1, "obs.vel": 2, "reward": 3})
         >>> b
         {'obs': {'pos': 1, 'vel': 2}, 'reward': 3}

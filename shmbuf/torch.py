@@ -66,7 +66,7 @@ def as_tensors(batch: Mapping[str, Any], device: Any = None, dtype: Any = None) 
     torch.float32}`` as stable-baselines3 hands out dones. ``device``: where the
     tensors go (``"cuda"``: one copy each, asynchronous from pinned memory).
 
-    Example:
+    Examples:
         >>> import numpy as np, torch
         >>> b = {"obs": np.zeros((2, 3), np.float32), "done": np.array([True, False])}
         >>> t = as_tensors(b)
@@ -107,7 +107,7 @@ class TorchSampler:
     ``dtype`` as in :func:`as_tensors`. ``timeout``: how long one sample may wait
     (default: the buffer handle's), and so a ``next()``.
 
-    Example:
+    Examples:
         >>> import numpy as np, shmbuf
         >>> buf = shmbuf.Buffer.from_data({"obs": np.ones((10, 3), np.float32)})
         >>> with TorchSampler(buf, batch_size=4, seed=0) as batches:

@@ -10,8 +10,10 @@ checks the run's namespace as a whole at the end."""
 from __future__ import annotations
 
 import gc
+import getpass
 import os
 import signal
+import tempfile
 import uuid
 
 import pytest
@@ -50,6 +52,21 @@ def no_leaked_segments():
     for name in leaked:
         segment.unlink_name(name)
     assert not leaked, f"the suite left shared-memory segments behind: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_temp_files():
+    """Under scripts/test the run has a temporary directory of its own (``TMPDIR``, named
+    in ``SHMBUF_TEST_TMPDIR``): whatever a test, a doctest, a docs page or a child
+    process leaves there fails the session (pytest's own ``pytest-of-<user>`` aside)."""
+    tmp = tempfile.gettempdir()
+    mine = os.environ.get("SHMBUF_TEST_TMPDIR") == tmp
+    before = set(os.listdir(tmp)) if mine else set()
+    yield
+    if mine:
+        gc.collect()
+        left = set(os.listdir(tmp)) - before - {f"pytest-of-{getpass.getuser()}"}
+        assert not left, f"the suite left files in {tmp}: {sorted(left)}"
 
 
 def pytest_generate_tests(metafunc):

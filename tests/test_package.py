@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     src = tmp_path / "src"  # a clean copy: no build/ left over from an earlier build
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "results", "__pycache__"))
+        ".git", ".venv*", "site", "build", "dist", "*.egg-info", "results", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True,
                    timeout=240, cwd=tmp_path)
@@ -75,7 +75,7 @@ def test_the_sdist_holds_what_a_build_needs_and_builds_alone(tmp_path):
 
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "results", "__pycache__"))
+        ".git", ".venv*", "site", "build", "dist", "*.egg-info", "results", "__pycache__"))
     subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b, sys; b.build_sdist(sys.argv[1])",
                     str(tmp_path / "sdist")], check=True, capture_output=True, timeout=240, cwd=src)
     sdist = next((tmp_path / "sdist").glob("shmbuf-*.tar.gz"))

@@ -31,15 +31,12 @@ def test_readme_names_the_two_commands():
     assert "scripts/demo" in head and "scripts/test" in head
 
 
-def test_readme_priority_and_her_examples_run(tmp_path):
-    """The prioritized DQN-style loop and the HER example run as written (they make
-    buffers with fixed names: this run's namespace keeps them apart from others')."""
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-              if ("update_priorities" in b or "shmbuf.HER(" in b) and "shmbuf.ray" not in b]
-    assert len(blocks) == 2
-    for i, code in enumerate(blocks):
-        script = tmp_path / f"example{i}.py"
-        script.write_text(code)
-        res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, res.stderr
-        assert res.stderr == ""
+def test_readme_is_short_and_its_links_resolve():
+    """The README stays a page (the documentation is the site in docs/), and every
+    relative link in it names a file of the repository."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert any(l.startswith("docs/") for l in links)
+    missing = [l for l in links if "://" not in l and not (README.parent / l).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"

@@ -33,7 +33,7 @@ the lanes its predecessor claimed are free again (their claimer is dead), so it
 claims them: **no lane freezes** with a dead actor's old rows being sampled forever.
 A dead actor's rows stay in the buffer until new rows overwrite them.
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 64, lanes=2)
     >>> with shmbuf.Actors(shmbuf.actors.example_actor, buf, 2) as actors:

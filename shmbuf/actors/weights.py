@@ -20,7 +20,7 @@ A restarted learner calls :meth:`Weights.create` with ``exist_ok=True`` (same sc
 it takes over the segment) or creates a new one of the same name after the old creator
 has gone; actors notice a new segment under the name and switch to it by themselves.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> learner = Weights.create("doc-policy", {"w": np.zeros((2, 2), np.float32), "b": np.zeros(2)})
     >>> learner.publish({"w": np.ones((2, 2)), "b": [1.0, 2.0]})

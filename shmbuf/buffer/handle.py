@@ -38,7 +38,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
     returns a row that is half written, reserved but unwritten, or overwritten while
     it was copied. A process killed at any point never blocks the others.
 
-    Example:
+    Examples:
         >>> import numpy as np, shmbuf
         >>> fields = {"obs": ((3,), np.float32), "reward": ((), np.float32)}
         >>> with shmbuf.Buffer(fields, capacity=100, seed=0) as buf:
@@ -135,7 +135,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             OSError: ``path`` is on a network or FUSE file system (refused).
             ValueError, TypeError: a bad schema, capacity, lanes, seed, timeout or persist.
 
-        Example:
+        Examples:
             >>> buf = Buffer.create({"x": ((), "int64")}, 10, name="doc-create")
             >>> buf.capacity, buf.name
             (10, 'doc-create')
@@ -201,7 +201,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             FormatError: the segment is not a (complete, compatible, intact) shmbuf
                 buffer; everything read from it is checked.
 
-        Example:
+        Examples:
             >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-attach")
             >>> Buffer.attach("doc-attach").fields
             {'x': ((), dtype('int64'))}
@@ -214,7 +214,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         """Attach as an observer (``shmbuf ls``, ``stat``, ``watch``): a handle that takes
         no stats slot and no lock, for reading facts and counters without changing them.
 
-        Example:
+        Examples:
             >>> owner = Buffer.create({"x": ((), "int64")}, 10, name="doc-observe")
             >>> Buffer.observe("doc-observe").capacity
             10
@@ -246,7 +246,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         last ``capacity`` rows. Arrays are copied; dtypes are kept. The buffer has one
         lane (``lanes=`` is refused: create a multi-lane buffer and ``extend`` each lane).
 
-        Example:
+        Examples:
             >>> buf = Buffer.from_data({"x": np.arange(4)})
             >>> len(buf), buf.is_full
             (4, True)
@@ -294,7 +294,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         created with ``versions=True`` (default: the bound ``Weights``' version; see
         :mod:`shmbuf.buffer.versions`).
 
-        Example:
+        Examples:
             >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
             >>> buf.add({"obs": [0.5, 1.5], "done": False}); len(buf)
             1
@@ -322,7 +322,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         which keeps only the last ``lane_capacity`` of them. Values are checked before
         anything is written: on any error the buffer is unchanged.
 
-        Example:
+        Examples:
             >>> buf = Buffer.create({"x": ((), "int64")}, 3, seed=0)
             >>> buf.extend({"x": np.arange(5)}, truncate_ok=True)
             >>> sorted(buf.sample(50)["x"].tolist())[0]
@@ -377,7 +377,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
         :mod:`shmbuf.samplers.recent`.
 
-        Example:
+        Examples:
             >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
             >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
             ((4,), dtype('int64'))

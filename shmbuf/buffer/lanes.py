@@ -41,7 +41,7 @@ class Lanes:
         process: a lane whose claimer died can be claimed again. Without arguments,
         a multi-lane buffer's first write claims a lane by itself.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4, lanes=2)
             >>> buf.claim_lane()
@@ -58,7 +58,7 @@ class Lanes:
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4, lanes=2)
             >>> with buf.writer() as w:

@@ -43,7 +43,7 @@ class Properties:
         The memory stays valid for this handle until it closes, but nobody new can
         attach: a worker that sees True can stop writing. One system call.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4)
             >>> buf.unlinked

@@ -61,7 +61,7 @@ class Queues:
         ``stats()["rows_stale"]`` and never delivered, to this take or a later one;
         every other row is still delivered exactly once.
 
-        Example:
+        Examples:
             >>> import shmbuf
             >>> q = shmbuf.Buffer.create({"x": ((), "int64")}, 8, mode="queue")
             >>> q.extend({"x": [1, 2, 3]})

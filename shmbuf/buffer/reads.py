@@ -27,7 +27,7 @@ class Reads:
         1e-6``, say). Rows overwritten since they were sampled are skipped (the new row
         in their slot keeps its own priority); returns how many were set.
 
-        Example:
+        Examples:
             >>> from shmbuf import Buffer
             >>> buf = Buffer.create({"x": ((), "int64")}, 4, priority=1.0, seed=0)
             >>> buf.extend({"x": [0, 1, 2, 3]})
@@ -50,7 +50,7 @@ class Reads:
         contains an unpublished row, and never mixes lanes. Windows may cross episode
         boundaries. Returns ``{name: (batch, length, *shape)}``.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from shmbuf import Buffer
             >>> buf = Buffer.from_data({"t": np.arange(5)}, capacity=5, seed=0)

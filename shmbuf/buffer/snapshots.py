@@ -25,7 +25,7 @@ class Snapshots:
         """Forget every row (all lanes). Safe while writers run: their rows in flight
         land after the clear and count as new.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> buf = shmbuf.Buffer.from_data({"x": np.arange(3)}); buf.clear(); len(buf)
             0
@@ -43,7 +43,7 @@ class Snapshots:
         what the disk takes to write them. Writers and samplers go on meanwhile. For a
         buffer in ``/dev/shm`` (gone at a restart anyway) it does nothing.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf, tempfile, os
             >>> tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "doc.shmbuf")
             >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, path=path)
@@ -65,7 +65,7 @@ class Snapshots:
         :meth:`~shmbuf.buffer.versions.Versions.describe`). ``shmbuf stat NAME`` prints
         the same from a shell.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> buf = shmbuf.Buffer.from_data({"x": np.arange(4)})
             >>> _ = buf.sample(3); s = buf.stats()
@@ -87,7 +87,7 @@ class Snapshots:
         :meth:`load_state_dict` on a buffer with the same fields, capacity and lanes
         restores it; the following samples are then identical.
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> a = shmbuf.Buffer.from_data({"x": np.arange(5)}, seed=1)
             >>> b = shmbuf.Buffer.create(a.fields, 5)
@@ -128,7 +128,7 @@ class Snapshots:
         replaces an earlier save. ``progress``: a progress bar on stderr (default: on
         a terminal).
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> import tempfile, os
             >>> tmp = tempfile.TemporaryDirectory(); d = os.path.join(tmp.name, "replay")

@@ -15,7 +15,7 @@ def into(value: Any, dtype: np.dtype, key: str) -> np.ndarray:
     -> 1) as numpy's ``astype`` does, but NaN, infinities and values outside the integer
     type's range raise ``ValueError`` naming ``key``.
 
-    Example:
+    Examples:
         >>> into([1.9, -2.5], np.dtype(np.int32), "x").tolist()
         [1, -2]
     """

@@ -21,7 +21,7 @@ again), and a key a step lacks is written as zeros (fishyrl's keeps a stale valu
 ``Buffer`` is fishyrl's abstract base, which both classes implement. Behaviour of fishyrl
 at 06e66af (Oafish1/FishyRL).
 
-Example:
+Examples:
     >>> import numpy as np
     >>> buf = SequentialBuffer(5, seed=0)
     >>> buf.name is None
@@ -210,7 +210,7 @@ class IndependentVectorizedBuffer(_Fishy):
     envs at random (equal chances, as fishyrl does: counts vary between calls) and
     concatenates the envs' windows in env order.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> buf = IndependentVectorizedBuffer(2, 10, seed=0)
         >>> for t in range(4):

@@ -19,7 +19,7 @@ attached with ``seed=`` draws from a generator of its own instead. Behaviour of
 imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (README): capacity must be >= 1; ``infos`` (Python
 objects) are not stored: ``sample`` returns an empty dict for each.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> buf = Buffer(4, {"a": (2,)}, {"a": np.int32})
     >>> buf.store({"a": np.array([[0, 0], [1, 1], [2, 2]])})

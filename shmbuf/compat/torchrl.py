@@ -35,7 +35,7 @@ for the whole copy, which a collector killed while writing would hold forever: s
 writes need none). Pickled (to a collector's worker process, by TorchRL's multi-process
 collectors) it travels by name and attaches there.
 
-Example:
+Examples:
     >>> import torch
     >>> from tensordict import TensorDict
     >>> rb = SharedReplayBuffer(1000, batch_size=4)

@@ -24,7 +24,7 @@ Divergences (README): sampling uses the buffer's own seeded generator (``seed=``
 torch's global one; ``warm`` stops at the capacity instead of looping forever when
 ``n_samples`` is larger.
 
-Example:
+Examples:
     >>> import torch
     >>> buf = ReplayBuffer(100, state_dim=4, action_dim=1, hidden_dim=2)
     >>> for i in range(3):

@@ -35,7 +35,7 @@ class Outputs:
     """Makes a handle's batches, or checks a caller's ``out=`` (once: the same arrays
     again pass on an identity test).
 
-    Example:
+    Examples:
         >>> from shmbuf.core.layout import Layout
         >>> fields = Layout.plan({"x": ((2,), "f4")}, 4, 1, 0, (1, 0.0), 0.0, None, {}).fields
         >>> out, arrays = Outputs(fields).prepare(None, (3,))

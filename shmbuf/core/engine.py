@@ -18,7 +18,7 @@ What a capability may use:
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
 * the read path: :mod:`shmbuf.core.read` with this engine.
 
-Example:
+Examples:
     >>> import shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4)
     >>> e = buf.engine

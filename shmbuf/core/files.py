@@ -25,7 +25,7 @@ A buffer name with a ``/`` in it is a file path (``"./replay.shmbuf"``,
 * The file is created ``0600``, like a segment, and only a regular file is opened
   (never a link, a FIFO or a device).
 
-Example:
+Examples:
     >>> import tempfile, os
     >>> tmp = tempfile.TemporaryDirectory(); d = tmp.name
     >>> seg = FileSegment.create(os.path.join(d, "doc.shmbuf"), 4096)

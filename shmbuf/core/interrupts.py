@@ -26,7 +26,7 @@ Steps:
 3. ``__exit__`` (outermost only): put the old handler back, then call it for each noted
    signal (raising from here: the body is done).
 
-Example:
+Examples:
     >>> with Deferred() as d:
     ...     d.pending
     False

@@ -57,7 +57,7 @@ class HeaderLock:
     description; -1 once closed); ``note_holder`` records the holder's pid in the header
     for diagnostics, ``describe_holder`` reads it back for error messages.
 
-    Example:
+    Examples:
         >>> import tempfile; f = tempfile.TemporaryFile(); fd = f.fileno()
         >>> lock = HeaderLock(lambda: fd)
         >>> with lock.hold(timeout=1.0):

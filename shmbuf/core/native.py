@@ -7,7 +7,7 @@ Set ``SHMBUF_PURE_PYTHON=1`` to use the pure-Python path in a process that has t
 extension (``0``, or unset: the native path; read when a handle is created or
 attached; any other value is refused).
 
-Example:
+Examples:
     >>> import shmbuf.core.native
     >>> shmbuf.core.native.path() in ("native", "python")
     True

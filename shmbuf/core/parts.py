@@ -18,7 +18,7 @@ write part's stamp and the priorities' field (the row's values), the write part'
 check (a queue's), the storage's durable horizon (a buffer file's), then the ring's
 reserve, copy and publish, and the handle's counters.
 
-Example:
+Examples:
     >>> import shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4)
     >>> type(buf.engine.writes).__name__, type(buf.engine.priorities).__name__

@@ -41,7 +41,7 @@ class RateLimit:
     """Hold samples per insert near ``samples_per_insert``, within ``error_buffer``
     samples, once ``min_size`` rows were inserted (Reverb's ``SampleToInsertRatio``).
 
-    Example:
+    Examples:
         >>> import shmbuf
         >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 100, seed=0,
         ...                            rate=shmbuf.RateLimit(min_size=4, samples_per_insert=2, error_buffer=8))

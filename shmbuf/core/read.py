@@ -15,7 +15,7 @@ forever).
 A batch is a dict (or a list) of arrays whose first axis is the position (None in a
 list: a field not wanted); a sampler's ``empty(m)`` makes one for ``m`` candidates.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> class Evens(Sampler):  # candidates 0, 1, 2, ...: only the even ones come out intact
     ...     what = "numbers"

@@ -165,7 +165,7 @@ class Segment:
 
     Use :meth:`create` or :meth:`attach`.
 
-    Example:
+    Examples:
         >>> seg = Segment.create("doc-seg", 4096)
         >>> seg.mmap[0] = 7
         >>> other = Segment.attach("doc-seg"); other.mmap[0]

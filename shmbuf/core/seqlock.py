@@ -2,7 +2,7 @@
 writer makes odd while it changes the data and even again after (so a reader needs no
 lock, and sees either the data before a change or after it, never a mix).
 
-Example:
+Examples:
     >>> import numpy as np
     >>> version, data = np.zeros(1, np.int64), np.arange(3)
     >>> read_stable(lambda: int(version[0]), data.copy)

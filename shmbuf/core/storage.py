@@ -10,7 +10,7 @@ tell where a buffer lives.
 Everything else asks the storage class it got: ``check_name``, ``check_space``,
 ``create``, ``attach``, ``durable``, ``kind``.
 
-Example:
+Examples:
     >>> of("replay").kind, of("./replay.shmbuf").kind, of("replay.shmbuf", path=True).kind
     ('shm', 'file', 'file')
 """

@@ -12,7 +12,7 @@ class CartPole:
     ``next_obs`` is the observation the action led to; finished envs are reset
     afterwards, and :attr:`obs` is then the first observation of their next episode.
 
-    Example:
+    Examples:
         >>> env = CartPole(3, seed=0)
         >>> nxt, r, term, trunc = env.step(np.array([0, 1, 1]))
         >>> nxt.shape, r.tolist(), env.obs.dtype

@@ -23,7 +23,7 @@ class EpisodeBuffer(Counts):
     own, so an episode is contiguous; observations are stored once (see
     :mod:`shmbuf.episodes.rows`).
 
-    Example:
+    Examples:
         >>> buf = EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 16, seed=0)
         >>> buf.add_episode({"obs": np.zeros((3, 2)), "reward": [1, 2, 4], "next_obs": [9, 9]},
         ...                 terminated=True)
@@ -131,7 +131,7 @@ class EpisodeBuffer(Counts):
         same samples). ``her``: this handle's relabelling. Other arguments: as
         :meth:`shmbuf.Buffer.load`.
 
-        Example:
+        Examples:
             >>> import tempfile, os
             >>> tmp = tempfile.TemporaryDirectory(); d = os.path.join(tmp.name, "episodes")
             >>> buf = EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 16)
@@ -281,7 +281,7 @@ class EpisodeBuffer(Counts):
         (importance sampling with exponent ``beta``, default 0.4) and ``index`` for
         :meth:`update_priorities`, which then sets one priority per sequence.
 
-        Example:
+        Examples:
             >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16, seed=0)
             >>> buf.add_episode({"obs": [[5]], "reward": [2], "next_obs": [6]})  # one step
             >>> t = buf.sample_trajectories(1, 3)
@@ -305,7 +305,7 @@ class EpisodeBuffer(Counts):
         fields, ``next_<obs>``, ``terminated`` and ``truncated``, in step order even
         where the episode wraps around its lane. ValueError if there is none.
 
-        Example:
+        Examples:
             >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32"), "reward": ((), "float32")}, 16, seed=0)
             >>> buf.add_episode({"obs": [[0], [1]], "reward": [1, 2], "next_obs": [2]}, terminated=False)
             >>> ep = buf.sample_episodes(1)[0]
@@ -321,7 +321,7 @@ class EpisodeBuffer(Counts):
         oldest first, each as :meth:`sample_episodes` returns one; episodes evicted while
         the iteration runs are skipped. Writers may keep writing meanwhile.
 
-        Example:
+        Examples:
             >>> buf = EpisodeBuffer.create({"obs": ((1,), "float32")}, 16)
             >>> for t in (2, 3):
             ...     buf.add_episode({"obs": np.zeros((t, 1)), "next_obs": [1]})

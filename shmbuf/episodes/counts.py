@@ -27,7 +27,7 @@ class Counts:
         observations of the episodes that ended (SB3's count of transitions: the newest
         step of an episode in progress counts).
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((), "float32")}, 16)
             >>> eb.add_episode({"obs": np.arange(3, dtype=np.float32), "next_obs": np.arange(1, 4, dtype=np.float32)})
@@ -60,7 +60,7 @@ class Counts:
     def stats(self) -> dict[str, Any]:
         """The buffer's counters from every process (see :meth:`shmbuf.Buffer.stats`).
 
-        Example:
+        Examples:
             >>> import numpy as np, shmbuf
             >>> eb = shmbuf.EpisodeBuffer.create({"obs": ((2,), np.float32)}, 64)
             >>> eb.add_episode({"obs": np.zeros((4, 2), np.float32), "next_obs": np.ones((4, 2), np.float32)})

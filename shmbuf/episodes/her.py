@@ -53,7 +53,7 @@ class HER:
     ``info_fn(lanes, seqs)`` returns for the relabelled transitions (their lanes and
     sequence numbers: a handle that kept its own infos passes them on).
 
-    Example:
+    Examples:
         >>> import numpy as np, shmbuf
         >>> her = shmbuf.HER("future", ratio=1.0, reward_fn=lambda a, d, info: (a == d).all(-1) - 1.0)
         >>> buf = shmbuf.EpisodeBuffer.create(

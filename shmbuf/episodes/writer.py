@@ -71,7 +71,7 @@ class EpisodeWriter:
         ``version``: the policy version of a buffer created with ``versions=True``
         (default: what the buffer's handle is bound to; see :meth:`shmbuf.Buffer.bind`).
 
-        Example:
+        Examples:
             >>> import shmbuf
             >>> buf = shmbuf.EpisodeBuffer.create({"obs": ((2,), "float32"), "reward": ((), "float32")}, 8)
             >>> with buf.writer() as w:

@@ -18,7 +18,7 @@ Every sampler has the same interface:
 * ``state()`` / ``restore(rng)``: what it keeps between calls beyond the segment (its
   generator's state), for ``state_dict``.
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, sampler="newest")
     >>> buf.extend({"x": np.arange(5)})

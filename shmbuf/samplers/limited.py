@@ -21,7 +21,7 @@ at that instant may land on the new row (which is then sampled fewer times, neve
 more). In a buffer file the counts are in the file like the rows; a power loss may
 bring back counts not yet flushed (a process that crashes loses none).
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, max_times_sampled=1, seed=0)
     >>> buf.extend({"x": np.arange(4)})

@@ -12,7 +12,7 @@ and never unpublished.
 
 ``ValueError`` if the buffer holds fewer than ``n`` published rows.
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 6, sampler="newest")
     >>> buf.extend({"x": np.arange(10)}, truncate_ok=True)  # keeps 4 .. 9

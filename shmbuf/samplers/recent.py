@@ -20,7 +20,7 @@ by rejection (over-drawing by the share lately kept, so a sample costs a round o
 The batch gains ``weight``, each row's inverse probability scaled so that the stalest
 allowed has 1, for importance correction: a weighted mean is a uniform sample's.
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 16, versions=True, seed=0)
     >>> buf.extend({"x": np.arange(4)}, version=1)

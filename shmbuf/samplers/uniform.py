@@ -1,7 +1,7 @@
 """The default sampler: rows uniformly, with replacement, over all published rows (the
 shape every sampler has: :mod:`shmbuf.samplers`).
 
-Example:
+Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, seed=0)
     >>> buf.extend({"x": np.arange(8)})

@@ -11,7 +11,7 @@ Passed to :class:`shmbuf.compat.d3rlpy.ReplayBuffer`, they say how its shared me
 behaves: a ``FIFOBuffer(limit)`` replay buffer keeps the newest ``limit`` transitions
 (per appending process), an ``InfiniteBuffer`` never evicts.
 
-Example:
+Examples:
     >>> fifo = FIFOBuffer(limit=2)
     >>> a, b = object(), object()
     >>> fifo.append(a, 0); fifo.append(a, 1); fifo.append(b, 0)

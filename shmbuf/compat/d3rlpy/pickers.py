@@ -10,7 +10,7 @@ from shared memory without calling it (the built-ins here and d3rlpy's own class
 subclasses), and with which parameters. Any other callable is called on episodes read
 out of shared memory, each read through the checked gather.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from shmbuf.compat.d3rlpy import Episode
     >>> ep = Episode(np.arange(4.0)[:, None], np.zeros((4, 1)), np.ones((4, 1), np.float32), True)

@@ -35,7 +35,7 @@ also keeps an episode whose oldest transitions a FIFO dropped); mini-batches car
 ``transitions`` list (Cal-QL is not supported); the reward of a cut episode's last step
 is not kept in shared memory. Sampling uses the handle's own seeded generator.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> obs = Signature(dtype=[np.float32], shape=[(2,)])
     >>> buf = ReplayBuffer(FIFOBuffer(100), observation_signature=obs, seed=0,

@@ -19,7 +19,7 @@ array in it, raise ``ValueError``; values are cast into the first path's dtypes 
 NaN, infinities and out-of-range integers; sampling uses the handle's own seeded
 generator; ``ReplayBuffer``'s wrap-around is the correct ring.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> buf = PathBuffer(5, seed=0)
     >>> buf.add_path({"obs": np.array([[1], [2], [3]])})
@@ -229,7 +229,7 @@ class HERReplayBuffer(PathBuffer):
     Observations are stored flat: the dict's parts concatenated in the order of
     ``env_spec.observation_space.spaces`` (sorted keys without one).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> def reward_fn(achieved, desired, info):
         ...     return -float(np.linalg.norm(achieved - desired) > 0.1)

@@ -19,7 +19,7 @@ class ReplayBuffer(Lazy):
     go into B slots, oldest first out. The steps of episodes not yet complete stay in
     the adding handle (each process completes its own).
 
-    Example:
+    Examples:
         >>> buf = ReplayBuffer(None, 3, 1, seed=0)
         >>> for pair in ([1, 2], [3, 4], [5, 6], [7, 8]):
         ...     buf.add_transitions(observation=pair)

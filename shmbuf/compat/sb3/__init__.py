@@ -33,7 +33,7 @@ and the other arrays are read-only views of the shared rows (lane-major, so
 ``observations[pos, env]`` is SB3's indexing; with ``optimize_memory_usage`` they hold
 episodes' final rows too).
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from gymnasium import spaces
     >>> rb = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Discrete(2), device="cpu")

@@ -125,7 +125,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         attached as a ``DictReplayBuffer`` of its episodes (its samples not relabelled:
         ``compute_reward`` is the creator's env's).
 
-        Example:
+        Examples:
             >>> from gymnasium import spaces
             >>> rb = ReplayBuffer(8, spaces.Box(-1, 1, (2,)), spaces.Box(-1, 1, (1,)))
             >>> other = ReplayBuffer.attach(rb.name)  # e.g. in an actor process

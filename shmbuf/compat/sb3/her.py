@@ -42,7 +42,7 @@ class HerReplayBuffer(DictReplayBuffer, SB3HerReplayBuffer):
     ``name``, ``seed``, ``lanes``, ``rate`` and ``timeout`` as
     :class:`~shmbuf.compat.sb3.ReplayBuffer`'s.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from gymnasium import spaces
         >>> box = spaces.Box(-1, 1, (1,))

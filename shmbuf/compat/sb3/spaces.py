@@ -7,7 +7,7 @@ Dict's keys, and a Box's bounds when they are one value each (as most are; other
 the space read back is unbounded, ``[-inf, inf]``, or its integer dtype's range: the
 buffer needs shapes and dtypes, not bounds).
 
-Example:
+Examples:
     >>> from gymnasium import spaces
     >>> s = spaces.Dict({"pos": spaces.Box(-1, 1, (3,)), "grip": spaces.Discrete(2)})
     >>> space_from_json(space_to_json(s)) == s
