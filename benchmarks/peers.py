@@ -117,7 +117,7 @@ class System:
 
 
 class ShmbufSystem(System):
-    """shmbuf with one lane per writer (``lanes=2``), as the README recommends for
+    """shmbuf with one lane per writer (``lanes=2``), as the docs recommend for
     several writers: each writer claims its lane by its first add and writes it without
     the lock. ``pure``: the pure-Python path in the learner and the writers."""
 

@@ -15,7 +15,7 @@ session, an excerpt of a longer program that the suite runs whole elsewhere).
 from __future__ import annotations
 
 import gc
-import importlib.util
+import importlib.metadata
 import os
 import pathlib
 import shutil
@@ -35,8 +35,9 @@ RUN = os.environ.get("SHMBUF_TEST_RUN") or f"docs{os.getpid()}-{uuid.uuid4().hex
 os.environ["SHMBUF_TEST_RUN"] = os.environ[segment.NAMESPACE_ENV] = RUN
 
 # page -> the module it needs ("extras": torch, gymnasium, h5py are scripts/test's extras step)
+# (distributions, not modules: tests/ray would pass for a module "ray" on the tests' path)
 EXTRAS = {"guides/torch-gym.md": "torch", "migrate/velora.md": "torch", "guides/ray.md": "ray",
-          "migrate/sb3.md": "stable_baselines3", "migrate/cleanrl.md": "stable_baselines3",
+          "migrate/sb3.md": "stable-baselines3", "migrate/cleanrl.md": "stable-baselines3",
           "migrate/torchrl.md": "torchrl"}
 EXTRAS_STEP = {"torch", "gymnasium", "h5py"}
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -90,5 +91,13 @@ def pytest_collection_modifyitems(config, items):
         need = EXTRAS.get(path.relative_to(ROOT).as_posix())
         if need in EXTRAS_STEP:
             item.add_marker(pytest.mark.extras)
-        if need and importlib.util.find_spec(need) is None:
+        if need and not _installed(need):
             item.add_marker(pytest.mark.skip(reason=f"needs {need}"))
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False

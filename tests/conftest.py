@@ -58,14 +58,19 @@ def no_leaked_segments():
 def no_leaked_temp_files():
     """Under scripts/test the run has a temporary directory of its own (``TMPDIR``, named
     in ``SHMBUF_TEST_TMPDIR``): whatever a test, a doctest, a docs page or a child
-    process leaves there fails the session (pytest's own ``pytest-of-<user>`` aside)."""
+    process leaves there fails the session. Not counted: pytest's own ``pytest-of-<user>``,
+    torch's compile cache ``torchinductor_<user>`` (torch makes it) and this process's
+    ``pymp-*`` (multiprocessing removes it at exit; scripts/test checks the directory
+    again once every process is gone)."""
     tmp = tempfile.gettempdir()
     mine = os.environ.get("SHMBUF_TEST_TMPDIR") == tmp
     before = set(os.listdir(tmp)) if mine else set()
     yield
     if mine:
         gc.collect()
-        left = set(os.listdir(tmp)) - before - {f"pytest-of-{getpass.getuser()}"}
+        user = getpass.getuser()
+        left = {n for n in set(os.listdir(tmp)) - before
+                if n not in (f"pytest-of-{user}", f"torchinductor_{user}") and not n.startswith("pymp-")}
         assert not left, f"the suite left files in {tmp}: {sorted(left)}"
 
 

@@ -1,6 +1,6 @@
 """The worked examples in ``examples/`` that use queue mode, policy versions and
 prioritized sequences, run in a short form: they start their actor processes, move data through shmbuf and
-make updates (learning itself is timed by hand: see the README's numbers)."""
+make updates (learning itself is timed by hand: see docs/guides/actors.md)."""
 
 from __future__ import annotations
 

@@ -81,11 +81,29 @@ def test_the_sdist_holds_what_a_build_needs_and_builds_alone(tmp_path):
     sdist = next((tmp_path / "sdist").glob("shmbuf-*.tar.gz"))
     names = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
     assert "LICENSE" in names and "shmbuf/core/_native.c" in names and "shmbuf/core/csrc/ring.h" in names
-    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/", "docs/"))]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(sdist)], check=True, capture_output=True,
                    timeout=240, cwd=tmp_path)
     assert list((tmp_path / "dist").glob("shmbuf-*.whl"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_build_without_a_c_compiler_succeeds_and_says_so_in_one_line(tmp_path):
+    """No compiler (CC=/bin/false): the wheel still builds, without the extension, and
+    the build says which path shmbuf will run and what to do, in one line."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "site", "docs", "tests", "build", "dist", "*.egg-info", "results", "__pycache__", "*.so"))
+    res = subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b, sys; b.build_wheel(sys.argv[1])",
+                          str(tmp_path / "dist")], capture_output=True, text=True, timeout=240, cwd=src,
+                         env={**os.environ, "CC": "/bin/false"})
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("shmbuf: the C extension")]
+    assert len(said) == 1 and "pure-Python path" in said[0] and "C compiler" in said[0], res.stderr
+    wheel = next((tmp_path / "dist").glob("shmbuf-*.whl"))
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
 
 
 def test_import_shmbuf_imports_no_optional_dependency():

@@ -97,8 +97,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=show.watch)
     c = sub.add_parser("save", help="snapshot a live buffer into a directory",
                        description="Save buffer NAME into directory DIR while its writers keep "
-                       "writing (JSON metadata and .npy files; see the README's persistence "
-                       "format).")
+                       "writing (JSON metadata and .npy files; the format: docs/guides/save-load.md).")
     c.add_argument("name", metavar="NAME")
     c.add_argument("dir", metavar="DIR")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier save in DIR")

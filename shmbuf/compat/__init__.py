@@ -5,7 +5,7 @@ One module per library, each thin: it maps the library's calls onto
 signatures, defaults, return types and exceptions; every facade object lives in a
 named segment, can be attached from another process (``<Class>.attach(name)``) and
 pickles as its name. Each module says at its top which upstream version it behaves as;
-the README's migration tables list what still differs, and why.
+the migration pages of the docs (docs/migrate/) list what still differs, and why.
 
 * :mod:`shmbuf.compat.imitation`: ``Buffer``, ``ReplayBuffer``, ``Transitions``
 * :mod:`shmbuf.compat.fishyrl`: ``Buffer``, ``SequentialBuffer``, ``IndependentVectorizedBuffer``,

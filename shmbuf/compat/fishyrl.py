@@ -12,7 +12,7 @@ oldest, and cross episode boundaries as fishyrl's do), ``size``, ``is_full``,
 schema comes from the first ``add``: the segment is created then (``name`` is None
 before) and ``reset()`` ends it. Values are cast into the field's dtype (2.7 into an
 int64 field is 2) except NaN, infinities and out-of-range integers. Divergences
-(README): ``is_full`` is ``size == capacity`` (fishyrl's is never true after the first
+(docs/migrate/fishyrl.md): ``is_full`` is ``size == capacity`` (fishyrl's is never true after the first
 wrap); ``state_dict`` holds copies (fishyrl's holds its arrays by reference). With
 ``validate_keys=False`` a key that first appears later widens the buffer as fishyrl's
 does (its earlier steps hold zeros: fishyrl's hold uninitialised memory), which makes

@@ -16,7 +16,7 @@ while this one samples. Sampling draws from numpy's global generator as imitatio
 (``np.random.randint(size, size=n)`` over the slots, which hold what imitation's would),
 so a run seeded the imitation way (``np.random.seed``) repeats exactly; a buffer made or
 attached with ``seed=`` draws from a generator of its own instead. Behaviour of
-imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (README): capacity must be >= 1; ``infos`` (Python
+imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (docs/migrate/imitation.md): capacity must be >= 1; ``infos`` (Python
 objects) are not stored: ``sample`` returns an empty dict for each.
 
 Examples:

@@ -20,7 +20,7 @@ The storage velora's users read is there too: ``states``, ``actions``, ``rewards
 views of the shared memory, so they show what every process writes, as it is written:
 a row being written may show half of it; ``sample`` never does), ``position`` and ``size``.
 Behaviour of velora at 88b8103 (Achronus/velora).
-Divergences (README): sampling uses the buffer's own seeded generator (``seed=``), not
+Divergences (docs/migrate/velora.md): sampling uses the buffer's own seeded generator (``seed=``), not
 torch's global one; ``warm`` stops at the capacity instead of looping forever when
 ``n_samples`` is larger.
 

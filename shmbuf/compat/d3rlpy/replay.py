@@ -29,7 +29,7 @@ another process's episode in progress become sampleable two appends after it mak
 them (the writer holds the newest two until it knows how its episode goes on); this
 process's own are sampled at once, out of its memory, as in d3rlpy.
 
-Divergences (README): a FIFO keeps ``limit`` transitions per appending process;
+Divergences (docs/migrate/d3rlpy.md): a FIFO keeps ``limit`` transitions per appending process;
 ``episodes`` and ``dump`` hold the complete episodes and the episode in progress (d3rlpy
 also keeps an episode whose oldest transitions a FIFO dropped); mini-batches carry no
 ``transitions`` list (Cal-QL is not supported); the reward of a cut episode's last step

@@ -14,7 +14,7 @@ returns garage's ``TimeStepBatch`` (garage needed). Behaviour of garage at 2d594
 
 As in garage the schema comes from the first path (the segment is created then); each
 row records its step in its path and the path's length, so any process that attaches
-finds the same paths. Divergences (README): a key new after the first path, or a 1-D
+finds the same paths. Divergences (docs/migrate/garage.md): a key new after the first path, or a 1-D
 array in it, raise ``ValueError``; values are cast into the first path's dtypes except
 NaN, infinities and out-of-range integers; sampling uses the handle's own seeded
 generator; ``ReplayBuffer``'s wrap-around is the correct ring.
