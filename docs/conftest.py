@@ -31,6 +31,8 @@ from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 from shmbuf.core import segment
 
+collect_ignore = ["griffe_roles.py"]  # (scripts/docs' griffe extension: griffe is the site's tool)
+
 RUN = os.environ.get("SHMBUF_TEST_RUN") or f"docs{os.getpid()}-{uuid.uuid4().hex[:8]}"
 os.environ["SHMBUF_TEST_RUN"] = os.environ[segment.NAMESPACE_ENV] = RUN
 
