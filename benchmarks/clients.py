@@ -99,7 +99,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=120.0, help="the async arm's time limit")
     p.add_argument("--examples", type=Path, default=Path(__file__).resolve().parents[2] / "examples")
     p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--calls", action="store_true",
+                   help="only SB3's buffer and the facade call by call (benchmarks/sb3calls.py)")
     a = p.parse_args(argv)
+    if a.calls:
+        from benchmarks import sb3calls
+
+        rows = sb3calls.measure()
+        print(sb3calls.markdown(rows))
+        os.makedirs(a.out, exist_ok=True)
+        (a.out / "sb3calls.json").write_text(json.dumps(rows, indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cmds = arms(a.examples, Path(tmp))
         names = list(cmds)

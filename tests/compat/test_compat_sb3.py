@@ -370,3 +370,35 @@ def test_with_every_lane_taken_add_says_how_to_make_room(name):
     assert rb.size() == 1
     other.close()
     rb.close()
+
+
+def test_the_call_by_call_benchmark_measures_both_buffers_in_every_case():
+    """scripts/bench-clients --calls: every case, both buffers, add and sample, a table."""
+    from benchmarks import sb3calls
+
+    rows = sb3calls.measure(repeats=1, calls=40)
+    assert len(rows) == 2 * len(sb3calls.CASES)
+    assert all(r[f"{k} {m} us"] > 0 for r in rows for k in ("sb3", "shmbuf") for m in ("add", "sample"))
+    assert sb3calls.markdown(rows).count("\n") == len(rows) + 1
+
+
+def test_adds_of_arrays_lists_and_tensors_store_the_same_rows(name):
+    """add's fast path (arrays of the right shapes) and its checked path (anything else,
+    converted) store the same values."""
+    import torch
+
+    obs_space, act_space = spaces.Box(-1, 1, (3,), np.float32), spaces.Box(-1, 1, (2,), np.float32)
+    rb = ReplayBuffer(16, obs_space, act_space, n_envs=2, name=name, seed=0)
+    values = (np.ones((2, 3)), np.full((2, 3), 2.0), np.full((2, 2), 0.5), np.array([1.0, 3.0]), np.array([True, False]))
+    rb.add(*values, [{}, {"TimeLimit.truncated": True}])                      # arrays
+    rb.add(*(v.tolist() for v in values), [{}, {"TimeLimit.truncated": True}])  # lists
+    rb.add(*(torch.as_tensor(v) for v in values), [{}, {"TimeLimit.truncated": True}])  # tensors
+    assert rb.size() == 3
+    s = rb.sample(200)
+    assert set(s.rewards[:, 0].tolist()) == {1.0, 3.0} and set(s.observations.sum(1).tolist()) == {3.0}
+    assert set(s.dones[s.rewards[:, 0] == 1.0, 0].tolist()) == {1.0}  # env 0: done
+    assert set(s.dones[s.rewards[:, 0] == 3.0, 0].tolist()) == {0.0}  # env 1: a time limit, not done
+    with pytest.raises(ValueError):
+        rb.add(np.ones((3, 3)), *values[1:], [{}, {}])  # 3 rows for 2 envs: the checked path says so
+    assert rb.size() == 3
+    rb.close()

@@ -106,6 +106,9 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def _open(self, core: Any) -> None:
         self._core = core
+        # the common case's shapes (rows of one flat observation), or None: add's fast path
+        self._flat = None if self._episodic or isinstance(self.obs_shape, dict) else \
+            ((self.n_envs, *self.obs_shape), (self.n_envs, self.action_dim), (0.0,) * self.n_envs)
         self._lanes: list[int] = []  # the lanes this handle's envs write (claimed at the first add)
         self._writer: Any = None  # episodes: the episode writer of this handle's envs
         self._next: Any = None  # ... and the next observations of its last add (a reset shows)
@@ -161,19 +164,30 @@ class ReplayBuffer(SB3ReplayBuffer):
         ["TimeLimit.truncated"]`` marks a time limit (a timeout, never a terminal state,
         with ``handle_timeout_termination``). ``timeout``: seconds to wait at most for
         a rate limit (then ``shmbuf.RateLimitTimeout``, nothing added)."""
-        n, wait = self.n_envs, timeout
+        flat, n = self._flat, self.n_envs
+        if flat is not None:  # flat observations, no episodes: the fewest calls, as it runs every env step
+            rows, act_rows, timeouts = flat
+            try:  # (arrays as SB3's callers pass them; anything else takes the checked path)
+                o, nxt, a = obs.reshape(rows), next_obs.reshape(rows), action.reshape(act_rows)
+                r, d = reward.reshape(n), done.reshape(n)
+            except (ValueError, AttributeError, TypeError):
+                pass  # (the checked path below converts, or says what was wrong)
+            else:
+                if self.handle_timeout_termination:
+                    timeouts = self._timeouts(infos)
+                add, lanes = self._core.add, self._lanes or self._claimed()
+                for i in range(n):  # each env into its own lane
+                    add({OBS: o[i], NEXT: nxt[i], "actions": a[i], "rewards": r[i], "dones": d[i],
+                         "timeouts": timeouts[i]}, lane=lanes[i], timeout=timeout)
+                return
+        wait = timeout
         try:
             action = np.asarray(action).reshape((n, self.action_dim))
             reward = np.asarray(reward).reshape(n)
             done = np.asarray(done).reshape(n)
         except ValueError:
             raise ValueError(bad_shapes(n, self.action_dim, action, reward, done)) from None
-        timeout = [0.0] * n
-        if self.handle_timeout_termination:  # (else infos are not looked at, as by SB3: CleanRL passes a dict)
-            if not isinstance(infos, (list, tuple)) or len(infos) != n:
-                raise ValueError(f"expected a list of infos, one per env ({n}), to find time limits in "
-                                 f"(handle_timeout_termination=True), got {type(infos).__name__} of {len(infos)}")
-            timeout = [float(bool(info.get("TimeLimit.truncated", False))) for info in infos]
+        timeout = self._timeouts(infos) if self.handle_timeout_termination else [0.0] * n
         if self._episodic or isinstance(self.obs_shape, dict):
             obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
         else:  # (the common case, with as few calls as can be: this runs at every env step)
@@ -191,6 +205,15 @@ class ReplayBuffer(SB3ReplayBuffer):
             row.update({k: v[i] for k, v in next_obs.items()})
             row.update(actions=action[i], rewards=reward[i], dones=done[i], timeouts=timeout[i])
             add(row, lane=lanes[i], timeout=wait)
+
+    def _timeouts(self, infos: Any) -> list[float]:
+        """Each env's time limit, from ``infos[i]["TimeLimit.truncated"]`` (read only with
+        ``handle_timeout_termination``, as SB3 does: CleanRL passes a dict)."""
+        n = self.n_envs
+        if not isinstance(infos, (list, tuple)) or len(infos) != n:
+            raise ValueError(f"expected a list of infos, one per env ({n}), to find time limits in "
+                             f"(handle_timeout_termination=True), got {type(infos).__name__} of {len(infos)}")
+        return [float(bool(info.get("TimeLimit.truncated", False))) for info in infos]
 
     def _by_env(self, value: Any, prefix: str) -> dict[str, np.ndarray]:
         """Observations as ``{field: (n_envs, *shape)}``."""
