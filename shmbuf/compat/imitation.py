@@ -130,6 +130,26 @@ class Buffer(Shared):
         """The number of samples stored in the buffer."""
         return len(self._core)
 
+    # imitation's private attributes, which its tests and its users' code read: read-only
+    # views of the shared memory, never copies that go stale nor writable behind the protocol
+    @property
+    def _idx(self) -> int:
+        """The slot the next stored row goes to (imitation's ``Buffer._idx``)."""
+        return int(self._core.engine.heads()[0]) % self.capacity
+
+    @property
+    def _n_data(self) -> int:
+        """The rows stored (imitation's ``Buffer._n_data``)."""
+        return self.size()
+
+    @property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """Every key's ``(capacity,) + shape`` array in slot order (imitation's
+        ``Buffer._arrays``): read-only views of the shared memory, so they show every
+        process's rows as they are written (a row being written may show half of it;
+        ``sample`` never returns one); unwritten slots hold zeros."""
+        return {k: self._core.engine.view(k) for k in self.sample_shapes}
+
 
 class _Global(Sampler):
     """imitation's draw, ``np.random.randint(size, size=n)`` over the slots, each slot

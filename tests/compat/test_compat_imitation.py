@@ -218,3 +218,20 @@ def test_without_seed_it_draws_from_numpys_global_generator_as_imitation_does(na
         own.sample(50)  # a seeded buffer leaves the global generator alone
         assert (np.random.get_state()[1] == state).all()
         buf.unlink(), own.unlink()
+
+
+def test_imitations_private_attributes_are_read_only_views_of_the_rows(name):
+    """_idx, _n_data and _arrays as imitation's (its tests and users read them): views of
+    the shared memory that show another handle's rows and refuse writes."""
+    buf = Buffer(4, {"a": (2,)}, {"a": np.int32}, name=name)
+    other = Buffer.attach(name)
+    other.store({"a": np.arange(6).reshape(3, 2)})
+    assert (buf._idx, buf._n_data) == (3, 3)
+    assert buf._arrays["a"].tolist() == [[0, 1], [2, 3], [4, 5], [0, 0]]
+    other.store({"a": np.arange(6).reshape(3, 2) + 10})  # wraps: imitation's ring order
+    assert buf._idx == 2 and buf._arrays["a"].tolist() == [[12, 13], [14, 15], [4, 5], [10, 11]]
+    with pytest.raises(ValueError, match="read-only"):
+        buf._arrays["a"][0] = 7
+    rb = ReplayBuffer(3, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64)
+    assert rb._buffer._idx == 0 and set(rb._buffer._arrays) == {"obs", "acts", "next_obs", "dones"}
+    rb.close(); other.close(); buf.close()
