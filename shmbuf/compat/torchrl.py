@@ -79,6 +79,7 @@ class SharedStorage(Storage):
         self.lanes, self.seed, self.timeout = int(lanes), seed, float(timeout)
         self.buf: Buffer | None = None
         self.keys: list[str] = []  # the fields: nested keys joined by "."
+        self.row_shape: tuple[int, ...] = ()  # a row's own batch dimensions (a [4, 5] extend: 4 rows of [5])
         self.sampled: tuple[Any, TensorDictBase] | None = None  # the sampler's last batch
         self._name = name
         if name is not None:
@@ -91,6 +92,7 @@ class SharedStorage(Storage):
             buf.close()
             raise ValueError(f"buffer {name!r} is not a TorchRL storage (it holds {buf.meta.get('kind')!r})")
         self.buf, self.keys = buf, list(buf.fields)
+        self.row_shape = tuple(buf.meta.get("row_batch", ()))
         self.max_size = buf.capacity
 
     @property
@@ -103,20 +105,25 @@ class SharedStorage(Storage):
         return self.buf.name if self.buf is not None else self._name
 
     def ensure(self, td: TensorDictBase) -> None:
-        """Make the buffer from the first rows' leaves (one field per nested key)."""
+        """Make the buffer from the first rows' leaves (one field per nested key; a row
+        keeps the batch dimensions after the first, as TorchRL's ``ndim=1`` storages)."""
         if self.buf is not None:
             return
         flat = td.flatten_keys(SEP)
         fields = {k: (tuple(v.shape[1:]), _numpy_dtype(v.dtype)) for k, v in flat.items()}
+        self.row_shape = tuple(td.batch_size[1:])
         self.buf = Buffer.create(fields, self.max_size // self.lanes * self.lanes, lanes=self.lanes, name=self._name, seed=self.seed,
-                                 timeout=self.timeout, meta={"kind": KIND})
+                                 timeout=self.timeout, meta={"kind": KIND, "row_batch": list(self.row_shape)})
         self.keys = list(fields)
 
     def write(self, td: TensorDictBase) -> torch.Tensor:
-        """Write the rows of ``td`` (its batch dimensions flattened) into this process's
-        lane; returns their slots."""
-        rows = td.reshape(-1)
+        """Write the rows of ``td`` (along its first batch dimension) into this
+        process's lane; returns their slots."""
+        rows = td
         self.ensure(rows)
+        if tuple(rows.batch_size[1:]) != self.row_shape:
+            raise ValueError(f"rows of batch size {list(rows.batch_size)}: this buffer's rows have the batch size "
+                             f"{list(self.row_shape)} after the first dimension (fixed by its first write)")
         flat = rows.flatten_keys(SEP)
         extra = sorted(set(flat.keys()) - set(self.keys))
         if extra:
@@ -132,7 +139,7 @@ class SharedStorage(Storage):
         n = len(rows)
         kept = min(n, lc)
         slots = torch.as_tensor(lane * lc + (head + np.arange(n) - (n - kept)) % lc)
-        return slots.reshape(td.shape)  # (rows overwritten within the extend share their slot)
+        return slots  # (rows overwritten within the extend share their slot)
 
     def batch(self, n: int) -> tuple[torch.Tensor, TensorDictBase]:
         """``n`` rows through shmbuf's read path: their slots, and the rows as a
@@ -141,7 +148,7 @@ class SharedStorage(Storage):
         got = buf.empty_batch(n)
         index = np.empty(n, np.int64)
         buf.engine.sample_windows(n, 1, [got[f.name] for f in buf.engine.fields], self.timeout, index=index)
-        rows = TensorDict({k: torch.from_numpy(got[k]) for k in self.keys}, [n]).unflatten_keys(SEP)
+        rows = TensorDict({k: torch.from_numpy(got[k]) for k in self.keys}, [n, *self.row_shape]).unflatten_keys(SEP)
         return torch.from_numpy(index), rows
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
@@ -250,13 +257,29 @@ class SharedWriter(_Stateless, Writer):
     def extend(self, data: Any) -> torch.Tensor:
         return self._storage.write(data)
 
+    _base = 0  # total_added when the count last started (empty(), load_state_dict)
+
     @property
     def _write_count(self) -> int:
+        """Rows written since this buffer was made, emptied or restored, by every
+        process (TorchRL's ``write_count``)."""
         buf = self._storage.buf
-        return 0 if buf is None else buf.total_added
+        return 0 if buf is None else buf.total_added - self._base
 
     def _empty(self, empty_write_count: bool = True) -> None:
+        count = self._write_count
         self._storage.clear()
+        buf = self._storage.buf
+        self._base = 0 if buf is None else buf.total_added - (0 if empty_write_count else count)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_write_count": self._write_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        count = state_dict.get("_write_count")
+        buf = self._storage.buf
+        if count is not None and buf is not None:
+            self._base = buf.total_added - int(count)
 
 
 class SharedSampler(_Stateless, Sampler):
@@ -264,7 +287,7 @@ class SharedSampler(_Stateless, Sampler):
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
         if storage.buf is None or len(storage) == 0:
-            raise RuntimeError("cannot sample from an empty buffer")
+            raise RuntimeError("Cannot sample from an empty storage.")  # (TorchRL's words)
         storage.sampled = storage.batch(batch_size)
         return storage.sampled[0], {}
 
@@ -277,6 +300,11 @@ class SharedReplayBuffer(TensorDictReplayBuffer):
 
     def __init__(self, max_size: int = 1_000_000, *, name: str | None = None, lanes: int = 1, seed: Any = None,
                  timeout: float = 10.0, **kwargs: Any) -> None:
+        given = sorted({"storage", "sampler", "writer"} & set(kwargs))
+        if given:
+            raise TypeError(f"SharedReplayBuffer takes no {', '.join(given)}=: its storage, writer and sampler "
+                            "are shmbuf's, all three (the torn-read check needs them together); for a storage "
+                            "of your own in a TensorDictReplayBuffer of TorchRL's, use TorchRL's classes")
         storage = SharedStorage(max_size, name=name, lanes=lanes, seed=seed, timeout=timeout)
         kwargs.setdefault("collate_fn", _as_it_is)  # (the sampler's batch is a TensorDict already)
         super().__init__(storage=storage, sampler=SharedSampler(), writer=SharedWriter(), **kwargs)

@@ -35,11 +35,42 @@ def test_tensordicts_in_and_out_with_nested_keys_and_dtypes(name):
     assert torch.equal(b["next", "observation"][:, 0], t + 1) and torch.equal(b["next", "reward"][:, 0], t)
     t_of_slot = torch.arange(10, dtype=torch.float32)  # (rows 0..9 in slots 0..9)
     assert torch.equal(t_of_slot[b["index"]], t)  # the index: each row's slot, as TorchRL's storages
-    rb.extend(rows(10, 2).reshape(1, 2))  # batch dimensions are flattened into rows
-    assert len(rb) == 12
-    rb.empty()
-    assert len(rb) == 0 and rb.write_count == 12
+    rb.extend(rows(10, 2))
+    assert len(rb) == 12 and rb.write_count == 12
+    rb.empty()  # as TorchRL's: the rows and the write count
+    assert len(rb) == 0 and rb.write_count == 0
+    rb.extend(rows(0, 3))
+    assert rb.write_count == 3
     rb.close()
+
+
+def test_a_batch_of_two_dimensions_is_rows_of_steps_and_the_write_count_travels_with_the_state(name):
+    """A [4, 5] extend is 4 rows of 5 steps (TorchRL's ndim=1 storages), sampled as
+    [n, 5]; a state dict keeps the write count (restored rows are new rows to shmbuf)."""
+    rb = SharedReplayBuffer(100, name=name, batch_size=6, seed=0)
+    steps = rows(0, 20).reshape(4, 5)
+    index = rb.extend(steps)
+    assert index.tolist() == [0, 1, 2, 3] and len(rb) == 4 and rb.write_count == 4
+    b = rb.sample()
+    assert b.batch_size == torch.Size([6, 5]) and b["observation"].shape == (6, 5, 3)
+    assert (torch.diff(b["observation"][:, :, 0], dim=1) == 1).all()  # each row: 5 steps in order
+    with pytest.raises(ValueError, match=r"rows of batch size \[2, 3\]: this buffer.s rows have the batch size \[5\]"):
+        rb.extend(rows(0, 6).reshape(2, 3))
+    state = rb.state_dict()
+    rb.empty()
+    rb.load_state_dict(state)
+    assert len(rb) == 4 and rb.write_count == 4
+    rb.close()
+
+
+def test_its_parts_are_its_own_and_an_empty_buffer_says_what_torchrl_says():
+    from torchrl.data.replay_buffers.samplers import RandomSampler
+
+    with pytest.raises(TypeError, match="takes no sampler=: its storage, writer and sampler are shmbuf's"):
+        SharedReplayBuffer(8, sampler=RandomSampler())
+    empty = SharedReplayBuffer(8, batch_size=2)
+    with pytest.raises(RuntimeError, match=r"^Cannot sample from an empty storage\.$"):
+        empty.sample()
 
 
 def test_bad_rows_are_refused_and_change_nothing(name):

@@ -168,8 +168,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         if flat is not None:  # flat observations, no episodes: the fewest calls, as it runs every env step
             rows, act_rows, timeouts = flat
             try:  # (arrays as SB3's callers pass them; anything else takes the checked path)
-                o, nxt, a = obs.reshape(rows), next_obs.reshape(rows), action.reshape(act_rows)
-                r, d = reward.reshape(n), done.reshape(n)
+                o, nxt, a, r, d = obs.reshape(rows), next_obs.reshape(rows), action.reshape(act_rows), reward.reshape(n), done.reshape(n)
             except (ValueError, AttributeError, TypeError):
                 pass  # (the checked path below converts, or says what was wrong)
             else:
@@ -209,9 +208,8 @@ class ReplayBuffer(SB3ReplayBuffer):
     def _timeouts(self, infos: Any) -> list[float]:
         """Each env's time limit, from ``infos[i]["TimeLimit.truncated"]`` (read only with
         ``handle_timeout_termination``, as SB3 does: CleanRL passes a dict)."""
-        n = self.n_envs
-        if not isinstance(infos, (list, tuple)) or len(infos) != n:
-            raise ValueError(f"expected a list of infos, one per env ({n}), to find time limits in "
+        if not isinstance(infos, (list, tuple)) or len(infos) != self.n_envs:
+            raise ValueError(f"expected a list of infos, one per env ({self.n_envs}), to find time limits in "
                              f"(handle_timeout_termination=True), got {type(infos).__name__} of {len(infos)}")
         return [float(bool(info.get("TimeLimit.truncated", False))) for info in infos]
 
