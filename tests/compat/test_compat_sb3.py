@@ -402,3 +402,40 @@ def test_adds_of_arrays_lists_and_tensors_store_the_same_rows(name):
         rb.add(np.ones((3, 3)), *values[1:], [{}, {}])  # 3 rows for 2 envs: the checked path says so
     assert rb.size() == 3
     rb.close()
+
+
+@pytest.mark.parametrize("handle_timeout_termination", [True, False])
+def test_n_step_samples_are_sb3s_n_step_transitions_of_the_same_steps(name, handle_timeout_termination):
+    """NStepReplayBuffer: every sampled transition (rewards, dones, discounts, next
+    observation) equals what SB3's own NStepReplayBuffer computes for the same start step
+    (its _get_samples), over episodes that end by terminal states and by time limits."""
+    from stable_baselines3.common.buffers import NStepReplayBuffer as SB3NStep
+
+    from shmbuf.compat.sb3 import NStepReplayBuffer
+
+    obs_space, act_space = spaces.Box(0, 1000, (2,), np.float32), spaces.Box(0, 1, (1,), np.float32)
+    kw = dict(n_steps=4, gamma=0.9, handle_timeout_termination=handle_timeout_termination)
+    ref = SB3NStep(1000, obs_space, act_space, "cpu", **kw)
+    rb = NStepReplayBuffer(1000, obs_space, act_space, "cpu", name=name, seed=0, **kw)
+    rng = np.random.default_rng(1)
+    for t in range(200):  # observation t; an ended episode's final observation is t + 0.5
+        done = rng.random() < 0.08
+        step = (np.full((1, 2), t, np.float32), np.full((1, 2), t + (0.5 if done else 1.0), np.float32),
+                np.zeros((1, 1)), np.array([rng.random()]), np.array([done]),
+                [{"TimeLimit.truncated": bool(done and rng.random() < 0.5)}])
+        ref.add(*step)
+        rb.add(*step)
+    got = rb.sample(2000)
+    starts = got.observations[:, 0].numpy().astype(int)
+    want = ref._get_samples(starts)
+    for field in ("rewards", "dones", "discounts", "next_observations"):
+        np.testing.assert_allclose(getattr(got, field).numpy(), getattr(want, field).numpy(), rtol=1e-5)
+    assert len(set(starts.tolist())) > 150 and got.dones.sum() > 0 and (got.discounts < 0.9 ** 4 + 1e-6).any()
+    copy_ = pickle.loads(pickle.dumps(rb))  # by value: n_steps and gamma too
+    assert (copy_.n_steps, copy_.gamma, type(copy_).__name__) == (4, 0.9, "NStepReplayBuffer")
+    copy_.close()
+    with pytest.raises(ValueError, match="n_steps must be an int >= 1"):
+        NStepReplayBuffer(10, obs_space, act_space, n_steps=0)
+    with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\]"):
+        NStepReplayBuffer(10, obs_space, act_space, gamma=1.5)
+    rb.close()

@@ -4,7 +4,7 @@ place of SB3's replay buffers (``scripts/test-libraries``: ``-p sb3_facade``).
 SB3's tests import ``ReplayBuffer`` / ``DictReplayBuffer`` from
 ``stable_baselines3.common.buffers`` (``HerReplayBuffer`` from ``stable_baselines3``)
 and its algorithms make theirs in ``stable_baselines3.common.off_policy_algorithm``:
-every such name is bound to :mod:`shmbuf.compat.sb3`'s (``sb3.her``'s) classes before any test module is imported, so every
+every such name (``NStepReplayBuffer`` too) is bound to :mod:`shmbuf.compat.sb3`'s (``sb3.her``'s) classes before any test module is imported, so every
 replay buffer those tests make, directly or through DQN, SAC, TD3 and DDPG, is a
 shared-memory one. A test records which class it got, so a run proves the swap.
 """
@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for module in (buffers, off_policy_algorithm):
         module.ReplayBuffer = sb3.ReplayBuffer
         module.DictReplayBuffer = sb3.DictReplayBuffer
+        module.NStepReplayBuffer = sb3.NStepReplayBuffer
     for module in (stable_baselines3, her, her_replay_buffer, off_policy_algorithm):
         module.HerReplayBuffer = sb3_her.HerReplayBuffer
     config.addinivalue_line("markers", "sb3_facade: run with shmbuf's SB3 facade")

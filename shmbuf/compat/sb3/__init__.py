@@ -1,7 +1,7 @@
 """stable-baselines3's replay buffers, in shared memory: a one-line switch for SB3 and
 CleanRL users.
 
-``ReplayBuffer``, ``DictReplayBuffer`` and ``HerReplayBuffer`` take SB3 2.x's constructors and give SB3's
+``ReplayBuffer``, ``DictReplayBuffer``, ``HerReplayBuffer`` and ``NStepReplayBuffer`` take SB3 2.x's constructors and give SB3's
 ``add`` / ``extend`` / ``sample`` / ``size`` / ``reset``, so ``replay_buffer_class=`` of
 DQN, SAC, TD3 and DDPG accepts them, and CleanRL's scripts run with their import
 changed (``from shmbuf.compat.sb3 import ReplayBuffer``). They subclass SB3's classes
@@ -47,7 +47,8 @@ Examples:
 
 from shmbuf.compat.sb3.buffers import DictReplayBuffer, ReplayBuffer
 from shmbuf.compat.sb3.her import HerReplayBuffer
+from shmbuf.compat.sb3.nstep import NStepReplayBuffer
 
-__all__ = ["DictReplayBuffer", "HerReplayBuffer", "ReplayBuffer"]
-for _cls in (DictReplayBuffer, HerReplayBuffer, ReplayBuffer):
+__all__ = ["DictReplayBuffer", "HerReplayBuffer", "NStepReplayBuffer", "ReplayBuffer"]
+for _cls in (DictReplayBuffer, HerReplayBuffer, NStepReplayBuffer, ReplayBuffer):
     _cls.__module__ = __name__  # (where users import them from: reprs, pickles)
