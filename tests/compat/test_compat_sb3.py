@@ -261,7 +261,7 @@ def test_dqn_learns_cartpole_as_with_sb3s_buffer():
     assert np.mean(ours) >= 0.8 * np.mean(theirs) and min(ours) >= 300, (ours, theirs)
 
 
-@pytest.mark.parametrize("module", ['sb3', 'sb3.buffers', 'sb3.her', 'sb3.spaces'])
+@pytest.mark.parametrize("module", ['sb3', 'sb3.buffers', 'sb3.her', 'sb3.nstep', 'sb3.spaces'])
 def test_the_modules_examples(module):
     """The modules' docstring examples (the package's doctest run leaves them out: they
     import the library)."""
