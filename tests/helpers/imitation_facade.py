@@ -10,18 +10,14 @@ shared-memory one, read through the facade's views of imitation's private attrib
 
 from __future__ import annotations
 
-import gc
-import os
-import uuid
-
 import pytest
 
-from shmbuf.core.segment import NAMESPACE_ENV, list_names, unlink_name
+import library_namespace
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # a namespace of this run's own: any buffer left at the end fails the run
-    os.environ[NAMESPACE_ENV] = f"imitation-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    library_namespace.enter("imitation")
     from imitation.data import buffer
 
     from shmbuf.compat import imitation
@@ -34,10 +30,4 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    gc.collect()
-    left = list_names()
-    for name in left:
-        unlink_name(name)
-    if left:
-        print(f"\nimitation_facade: FAILED: imitation's tests left shmbuf buffers behind: {sorted(left)}")
-        session.exitstatus = 1
+    library_namespace.check(session, "imitation")

@@ -11,19 +11,15 @@ shared-memory one. A test records which class it got, so a run proves the swap.
 
 from __future__ import annotations
 
-import gc
-import os
-import uuid
-
 import pytest
 
-from shmbuf.core.segment import NAMESPACE_ENV, list_names, unlink_name
+import library_namespace
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # a namespace of this run's own: the buffers SB3's tests make are this run's alone,
     # and any of them left at the end fails the run (see pytest_sessionfinish)
-    os.environ[NAMESPACE_ENV] = f"sb3-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    library_namespace.enter("sb3")
     import stable_baselines3
     from stable_baselines3 import her
     from stable_baselines3.common import buffers, off_policy_algorithm
@@ -46,10 +42,4 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    gc.collect()
-    left = list_names()
-    for name in left:
-        unlink_name(name)
-    if left:
-        print(f"\nsb3_facade: FAILED: SB3's tests left shmbuf buffers behind: {sorted(left)}")
-        session.exitstatus = 1
+    library_namespace.check(session, "sb3")
