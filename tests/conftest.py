@@ -25,6 +25,8 @@ from shmbuf.core import segment
 # in scripts/test-libraries (a virtualenv per library).
 collect_ignore = [] if os.environ.get("SHMBUF_TEST_STEP") == "libraries" else \
     ["test_libraries.py", "compat/test_compat_sb3.py", "compat/test_compat_torchrl.py"]
+# the plugins that run a library's own tests on a facade (test-libraries: -p <name>)
+collect_ignore += ["helpers/sb3_facade.py", "helpers/imitation_facade.py", "helpers/library_namespace.py"]
 if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtualenv with Ray)
     collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
