@@ -3,6 +3,7 @@ ReplayBuffer (seed-semantics 1.4, section 2 B9-B11, C5, D3, E7, F1, F7)."""
 
 from __future__ import annotations
 
+import collections
 import pickle
 
 import numpy as np
@@ -335,3 +336,51 @@ def test_each_pickles_before_its_first_path_and_the_copies_share_one_buffer(name
 
 def _zero_reward(achieved, desired, info):
     return 0.0
+
+
+def _garages_segments(capacity, lengths):
+    """garage's own bookkeeping of PathBuffer._path_segments (its add_path at 2d59480),
+    re-stated: each new path's segments drop the oldest paths they overlap. One fix:
+    garage compares the new segments with the oldest path's first segment only, so a path
+    that started exactly at the end of the ring (first segment empty) keeps its segments
+    after its rows were overwritten (sample_path could then return rows of other paths);
+    here, as in the facade, both of its segments count."""
+    segments, first = collections.deque(), 0
+
+    def overlap(a, b):
+        return a.start < b.stop and b.start < a.stop if len(a) and len(b) else False
+
+    for n in lengths:
+        end = first + n
+        new = (range(first, capacity), range(0, end - capacity)) if end > capacity else (range(first, end), range(0, 0))
+        while segments and any(overlap(a, b) for a in new for b in segments[0]):
+            segments.popleft()
+        segments.append(new)
+        first = new[1].stop if new[1].stop != 0 else new[0].stop
+    return list(segments), first
+
+
+def test_garages_private_attributes_are_read_only_views_that_follow_its_bookkeeping(name):
+    """_buffer, _path_segments, _first_idx_of_next_path and _transitions_stored as
+    garage's (its tests read them): after every path of a random run, the same segments
+    as garage's own bookkeeping; _buffer shows the rows and refuses writes."""
+    buf = PathBuffer(10, seed=0, name=name)
+    assert buf._buffer == {} and not buf._path_segments
+    rng = np.random.default_rng(0)
+    lengths, t = [], 0
+    for _ in range(40):
+        n = int(rng.integers(1, 6))
+        lengths.append(n)
+        buf.add_path({"obs": np.arange(t, t + n)[:, None]})
+        t += n
+        segments, first = _garages_segments(10, lengths)
+        assert list(buf._path_segments) == segments
+        assert buf._first_idx_of_next_path == first
+        assert buf._transitions_stored == min(t, 10)
+    last = buf._path_segments[-1]
+    rows = [buf._buffer["obs"][i, 0] for seg in last for i in seg]
+    assert rows == list(range(t - lengths[-1], t))
+    with pytest.raises(ValueError, match="read-only"):
+        buf._buffer["obs"][0] = 1
+    buf.clear()
+    assert buf._buffer == {} and not buf._path_segments

@@ -34,6 +34,7 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -85,6 +86,47 @@ class PathBuffer(Lazy):
     def n_transitions_stored(self) -> int:
         """Rows stored: ``min(capacity, rows ever added)``."""
         return 0 if self._core is None else len(self._core)
+
+    # -- garage's private attributes, which its tests and its users' code read: read-only
+    # views of the shared memory (a row being written may show half of it; the samples
+    # never return one), never copies that go stale nor writable behind the protocol
+
+    @property
+    def _buffer(self) -> dict[str, np.ndarray]:
+        """Every key's ``(capacity, flat_dim)`` array in slot order (garage's ``_buffer``;
+        ``{}`` before the first path and after ``clear()``)."""
+        if self._core is None:
+            return {}
+        return {k: self._core.engine.view(k) for k in self._core.fields if not k.startswith("_")}
+
+    @property
+    def _path_segments(self) -> "collections.deque[tuple[range, range]]":
+        """garage's ``_path_segments``: each stored path's slots, oldest first, as
+        ``(range, range)`` (the second empty unless the path wraps around the end): the
+        paths none of whose rows was overwritten, as the rows are now (every process's)."""
+        out: collections.deque = collections.deque()
+        if self._core is None:
+            return out
+        engine, cap = self._core.engine, self._core.capacity
+        head = int(engine.heads()[0])  # (one lane: garage's one ring)
+        seqs = np.arange(max(head - cap, 0), head)
+        steps, lengths = engine.view(_STEP)[seqs % cap], engine.view(_LEN)[seqs % cap]
+        for start, n in zip(seqs[steps == 0].tolist(), lengths[steps == 0].tolist()):
+            if 0 < n and start + n <= head:
+                a = start % cap if start < cap or start % cap else cap  # (garage's: it starts at cap, not 0, once full)
+                out.append((range(a, min(a + n, cap)), range(0, max(a + n - cap, 0))))
+        return out
+
+    @property
+    def _first_idx_of_next_path(self) -> int:
+        """The slot the next path starts at (garage's: ``capacity`` once a path ended there)."""
+        head = 0 if self._core is None else int(self._core.engine.heads()[0])
+        return head % self._core.capacity or (self._core.capacity if head else 0)
+
+    @property
+    def _transitions_stored(self) -> int:
+        """garage's ``_transitions_stored``: :attr:`n_transitions_stored`."""
+        return self.n_transitions_stored
 
     # -- writing -------------------------------------------------------------------------
 
