@@ -16,8 +16,10 @@ while this one samples. Sampling draws from numpy's global generator as imitatio
 (``np.random.randint(size, size=n)`` over the slots, which hold what imitation's would),
 so a run seeded the imitation way (``np.random.seed``) repeats exactly; a buffer made or
 attached with ``seed=`` draws from a generator of its own instead. Behaviour of
-imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (docs/migrate/imitation.md): capacity must be >= 1; ``infos`` (Python
-objects) are not stored: ``sample`` returns an empty dict for each.
+imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (docs/migrate/imitation.md): capacity must be >= 1;
+``ReplayBuffer`` keeps each transition's ``infos`` within ``info_bytes`` bytes of its row
+(numbers, booleans, strings, numpy arrays of them, nested dicts of such; the rest is left
+out, with a warning), where imitation keeps the Python objects themselves.
 
 Examples:
     >>> import numpy as np
@@ -32,6 +34,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
@@ -40,6 +43,7 @@ from shmbuf.buffer import handle as core
 from shmbuf.core import sampling
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
+from shmbuf.compat.infos import decode_rows, encode
 from shmbuf.compat.shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
@@ -175,6 +179,34 @@ class _Global(Sampler):
         return sampling.copy_windows(self.ring, 0, drawn, 1, None, list(out.values()))
 
 
+class _Transitions(Buffer):
+    """A ReplayBuffer's rows: a Buffer whose ``infos`` field holds each row's dict (its
+    ``_arrays["infos"]`` decodes them, as imitation's holds the dicts)."""
+
+    def encode(self, infos: Any, n: int) -> np.ndarray:
+        """``n`` rows of encoded ``infos`` (None: empty dicts); warns once per handle of
+        the keys it left out."""
+        out = np.zeros((n,) + self.sample_shapes["infos"], np.uint8)
+        if infos is None:
+            return out
+        if len(infos) != n:
+            raise ValueError(f"infos has {len(infos)} entries for {n} transitions")
+        left = sorted({k for i, info in enumerate(infos) for k in encode(info, out[i])})
+        if left and not getattr(self, "_warned", False):
+            self._warned = True
+            warnings.warn(f"infos keys {left} were left out of the replay buffer's rows: it keeps numbers, "
+                          f"booleans, strings and numpy arrays of them within info_bytes="
+                          f"{out.shape[1]} bytes a row (make it larger, or see shmbuf.compat.infos)", stacklevel=4)
+        return out
+
+    @property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays = super()._arrays
+        if "infos" in arrays:  # (the dicts: a copy, as they are now)
+            arrays["infos"] = decode_rows(arrays["infos"])
+        return arrays
+
+
 def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
     handle = core.Buffer.attach(name, seed=seed)
     if handle.meta.get("kind") != kind:
@@ -183,7 +215,7 @@ def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
                          f"(it is a {handle.meta.get('kind', 'shmbuf.Buffer')!r})")
     self = object.__new__(cls)
     if cls is ReplayBuffer:
-        inner = object.__new__(Buffer)
+        inner = object.__new__(_Transitions)
         inner._open(handle, seed)
         self._buffer = inner
         self.capacity = inner.capacity
@@ -234,13 +266,16 @@ def _transitions_type() -> type:
 
 class ReplayBuffer(Shared):
     """Buffer for Transitions (imitation's ``buffer.ReplayBuffer``), in shared memory.
-    Rewards are not stored (imitation's do not either); ``infos`` neither: ``sample``
-    returns an empty dict for each."""
+    Rewards are not stored (imitation's do not either). ``infos``: each transition's dict
+    is kept in ``info_bytes`` bytes of its row (default 256; 0 keeps none, and ``sample``
+    gives an empty dict each): values that are numbers, booleans, strings or numpy arrays
+    of them, nested dicts of such; any other value, and values past ``info_bytes``, are
+    left out of that row, with a warning (:mod:`shmbuf.compat.infos`)."""
 
     def __init__(self, capacity: int, venv: Any = None, *, obs_shape: Optional[Tuple[int, ...]] = None,
                  act_shape: Optional[Tuple[int, ...]] = None, obs_dtype: Any = None,
                  act_dtype: Any = None, name: Optional[str] = None, seed: Any = None,
-                 persist: bool = False) -> None:
+                 persist: bool = False, info_bytes: int = 256) -> None:
         params = (obs_shape, act_shape, obs_dtype, act_dtype)
         if venv is not None:  # one message per argument the environment's spaces also give
             for given, space, what, attr in ((obs_shape, venv.observation_space, "observation", "shape"),
@@ -256,11 +291,15 @@ class ReplayBuffer(Shared):
             act_dtype = act_dtype if venv.action_space.dtype is None else venv.action_space.dtype
         elif any(p is None for p in params):
             raise ValueError("Shape or dtype missing and no environment specified.")
+        if isinstance(info_bytes, bool) or not isinstance(info_bytes, (int, np.integer)) or not 0 <= info_bytes <= 65536:
+            raise ValueError(f"info_bytes must be an int in [0, 65536] (bytes of a row's infos), got {info_bytes!r}")
         self.capacity = capacity
         shapes = {"obs": tuple(obs_shape), "acts": tuple(act_shape), "next_obs": tuple(obs_shape), "dones": ()}
         dtypes = {"obs": obs_dtype, "acts": act_dtype, "next_obs": obs_dtype, "dones": bool}
-        self._buffer = Buffer(capacity, shapes, dtypes, name=name, seed=seed, persist=persist,
-                              _kind=KIND_REPLAY)
+        if info_bytes:
+            shapes["infos"], dtypes["infos"] = (int(info_bytes),), np.uint8
+        self._buffer = _Transitions(capacity, shapes, dtypes, name=name, seed=seed, persist=persist,
+                                    _kind=KIND_REPLAY)
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None) -> "ReplayBuffer":
@@ -284,15 +323,20 @@ class ReplayBuffer(Shared):
         ``dones``: other fields such as ``rews`` are dropped)."""
         if isinstance(transitions.obs, Mapping):
             raise ValueError("Dictionary observations are not supported")
-        self._buffer.store({k: getattr(transitions, k) for k in ("obs", "acts", "next_obs", "dones")},
-                           truncate_ok=truncate_ok)
+        data = {k: getattr(transitions, k) for k in ("obs", "acts", "next_obs", "dones")}
+        if "infos" in self._buffer.sample_shapes:
+            data["infos"] = self._buffer.encode(getattr(transitions, "infos", None), len(data["obs"]))
+        self._buffer.store(data, truncate_ok=truncate_ok)
 
     def sample(self, n_samples: int) -> Any:
         """A Transitions of ``n_samples`` triples (imitation's class when imitation is
-        installed); ``infos`` holds an empty dict each."""
+        installed), with each one's ``infos`` dict (see the class)."""
         s = self._buffer.sample(n_samples)
-        infos = np.empty(n_samples, dtype=object)
-        infos[:] = [{} for _ in range(n_samples)]
+        if "infos" in s:
+            infos = decode_rows(s.pop("infos"))
+        else:
+            infos = np.empty(n_samples, dtype=object)
+            infos[:] = [{} for _ in range(n_samples)]
         return _transitions_type()(obs=s["obs"], acts=s["acts"], infos=infos, next_obs=s["next_obs"],
                                    dones=s["dones"])
 

@@ -118,7 +118,57 @@ def test_replay_buffer_schema_from_explicit_fields_or_an_env(name):
         assert type(t).__name__ == "Transitions" and len(t) == 5  # (imitation's, where installed)
         assert t.obs.dtype == np.float32 and t.acts.dtype == np.int64 and t.dones.dtype == bool
         assert (t.next_obs == t.obs + 1).all() and (t.dones == (t.acts % 2 == 0)).all()
-        assert t.infos.dtype == object and all(i == {} for i in t.infos)  # infos are not stored
+        assert t.infos.dtype == object and all(info == {"i": a} for info, a in zip(t.infos, t.acts))  # each row's
+
+
+def test_infos_are_kept_with_their_rows_and_what_cannot_be_is_left_out_with_a_warning(name):
+    """Each transition's infos dict comes back with its row: numbers, booleans, strings,
+    arrays and nested dicts of them, dtypes kept; what a row cannot hold (None, objects,
+    values past info_bytes) is left out of it, with one warning per handle; another
+    process's handle reads them; info_bytes=0 keeps none."""
+    rb = ReplayBuffer(16, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64,
+                      name=name, info_bytes=256, seed=0)
+    infos = np.array([{"a": np.float32(k), "s": f"step{k}", "done": k == 2, "v": np.arange(k + 1),
+                       "episode": {"r": 1.5 * k, "l": k}} for k in range(3)] + [{}], dtype=object)
+    t = Transitions(obs=np.arange(4, dtype=np.float32)[:, None], acts=np.arange(4), infos=infos,
+                    next_obs=np.arange(1, 5, dtype=np.float32)[:, None], dones=np.zeros(4, bool))
+    rb.store(t)
+    other = ReplayBuffer.attach(name)
+    s = other.sample(100)
+    for act, info in zip(s.acts.tolist(), s.infos):
+        if act == 3:
+            assert info == {}
+            continue
+        assert info["a"] == act and info["a"].dtype == np.float32 and info["s"] == f"step{act}"
+        assert info["done"] == (act == 2) and info["v"].tolist() == list(range(act + 1))
+        assert info["episode"] == {"r": 1.5 * act, "l": act}
+    kept = rb._buffer._arrays["infos"][:4]  # (imitation's _arrays["infos"]: the dicts, slot by slot)
+    assert [sorted(d) for d in kept] == [sorted(d) for d in infos] and [d.get("s") for d in kept] == [
+        d.get("s") for d in infos] and kept[2]["v"].tolist() == [0, 1, 2]
+    big = np.array([{"keep": 1, "none": None, "huge": np.zeros(100)}] * 2, dtype=object)
+    with pytest.warns(UserWarning, match=r"infos keys \['huge', 'none'\] were left out"):
+        rb.store(Transitions(obs=np.zeros((2, 1), np.float32), acts=np.zeros(2, np.int64), infos=big,
+                             next_obs=np.zeros((2, 1), np.float32), dones=np.zeros(2, bool)))
+    assert list(rb._buffer._arrays["infos"][4:6]) == [{"keep": 1}] * 2
+    with pytest.raises(ValueError, match="info_bytes must be an int in"):
+        ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=-1)
+    bare = ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=0)
+    bare.store(t)
+    assert all(i == {} for i in bare.sample(10).infos) and "infos" not in bare._buffer._arrays
+    bare.close(); other.close(); rb.close()
+
+
+def test_a_damaged_infos_row_is_a_value_error_never_a_crash():
+    from shmbuf.compat.infos import decode, encode
+
+    row = np.zeros(64, np.uint8)
+    assert encode({"x": 1.0}, row) == []
+    for damage in (lambda r: r.__setitem__(0, 250), lambda r: r.__setitem__(slice(3, 9), 0x7b),
+                   lambda r: r.__setitem__(slice(2, 40), np.frombuffer(b'[[["x"], "|O", []]]'.ljust(38), np.uint8))):
+        bad = row.copy()
+        damage(bad)
+        with pytest.raises(ValueError, match="infos row"):
+            decode(bad)
 
 
 def test_replay_buffer_store_defaults_to_truncating_and_drops_extra_fields(name):
@@ -233,5 +283,5 @@ def test_imitations_private_attributes_are_read_only_views_of_the_rows(name):
     with pytest.raises(ValueError, match="read-only"):
         buf._arrays["a"][0] = 7
     rb = ReplayBuffer(3, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64)
-    assert rb._buffer._idx == 0 and set(rb._buffer._arrays) == {"obs", "acts", "next_obs", "dones"}
+    assert rb._buffer._idx == 0 and set(rb._buffer._arrays) == {"obs", "acts", "next_obs", "dones", "infos"}
     rb.close(); other.close(); buf.close()
