@@ -59,6 +59,9 @@ def worker(name: str, envs: int, seed: int, stop: Any) -> None:
     buf.close()
 
 
+START_TIMEOUT = 120.0  # seconds the workers may take to write their first batch
+
+
 def run(workers: int = 2, envs: int = 16, seconds: float = 10.0, capacity: int = 100_000,
         batch: int = 256, quiet: bool = False) -> dict[str, Any]:
     """Run the demo and return its figures (rows/s, batches/s, torn rows, returns)."""
@@ -73,13 +76,18 @@ def run(workers: int = 2, envs: int = 16, seconds: float = 10.0, capacity: int =
             p.start()
         batches = torn = wrong = 0
         returns: list[float] = []
-        t0 = time.monotonic()
-        last = t0
+        t0 = last = time.monotonic()
         try:
-            while (now := time.monotonic()) - t0 < seconds:
-                if buf.transition_count < batch:
-                    time.sleep(0.001)
-                    continue
+            # the clock starts once the workers' first batch of transitions is there (their
+            # start-up, a few seconds on a busy machine, is not part of the run)
+            while buf.transition_count < batch:
+                if time.monotonic() - t0 > START_TIMEOUT:
+                    raise RuntimeError(f"the rollout workers wrote {buf.transition_count} transitions in "
+                                       f"{START_TIMEOUT:g} s, fewer than one batch of {batch}: the demo stops "
+                                       "(anything they printed is above)")
+                time.sleep(0.001)
+            t0 = last = time.monotonic()
+            while (now := time.monotonic()) - t0 < seconds or batches == 0:  # (one batch at least)
                 b = buf.sample(batch)
                 torn += int((checksum(b) != b["check"]).sum())
                 wrong += int(wrong_next(b).sum())
