@@ -5,7 +5,9 @@
   per second against writer processes) and ``capacity.png`` (microseconds per
   ``sample(256)`` against the buffer's capacity);
 * a main run (``scripts/bench``): ``<workload>-ratios.png``, shmbuf's figure over each
-  peer's, per metric.
+  peer's, per metric;
+* CleanRL's loops (``scripts/bench-clients --loops``): ``loops.png``, each script's
+  learning curve with SB3's buffer and with shmbuf's, seed by seed.
 """
 
 from __future__ import annotations
@@ -101,6 +103,29 @@ def ratios(res: dict[str, Any], out: str, plt: Any) -> list[str]:
     return paths
 
 
+def loops(res: dict[str, Any], out: str, plt: Any) -> list[str]:
+    names = list(res["runs"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6))
+    for ax, name in zip(axes, names):
+        for arm, color in (("sb3", STYLE["sb3"][0]), ("shmbuf", STYLE["shmbuf"][0])):
+            for i, run in enumerate(res["runs"][name][arm]):
+                xs = [1000 * (k + 1) for k, v in enumerate(run["curve"]) if v is not None]
+                ax.plot(xs, [v for v in run["curve"] if v is not None], color=color, alpha=0.8,
+                        ls="-" if i % 2 == 0 else "--",
+                        label=f"{'SB3' if arm == 'sb3' else 'shmbuf'}'s buffer, seed {run['seed']}")
+        ax.set_title(f"CleanRL {name} ({'CartPole' if name == 'dqn' else 'Pendulum'})", fontsize=9)
+        ax.set_xlabel("environment steps")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("mean episodic return per 1,000 steps")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"the same scripts, one import apart ({_title(res)})", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "loops.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/plots", description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", help="JSON files of scripts/bench (a main run or --sweep)")
@@ -115,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in a.files:
         with open(f) as fh:
             res = json.load(fh)
-        made = sweep(res, a.out, plt) if res.get("kind") == "sweep" else ratios(res, a.out, plt)
+        made = {"sweep": sweep, "loops": loops}.get(res.get("kind"), ratios)(res, a.out, plt)
         for path in made:
             print(f"scripts/plots: {f} -> {path}")
     return 0

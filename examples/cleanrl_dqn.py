@@ -5,9 +5,10 @@ both; nothing else changes).
 
     python examples/cleanrl_dqn.py --seed 1 --total-timesteps 60000
 
-Prints one JSON line at the end: wall time, steps per second, the time and step at
-which the mean of the last 20 episodic returns first reached 475 (CartPole solved),
-and that mean at the end.
+Prints one JSON line at the end: the loop's wall and CPU time, the time spent in the
+buffer's calls, steps per second, the time and step at which the mean of the last 20
+episodic returns first reached 475 (CartPole solved), that mean at the end, and the
+learning curve (the mean episodic return of each 1,000 steps).
 """
 
 import argparse
@@ -87,8 +88,8 @@ if __name__ == "__main__":
 
     rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device,
                       handle_timeout_termination=False)
-    start_time = time.time()
-    returns, solved_at, solved_step = [], None, None
+    start_time, start_cpu, in_buffer = time.time(), time.process_time(), 0.0
+    returns, solved_at, solved_step, episodes = [], None, None, []
 
     obs, _ = envs.reset(seed=args.seed)
     for global_step in range(args.total_timesteps):
@@ -105,6 +106,7 @@ if __name__ == "__main__":
         if "episode" in infos:
             for r in infos["episode"]["r"][infos["_episode"]]:
                 returns.append(float(r))
+                episodes.append((global_step, float(r)))
                 if solved_at is None and len(returns) >= 20 and np.mean(returns[-20:]) >= 475:
                     solved_at, solved_step = time.time() - start_time, global_step
 
@@ -112,12 +114,16 @@ if __name__ == "__main__":
         for idx, ended in enumerate(terminations | truncations):
             if ended:
                 real_next_obs[idx] = infos["final_obs"][idx]
+        t = time.perf_counter()
         rb.add(obs, real_next_obs, actions, rewards, terminations, infos)
+        in_buffer += time.perf_counter() - t
         obs = next_obs
 
         if global_step > args.learning_starts:
             if global_step % args.train_frequency == 0:
+                t = time.perf_counter()
                 data = rb.sample(args.batch_size)
+                in_buffer += time.perf_counter() - t
                 with torch.no_grad():
                     target_max, _ = target_network(data.next_observations).max(dim=1)
                     td_target = data.rewards.flatten() + args.gamma * target_max * (1 - data.dones.flatten())
@@ -130,8 +136,11 @@ if __name__ == "__main__":
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters()):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
 
-    wall = time.time() - start_time
-    print(json.dumps({"buffer": type(rb).__module__, "seed": args.seed, "wall_s": round(wall, 2),
+    wall, cpu = time.time() - start_time, time.process_time() - start_cpu
+    curve = [round(float(np.mean([r for s, r in episodes if s // 1000 == k])), 1)
+             if any(s // 1000 == k for s, _ in episodes) else None for k in range(args.total_timesteps // 1000)]
+    print(json.dumps({"buffer": type(rb).__module__, "seed": args.seed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                      "buffer_s": round(in_buffer, 3), "curve": curve,
                       "sps": round(args.total_timesteps / wall), "solved_s": solved_at and round(solved_at, 2),
                       "solved_step": solved_step, "last20": round(float(np.mean(returns[-20:])), 1) if returns else None}))
     envs.close()

@@ -181,3 +181,27 @@ def test_bench_clients_switches_one_import_and_reports_medians_and_ratios(tmp_pa
     (tmp_path / "bad" / "cleanrl_dqn.py").write_text("import numpy\n")
     with pytest.raises(SystemExit, match="no longer has the line"):
         clients.arms(tmp_path / "bad", tmp_path)
+
+
+def test_bench_clients_loops_report_the_switched_scripts_cpu_ratio(tmp_path):
+    from benchmarks import clients
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    for name in clients.LOOPS:
+        copy = clients.switched(examples / f"cleanrl_{name}.py", tmp_path)
+        diff = [(a, b) for a, b in zip((examples / f"cleanrl_{name}.py").read_text().splitlines(),
+                                       copy.read_text().splitlines()) if a != b]
+        assert diff == [(clients.SB3_IMPORT.strip(), clients.SHMBUF_IMPORT.strip())]
+
+    def run(seed, cpu, buffer_s, last):
+        return {"seed": seed, "cpu_s": cpu, "wall_s": cpu + 1, "buffer_s": buffer_s, "curve": [None, -300, last]}
+
+    got = {"kind": "loops", "args": {"sac": ["--total-timesteps", "3000"]},
+           "machine": {"cpus": 2, "python": "3", "numpy": "2", "date": "2026-11-28"},
+           "runs": {"sac": {"sb3": [run(1, 100, 2.0, -150), run(2, 110, 2.2, -170)],
+                            "shmbuf": [run(1, 95, 1.5, -140), run(2, 121, 1.6, -160)]}}}
+    text = clients.loops_report(got)
+    row = [line for line in text.splitlines() if line.startswith("| sac")][0]
+    assert "| 3000 | 2 | 105.0 | 108.0 | 1.025 (0.950-1.100) |" in row  # per-seed ratios 0.95 and 1.1
+    assert "2.10 / 1.55" in row and "-160.0 / -150.0" in row
+

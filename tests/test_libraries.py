@@ -188,3 +188,22 @@ def test_sb3_async_cleanrl_dqn_on_actors_runs_and_stops(tmp_path):
     got = _cleanrl(examples / "cleanrl_dqn_actors.py", "--seconds", "8", "--learning-starts", "500")
     assert got["buffer"] == "shmbuf.compat.sb3 + shmbuf.Actors" and got["sps"] >= 0
     assert segment.list_names() == []  # the buffer and the weights were removed
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("script", ["cleanrl_sac.py", "cleanrl_td3.py"])
+def test_sb3_cleanrl_sac_and_td3_run_unchanged_and_switched(tmp_path, script):
+    """examples/cleanrl_sac.py and cleanrl_td3.py (CleanRL's SAC and TD3 for gymnasium
+    1.x), unchanged and with the import switched (as scripts/bench-clients --loops runs
+    them), a short run each: both train from their buffer and report the same figures."""
+    pytest.importorskip("stable_baselines3")
+    from benchmarks import clients
+
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    args = ["--seed", "1", "--total-timesteps", "1200", "--learning-starts", "600", "--buffer-size", "5000"]
+    theirs = _cleanrl(examples / script, *args)
+    ours = _cleanrl(clients.switched(examples / script, tmp_path), *args)
+    assert theirs["buffer"] == "stable_baselines3.common.buffers" and ours["buffer"] == "shmbuf.compat.sb3"
+    for got in (theirs, ours):
+        assert got["cpu_s"] > 0 and 0 < got["buffer_s"] < got["wall_s"] and len(got["curve"]) == 1
+        assert -2000 < got["curve"][0] < 0  # Pendulum's returns

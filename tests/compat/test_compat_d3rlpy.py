@@ -462,3 +462,39 @@ def test_the_facade_reads_through_the_one_checked_gather(name, read, break_prote
         break_protection("stamp check")
         assert any((a == -7.0).any() for _ in range(3) for a in sample(buf))
         buf.unlink()
+
+
+@pytest.mark.parametrize("observation_shape", [(4,), ((4,), (8,))])
+def test_dump_files_move_both_ways_between_d3rlpy_and_the_facade(name, tmp_path, observation_shape):
+    """In the shape of d3rlpy's tests/dataset/test_io.py: episodes of 100 and 200 steps
+    dumped by d3rlpy load in the facade, and the facade's dump loads in d3rlpy, every
+    array equal (d3rlpy's own dump/load where it is installed: scripts/test-libraries)."""
+    d3 = pytest.importorskip("d3rlpy.dataset")
+    from shmbuf.compat.d3rlpy import dump, load
+
+    rng = np.random.default_rng(0)
+
+    def make(length):
+        obs = [rng.random((length, *s)).astype(np.float32) for s in observation_shape] \
+            if isinstance(observation_shape[0], tuple) else rng.random((length, *observation_shape)).astype(np.float32)
+        return d3.Episode(obs, rng.random((length, 2)).astype(np.float32), rng.random((length, 1)).astype(np.float32),
+                          True)
+
+    episodes = [make(100), make(200)]
+    theirs, mine = tmp_path / "theirs.h5", tmp_path / "mine.h5"
+    with open(theirs, "w+b") as f:
+        d3.dump(episodes, f)
+    with open(theirs, "rb") as f:
+        loaded = load(Episode, f)
+    with open(mine, "w+b") as f:
+        dump(loaded, f)
+    with open(mine, "rb") as f:
+        back = d3.load(d3.Episode, f)
+    assert len(loaded) == len(back) == 2
+    for want, a, b in zip(episodes, loaded, back):
+        for got in (a, b):
+            obs = zip(want.observations, got.observations) if isinstance(observation_shape[0], tuple) else \
+                [(want.observations, got.observations)]
+            assert all(np.array_equal(x, y) for x, y in obs)
+            assert np.array_equal(want.actions, got.actions) and np.array_equal(want.rewards, got.rewards)
+            assert want.terminated == got.terminated

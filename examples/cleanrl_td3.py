@@ -1,0 +1,162 @@
+"""TD3 on Pendulum in the shape of CleanRL's ``td3_continuous_action.py`` (one file, SB3's
+ReplayBuffer, CleanRL's networks and hyperparameters but the number of steps), for
+gymnasium 1.x. Switching it to shmbuf is one line: the ReplayBuffer import below becomes
+``from shmbuf.compat.sb3 import ReplayBuffer`` (scripts/bench-clients times both;
+nothing else changes).
+
+    python examples/cleanrl_td3.py --seed 1 --total-timesteps 12000
+
+Prints one JSON line at the end: the loop's wall and CPU time, the time spent in the
+buffer's calls, steps per second and the learning curve (the mean episodic return of
+each 1,000 steps).
+"""
+
+import argparse
+import json
+import random
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from stable_baselines3.common.buffers import ReplayBuffer
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--env-id", default="Pendulum-v1")
+    p.add_argument("--total-timesteps", type=int, default=12000)
+    p.add_argument("--num-envs", type=int, default=1)
+    p.add_argument("--learning-rate", type=float, default=3e-4)
+    p.add_argument("--buffer-size", type=int, default=1000000)
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--tau", type=float, default=0.005)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--policy-noise", type=float, default=0.2)
+    p.add_argument("--exploration-noise", type=float, default=0.1)
+    p.add_argument("--learning-starts", type=int, default=1000)
+    p.add_argument("--policy-frequency", type=int, default=2)
+    p.add_argument("--noise-clip", type=float, default=0.5)
+    return p.parse_args()
+
+
+def make_env(env_id, seed):
+    def thunk():
+        env = gym.make(env_id)
+        env.action_space.seed(seed)
+        return env
+    return thunk
+
+
+class QNetwork(nn.Module):
+    def __init__(self, env):
+        super().__init__()
+        n_in = np.prod(env.single_observation_space.shape) + np.prod(env.single_action_space.shape)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(n_in, 256), nn.Linear(256, 256), nn.Linear(256, 1)
+
+    def forward(self, x, a):
+        x = F.relu(self.fc1(torch.cat([x, a], 1)))
+        return self.fc3(F.relu(self.fc2(x)))
+
+
+class Actor(nn.Module):
+    def __init__(self, env):
+        super().__init__()
+        self.fc1 = nn.Linear(np.prod(env.single_observation_space.shape), 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc_mu = nn.Linear(256, np.prod(env.single_action_space.shape))
+        high, low = env.single_action_space.high, env.single_action_space.low
+        self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
+        self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+
+    def forward(self, x):
+        x = F.relu(self.fc2(F.relu(self.fc1(x))))
+        return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device("cpu")
+
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed + i) for i in range(args.num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    actor, target_actor = Actor(envs).to(device), Actor(envs).to(device)
+    qf1, qf2, qf1_target, qf2_target = (QNetwork(envs).to(device) for _ in range(4))
+    target_actor.load_state_dict(actor.state_dict())
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    q_optimizer = optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.learning_rate)
+    actor_optimizer = optim.Adam(list(actor.parameters()), lr=args.learning_rate)
+
+    envs.single_observation_space.dtype = np.float32
+    rb = ReplayBuffer(args.buffer_size, envs.single_observation_space, envs.single_action_space, device,
+                      n_envs=args.num_envs, handle_timeout_termination=False)
+    start_time, start_cpu, in_buffer = time.time(), time.process_time(), 0.0
+    episodes = []  # (step, return)
+
+    obs, _ = envs.reset(seed=args.seed)
+    for global_step in range(args.total_timesteps):
+        if global_step < args.learning_starts:
+            actions = np.array([envs.single_action_space.sample() for _ in range(envs.num_envs)])
+        else:
+            with torch.no_grad():
+                actions = actor(torch.Tensor(obs).to(device))
+                actions += torch.normal(0, actor.action_scale * args.exploration_noise)
+                actions = actions.cpu().numpy().clip(envs.single_action_space.low, envs.single_action_space.high)
+
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        if "episode" in infos:
+            episodes += [(global_step, float(r)) for r in infos["episode"]["r"][infos["_episode"]]]
+
+        real_next_obs = next_obs.copy()
+        for idx, ended in enumerate(terminations | truncations):
+            if ended:
+                real_next_obs[idx] = infos["final_obs"][idx]
+        t = time.perf_counter()
+        rb.add(obs, real_next_obs, actions, rewards, terminations, infos)
+        in_buffer += time.perf_counter() - t
+        obs = next_obs
+
+        if global_step > args.learning_starts:
+            t = time.perf_counter()
+            data = rb.sample(args.batch_size)
+            in_buffer += time.perf_counter() - t
+            with torch.no_grad():
+                clipped_noise = (torch.randn_like(data.actions, device=device) * args.policy_noise).clamp(
+                    -args.noise_clip, args.noise_clip) * target_actor.action_scale
+                next_actions = (target_actor(data.next_observations) + clipped_noise).clamp(
+                    envs.single_action_space.low[0], envs.single_action_space.high[0])
+                min_next = torch.min(qf1_target(data.next_observations, next_actions),
+                                     qf2_target(data.next_observations, next_actions))
+                next_q = data.rewards.flatten() + (1 - data.dones.flatten()) * args.gamma * min_next.view(-1)
+            qf1_a = qf1(data.observations, data.actions).view(-1)
+            qf2_a = qf2(data.observations, data.actions).view(-1)
+            qf_loss = F.mse_loss(qf1_a, next_q) + F.mse_loss(qf2_a, next_q)
+            q_optimizer.zero_grad()
+            qf_loss.backward()
+            q_optimizer.step()
+
+            if global_step % args.policy_frequency == 0:
+                actor_loss = -qf1(data.observations, actor(data.observations)).mean()
+                actor_optimizer.zero_grad()
+                actor_loss.backward()
+                actor_optimizer.step()
+                for net, target in ((actor, target_actor), (qf1, qf1_target), (qf2, qf2_target)):
+                    for param, target_param in zip(net.parameters(), target.parameters()):
+                        target_param.data.copy_(args.tau * param.data + (1 - args.tau) * target_param.data)
+
+    wall, cpu = time.time() - start_time, time.process_time() - start_cpu
+    curve = [round(float(np.mean([r for s, r in episodes if s // 1000 == k])), 1)
+             if any(s // 1000 == k for s, _ in episodes) else None for k in range(args.total_timesteps // 1000)]
+    print(json.dumps({"buffer": type(rb).__module__, "seed": args.seed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                      "buffer_s": round(in_buffer, 3), "sps": round(args.total_timesteps / wall), "curve": curve,
+                      "last": curve[-1] if curve else None}))
+    envs.close()
