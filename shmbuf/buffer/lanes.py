@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from shmbuf.core.engine import Engine
 
 
@@ -12,6 +14,8 @@ class Lanes:
     """``Buffer``'s lane operations (see :class:`shmbuf.Buffer`)."""
 
     engine: Engine
+    _plain: Any  # the C ring when rows are written as they are (see Buffer._open)
+    add: Any
 
     @property
     def lane(self) -> int | None:
@@ -54,6 +58,39 @@ class Lanes:
     def release_lane(self, *, timeout: float | None = None) -> None:
         """Give up this handle's lane claim (no-op without one)."""
         self.engine.release_lane(self.engine.seconds(timeout))
+
+    def add_each(self, batch: Mapping[str, Any], lanes: Any, *, timeout: float | None = None) -> None:
+        """Add one transition to each of ``lanes``: row ``i`` of every field of ``batch``
+        (``{name: (n, *shape)}``) into ``lanes[i]``, as the ``n`` envs of a vector env
+        step, each into its own lane. In one native call when this process has
+        claimed every one of those lanes (else, or on the pure-Python path, row by row,
+        as :meth:`add`). Every row is checked before any is written: on an error the
+        buffer is unchanged.
+
+        Examples:
+            >>> import numpy as np, shmbuf
+            >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 6, lanes=3)
+            >>> buf.add_each({"x": np.array([10, 20])}, [0, 2])
+            >>> buf.lane_sizes()
+            [1, 0, 1]
+            >>> buf.close()
+        """
+        if type(lanes) is not np.ndarray or lanes.dtype != np.int64 or lanes.ndim != 1:
+            lanes = np.asarray(lanes, np.int64).reshape(-1)
+        plain = self._plain
+        if plain is not None and isinstance(batch, dict) and plain.put_rows(lanes, batch, {}, timeout) is None:
+            return  # (every lane this process's: checked and written in C, all or nothing)
+        n, count = len(lanes), self.engine.layout.lanes
+        if n and (lanes.min() < 0 or lanes.max() >= count):
+            raise ValueError(f"lanes must be in [0, {count}): this buffer has {count} lanes; got {lanes.tolist()}")
+        for k, v in batch.items():
+            if np.ndim(v) == 0 or len(v) != n:
+                raise ValueError(f"field {k!r}: expected {n} rows, one per lane, got {np.shape(v)}")
+        rows = [{k: v[i] for k, v in batch.items()} for i in range(n)]
+        for row in rows:
+            self.engine.schema.check_rows(row, single=True)
+        for row, lane in zip(rows, lanes.tolist()):
+            self.add(row, lane=lane, timeout=timeout)
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.

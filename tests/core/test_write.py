@@ -215,3 +215,36 @@ def test_prefault_maps_the_pages_once(name):
         other.prefault()  # now all of it
         assert me.memory_info().rss - rss > 60 << 20
         other.close()
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+def test_add_each_puts_row_i_into_lane_i_and_checks_every_row_first(name, claimed):
+    """add_each: one row per lane, the same rows as add() row by row would write (in
+    one native call when this process claimed every lane: ``claimed``; else row by
+    row); a bad row anywhere raises before any row is written."""
+    fields = {"obs": ((3,), "float32"), "reward": ((), "float32"), "done": ((), "bool")}
+    with shmbuf.Buffer.create(fields, 12, lanes=4, name=name) as buf:
+        lanes = np.array([3, 0, 2], np.int64)
+        others = [shmbuf.Buffer.attach(name) for _ in lanes] if claimed else []
+        for other, lane in zip(others, lanes.tolist()):  # this process owns those lanes: one native call
+            other.claim_lane(lane)
+        buf.prefault()
+        batch = {"obs": np.arange(9, dtype=np.float32).reshape(3, 3), "reward": np.array([1.0, 2.0, 3.0]),
+                 "done": np.array([False, True, False])}
+        for _ in range(2):
+            buf.add_each(batch, lanes)
+        assert buf.lane_sizes() == [2, 0, 2, 2]
+        for lane, i in zip(lanes.tolist(), range(3)):
+            rows = buf.sample_sequences(1, 2, lane=lane)
+            assert rows["obs"][0].tolist() == [batch["obs"][i].tolist()] * 2
+            assert rows["reward"][0].tolist() == [batch["reward"][i]] * 2 and rows["done"][0].tolist() == [batch["done"][i]] * 2
+        bad = {**batch, "obs": np.array([[0, 0, 0], [0, 0, 0], [np.nan, 0, 0]], object)}
+        for wrong in (bad, {**batch, "reward": np.array([1.0, 2.0])}, {"obs": batch["obs"]}):
+            with pytest.raises((ValueError, TypeError)):
+                buf.add_each(wrong, lanes)
+            assert buf.lane_sizes() == [2, 0, 2, 2]  # nothing written
+        with pytest.raises(ValueError):
+            buf.add_each(batch, [0, 1, 9])  # no lane 9
+        assert buf.lane_sizes() == [2, 0, 2, 2]
+        for other in others:
+            other.close()

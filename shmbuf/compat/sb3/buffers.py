@@ -108,7 +108,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._core = core
         # the common case's shapes (rows of one flat observation), or None: add's fast path
         self._flat = None if self._episodic or isinstance(self.obs_shape, dict) else \
-            ((self.n_envs, *self.obs_shape), (self.n_envs, self.action_dim), (0.0,) * self.n_envs)
+            ((self.n_envs, *self.obs_shape), (self.n_envs, self.action_dim), (0.0,) if self.n_envs == 1 else np.zeros(self.n_envs, np.float32))
         self._lanes: list[int] = []  # the lanes this handle's envs write (claimed at the first add)
         self._writer: Any = None  # episodes: the episode writer of this handle's envs
         self._next: Any = None  # ... and the next observations of its last add (a reset shows)
@@ -174,10 +174,13 @@ class ReplayBuffer(SB3ReplayBuffer):
             else:
                 if self.handle_timeout_termination:
                     timeouts = self._timeouts(infos)
-                add, lanes = self._core.add, self._lanes or self._claimed()
-                for i in range(n):  # each env into its own lane
-                    add({OBS: o[i], NEXT: nxt[i], "actions": a[i], "rewards": r[i], "dones": d[i],
-                         "timeouts": timeouts[i]}, lane=lanes[i], timeout=timeout)
+                lanes = self._lanes or self._claimed()
+                if n == 1:
+                    self._core.add({OBS: o[0], NEXT: nxt[0], "actions": a[0], "rewards": r[0], "dones": d[0],
+                                    "timeouts": timeouts[0]}, lane=lanes[0], timeout=timeout)
+                else:  # each env into its own lane, in one call
+                    self._core.add_each({OBS: o, NEXT: nxt, "actions": a, "rewards": r, "dones": d,
+                                         "timeouts": np.asarray(timeouts, np.float32)}, self._lane_array, timeout=timeout)
                 return
         wait = timeout
         try:
@@ -198,12 +201,8 @@ class ReplayBuffer(SB3ReplayBuffer):
                                  or f"obs and next_obs must be ({n}, *{self.obs_shape})") from None
         if self._episodic:
             return self._add_steps(obs, next_obs, action, reward, done.astype(bool), np.array(timeout, bool), wait)
-        add, lanes = self._core.add, self._lanes or self._claimed()
-        for i in range(n):  # each env into its own lane
-            row = {k: v[i] for k, v in obs.items()}
-            row.update({k: v[i] for k, v in next_obs.items()})
-            row.update(actions=action[i], rewards=reward[i], dones=done[i], timeouts=timeout[i])
-            add(row, lane=lanes[i], timeout=wait)
+        self._core.add_each({**obs, **next_obs, "actions": action, "rewards": reward, "dones": done,  # (env i: lane i)
+                             "timeouts": np.asarray(timeout, np.float32)}, self._lanes or self._claimed(), timeout=wait)
 
     def _timeouts(self, infos: Any) -> list[float]:
         """Each env's time limit, from ``infos[i]["TimeLimit.truncated"]`` (read only with
@@ -238,6 +237,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def _claimed(self) -> list[int]:
         if not self._lanes:
             self._lanes = self._lanes_for(lambda: self._core.engine.ring.claim_many(self.n_envs, self._core.timeout))
+            self._lane_array = np.array(self._lanes, np.int64)
         return self._lanes
 
     def _lanes_for(self, claim: Any) -> Any:
