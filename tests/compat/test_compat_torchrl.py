@@ -424,3 +424,50 @@ def test_prioritized_rows_take_their_priority_key_and_updates_from_another_proce
         rb.update_priority(torch.tensor([0]), torch.tensor([float("nan")]))
     other.close()
     rb.close()
+
+
+# -- in the shape of TorchRL's storage tests (its repository's test/rb/test_storages.py)
+
+STORES = ["torchrl-tensor", "torchrl-memmap", "shmbuf"]
+
+
+@pytest.mark.parametrize("init_out", [True, False])
+@pytest.mark.parametrize("storage_out", STORES)
+@pytest.mark.parametrize("storage_in", STORES)
+@pytest.mark.filterwarnings("ignore:Loading the storage on an uninitialized")
+def test_a_buffers_state_dict_loads_into_any_storage(storage_in, storage_out, init_out, name):
+    """A buffer of 100 rows filled with three transitions of ones; its state dict loads
+    into a buffer over any storage, written to already or not: a sample is all ones."""
+    transition = TensorDict({"observation": torch.ones(1, 4), "action": torch.ones(1, 2),
+                             "reward": torch.ones(1, 1), "dones": torch.ones(1, 1),
+                             "next": {"observation": torch.ones(1, 4)}}, batch_size=1)
+    src = make(storage_in, 100, f"{name}-in", batch_size=3)
+    for _ in range(3):
+        src.extend(transition)
+    state = src.state_dict()
+    dst = make(storage_out, 100, f"{name}-out", batch_size=state["_batch_size"])
+    if init_out:
+        dst.extend(transition.apply(lambda x: x * 0))
+    dst.load_state_dict(state)
+    assert len(dst) == 3 and (dst.sample().exclude("index") == 1).all()
+
+
+def test_ragged_lazy_stacks_are_refused_with_a_reason_homogeneous_ones_are_rows(name):
+    """TorchRL keeps a lazy stack of ragged TensorDicts (its storage holds a lazy
+    stack); a shmbuf field has one shape: a ValueError that says so, nothing written.
+    A lazy stack of rows alike (a collector's) is stored as its dense rows."""
+    from tensordict import LazyStackedTensorDict
+
+    rb = make("shmbuf", 6, name, batch_size=2)
+    ragged = LazyStackedTensorDict(TensorDict(a=torch.rand(5, 4, 8), batch_size=5),
+                                   TensorDict(a=torch.rand(5, 3, 8), batch_size=5), stack_dim=1)
+    with pytest.raises(ValueError, match="differ in shape from row to row"):
+        rb.extend(ragged)
+    assert len(rb) == 0
+    tds = [TensorDict({"obs": torch.rand(4, 8), "action": torch.rand(2)}, batch_size=()) for _ in range(10)]
+    lazy = LazyStackedTensorDict.lazy_stack(tds, dim=0)
+    other = make("shmbuf", 100, name + "-b", batch_size=10)
+    other.extend(lazy)
+    every = other[:]
+    assert every["obs"].shape == (10, 4, 8) and torch.equal(every["obs"], lazy.to_tensordict()["obs"])
+    assert torch.equal(every["action"], lazy.to_tensordict()["action"])

@@ -68,7 +68,7 @@ class SharedStorage(Storage):
         keeps the batch dimensions after the first, as TorchRL's ``ndim=1`` storages)."""
         if self.buf is not None:
             return
-        flat = td.flatten_keys(SEP)
+        flat = _flat(td)
         fields = {k: (tuple(v.shape[1:]), _numpy_dtype(v.dtype)) for k, v in flat.items()}
         row_shape = tuple(td.batch_size[1:])
         self._opened(Buffer.create(fields, self.max_size // self.lanes * self.lanes, lanes=self.lanes, name=self._name,
@@ -84,7 +84,7 @@ class SharedStorage(Storage):
         if tuple(rows.batch_size[1:]) != self.row_shape:
             raise ValueError(f"rows of batch size {list(rows.batch_size)}: this buffer's rows have the batch size "
                              f"{list(self.row_shape)} after the first dimension (fixed by its first write)")
-        flat = rows.flatten_keys(SEP)
+        flat = _flat(rows)
         extra = sorted(set(flat.keys()) - set(self.keys))
         if extra:
             raise ValueError(f"the rows have keys {extra} the buffer does not: its keys {sorted(self.keys)} were "
@@ -285,6 +285,17 @@ class SharedStorage(Storage):
         if self._name is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._attach(self._name)
+
+
+def _flat(td: TensorDictBase) -> dict[str, torch.Tensor]:
+    """The leaves of ``td`` by their joined keys; a clear error for entries whose shape
+    differs from row to row (a lazy stack of ragged TensorDicts)."""
+    try:
+        return dict(td.flatten_keys(SEP).items())
+    except RuntimeError as e:
+        raise ValueError(f"these rows' entries differ in shape from row to row (a lazily stacked TensorDict of "
+                         f"ragged entries, batch size {list(td.batch_size)}): a shmbuf field holds one shape per "
+                         "row; pad them to one shape first, or keep ragged rows in TorchRL's ListStorage") from e
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
