@@ -9,6 +9,8 @@ import numpy as np
 
 from shmbuf.core.engine import Engine
 
+_INT64 = np.dtype(np.int64)
+
 
 class Lanes:
     """``Buffer``'s lane operations (see :class:`shmbuf.Buffer`)."""
@@ -75,7 +77,7 @@ class Lanes:
             [1, 0, 1]
             >>> buf.close()
         """
-        if type(lanes) is not np.ndarray or lanes.dtype != np.int64 or lanes.ndim != 1:
+        if type(lanes) is not np.ndarray or lanes.dtype is not _INT64 or lanes.ndim != 1:
             lanes = np.asarray(lanes, np.int64).reshape(-1)
         plain = self._plain
         if plain is not None and isinstance(batch, dict) and plain.put_rows(lanes, batch, {}, timeout) is None:
