@@ -19,6 +19,7 @@ import numpy as np
 
 KINDS = "biufcU"
 _cache: dict[bytes, list] = {}  # headers already parsed (rows of one run share a few)
+_builders: dict[bytes, Any] = {}  # ... and the function that builds their dicts
 
 
 def _leaves(d: Any, path: tuple) -> Iterable[tuple[tuple, Any]]:
@@ -66,7 +67,8 @@ def _entries(key: bytes, width: int) -> list:
             parsed = [(tuple(p), np.dtype(d), tuple(int(x) for x in s)) for p, d, s in json.loads(key)]
         except (ValueError, TypeError) as e:
             raise ValueError(f"an infos row's header cannot be read: {e}") from None
-        if any(d.kind not in KINDS or any(x < 0 for x in s) or not p for p, d, s in parsed):
+        if any(d.kind not in KINDS or any(x < 0 for x in s) or not p or not all(isinstance(k, str) for k in p)
+               for p, d, s in parsed):
             raise ValueError("an infos row's header names a dtype or shape infos cannot hold")
         entries = [(p, d, s, d.itemsize * int(np.prod(s, dtype=np.int64))) for p, d, s in parsed]
         if len(_cache) < 4096:
@@ -89,24 +91,56 @@ def decode_rows(rows: np.ndarray) -> np.ndarray:
     lengths = (rows[:, 0].astype(np.int64) | rows[:, 1].astype(np.int64) << 8) if width >= 2 else np.zeros(n_rows, int)
     if (2 + lengths > width).any():
         raise ValueError(f"an infos row says its header has {int(lengths.max())} bytes, more than the row's {width}")
-    groups: dict[bytes, list[int]] = {}
-    for i, n in enumerate(lengths.tolist()):
-        if n:
-            groups.setdefault(rows[i, 2:2 + n].tobytes(), []).append(i)
-        else:
-            out[i] = {}
+    groups: dict[bytes, Any] = {}
+    empty = lengths == 0
+    if empty.any():
+        k = int(np.count_nonzero(empty))
+        out[np.flatnonzero(empty)] = np.fromiter(({} for _ in range(k)), object, k)
+    if not empty.all():  # (the usual case: the rows share one header, found in one comparison)
+        first = int(np.argmin(empty))
+        n = int(lengths[first])
+        same = (rows[:, :2 + n] == rows[first, :2 + n]).all(axis=1)
+        groups[rows[first, 2:2 + n].tobytes()] = np.flatnonzero(same)
+        for i in np.flatnonzero(~same & ~empty).tolist():
+            groups.setdefault(rows[i, 2:2 + int(lengths[i])].tobytes(), []).append(i)
     for key, idx in groups.items():
-        at, columns = 2 + len(key), []
+        at, paths, values = 2 + len(key), [], []
         for path, dtype, shape, size in _entries(key, width):
             col = np.ascontiguousarray(rows[idx, at:at + size]).view(dtype).reshape((len(idx),) + shape)
-            columns.append((path, col))
+            paths.append(path)
+            values.append(list(col))  # (numpy scalars, or arrays of the key's shape)
             at += size
-        for k, i in enumerate(idx):
-            d: dict[str, Any] = {}
-            for path, col in columns:
-                node = d
-                for p in path[:-1]:
-                    node = node.setdefault(p, {})
-                node[path[-1]] = col[k]
-            out[i] = d
+        out[np.asarray(idx)] = np.fromiter(map(_builder(key, paths), *values), object, len(idx))
     return out
+
+
+def _builder(key: bytes, paths: list[tuple]) -> Any:
+    """A function of a row's values (in ``paths``' order) that returns its nested dict:
+    a dict display per level, made once per header (keys are strings: their ``repr`` is
+    a literal)."""
+    made = _builders.get(key)
+    if made is None:
+        tree: dict = {}
+        for j, path in enumerate(paths):
+            node = tree
+            for p in path[:-1]:
+                node = node.setdefault(p, {})
+                if not isinstance(node, dict):
+                    raise ValueError("an infos row's header names a key both as a value and as a dict")
+            if path[-1] in node:
+                raise ValueError("an infos row's header names a key twice")
+            node[path[-1]] = j
+
+        def display(node: dict) -> str:
+            return "{" + ", ".join(f"{k!r}: " + (display(v) if isinstance(v, dict) else f"v{v}")
+                                   for k, v in node.items()) + "}"
+
+        args = ", ".join(f"v{j}" for j in range(len(paths)))
+        try:
+            made = eval(f"lambda {args}: {display(tree)}", {})  # noqa: S307 (keys: str reprs; values: names)
+            made(*range(len(paths)))
+        except (TypeError, SyntaxError, RecursionError) as e:  # (a key both a value and a dict of them)
+            raise ValueError(f"an infos row's header cannot be read: {e}") from None
+        if len(_builders) < 4096:
+            _builders[key] = made
+    return made

@@ -169,6 +169,17 @@ def test_a_damaged_infos_row_is_a_value_error_never_a_crash():
         damage(bad)
         with pytest.raises(ValueError, match="infos row"):
             decode(bad)
+    for header in (b'[[[1], "<f8", []]]', b'[[["a"], "<f8", []], [["a", "b"], "<f8", []]]',
+                   b'[[["a"], "<f8", []], [["a"], "<f8", []]]'):  # a key not a str, both kinds, twice
+        bad = np.zeros(64, np.uint8)
+        bad[:2 + len(header)] = np.frombuffer(len(header).to_bytes(2, "little") + header, np.uint8)
+        with pytest.raises(ValueError, match="infos row"):
+            decode(bad)
+    odd = {"x'}); import os #": 2.0, "y": {"\"z": np.arange(2)}}  # keys are data, never code
+    wide = np.zeros(256, np.uint8)
+    assert encode(odd, wide) == []
+    got = decode(wide)
+    assert got["x'}); import os #"] == 2.0 and got["y"]["\"z"].tolist() == [0, 1]
 
 
 def test_replay_buffer_store_defaults_to_truncating_and_drops_extra_fields(name):
