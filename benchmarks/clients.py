@@ -57,7 +57,7 @@ def arms(examples: Path, workdir: Path) -> dict[str, list[str]]:
             "async: shmbuf.Actors, 2 x 4 envs": [str(examples / "cleanrl_dqn_actors.py")]}
 
 
-def loops(examples: Path, seeds: int) -> dict[str, Any]:
+def loops(examples: Path, seeds: int, first: int = 1) -> dict[str, Any]:
     """``--loops``: each script's two arms per seed, one after the other, the first
     alternating. Returns the runs, by script and arm."""
     import platform
@@ -73,7 +73,7 @@ def loops(examples: Path, seeds: int) -> dict[str, Any]:
             script = examples / f"cleanrl_{name}.py"
             cmds = {"sb3": [str(script), *extra], "shmbuf": [str(switched(script, Path(tmp))), *extra]}
             runs: dict[str, list[dict[str, Any]]] = {"sb3": [], "shmbuf": []}
-            for seed in range(1, seeds + 1):
+            for seed in range(first, first + seeds):
                 for arm in (("sb3", "shmbuf") if seed % 2 else ("shmbuf", "sb3")):
                     r = _run(cmds[arm], seed)
                     print(f"{name} seed {seed}: {arm}: cpu {r['cpu_s']} s, wall {r['wall_s']} s, "
@@ -166,6 +166,7 @@ def _fmt(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=None, help="5 (--loops: 2)")
+    p.add_argument("--first-seed", type=int, default=1, help="--loops: the first seed")
     p.add_argument("--steps", type=int, default=150_000, help="the synchronous arms' steps")
     p.add_argument("--seconds", type=float, default=120.0, help="the async arm's time limit")
     p.add_argument("--examples", type=Path, default=Path(__file__).resolve().parents[1] / "examples")
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="CleanRL's DQN, SAC and TD3, each unchanged and with its import switched (CPU time)")
     a = p.parse_args(argv)
     if a.loops:
-        got = loops(a.examples, a.seeds or 2)
+        got = loops(a.examples, a.seeds or 2, a.first_seed)
         text = loops_report(got)
         print(text)
         os.makedirs(a.out, exist_ok=True)
