@@ -471,3 +471,21 @@ def test_ragged_lazy_stacks_are_refused_with_a_reason_homogeneous_ones_are_rows(
     every = other[:]
     assert every["obs"].shape == (10, 4, 8) and torch.equal(every["obs"], lazy.to_tensordict()["obs"])
     assert torch.equal(every["action"], lazy.to_tensordict()["action"])
+
+
+def test_a_buffer_is_attached_with_the_class_and_alpha_it_was_made_with(name):
+    from shmbuf.compat.torchrl import SharedPrioritizedReplayBuffer
+
+    rb = SharedPrioritizedReplayBuffer(8, alpha=0.6, beta=0.4, name=name, batch_size=4)
+    rb.extend(data(4))
+    plain = make("shmbuf", 8, name + "-plain")
+    plain.extend(data(2))
+    for wrong in (lambda: SharedReplayBuffer.attach(name),
+                  lambda: SharedPrioritizedReplayBuffer.attach(name, alpha=0.7, beta=0.4),
+                  lambda: SharedPrioritizedReplayBuffer.attach(name + "-plain", alpha=0.6, beta=0.4)):
+        with pytest.raises(ValueError, match="attach with the class and alpha it was made with"):
+            wrong()
+    other = SharedPrioritizedReplayBuffer.attach(name, alpha=0.6, beta=0.4, batch_size=4)
+    assert len(other) == 4 and "priority_weight" in other.sample().keys()
+    other.close()
+    rb.close()

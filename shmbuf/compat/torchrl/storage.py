@@ -44,9 +44,15 @@ class SharedStorage(Storage):
 
     def _attach(self, name: str) -> None:
         buf = Buffer.attach(name, seed=self.seed, timeout=self.timeout)
-        if buf.meta.get("kind") != KIND:
+        alpha = (buf.meta.get("priority") or {}).get("alpha")
+        if buf.meta.get("kind") != KIND or (self.priority is None) != (alpha is None) \
+                or (alpha is not None and float(alpha) != float(self.priority)):
             buf.close()
-            raise ValueError(f"buffer {name!r} is not a TorchRL storage (it holds {buf.meta.get('kind')!r})")
+            what = "not a TorchRL storage" if buf.meta.get("kind") != KIND else \
+                f"a TorchRL storage {'of priorities with alpha=%s' % alpha if alpha is not None else 'without priorities'}"
+            raise ValueError(f"buffer {name!r} is {what} (this storage wants "
+                             f"{'priorities with alpha=%s' % self.priority if self.priority is not None else 'none'}): "
+                             "attach with the class and alpha it was made with")
         self._opened(buf, tuple(buf.meta.get("row_batch", ())))
 
     def _opened(self, buf: Buffer, row_shape: tuple[int, ...]) -> None:
