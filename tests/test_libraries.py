@@ -164,17 +164,19 @@ def _cleanrl(script, *args, timeout=600):
 @pytest.mark.timeout(900)
 def test_sb3_cleanrl_dqn_with_one_import_changed_learns_as_with_sb3s_buffer(tmp_path):
     """examples/cleanrl_dqn.py (CleanRL's dqn.py for gymnasium 1.x) and the same file
-    with its ReplayBuffer import switched to shmbuf's, seeded alike."""
+    with its ReplayBuffer import switched to shmbuf's, seeded alike: the facade draws its
+    batches as SB3's buffer does, so the two learn exactly alike, return for return."""
     pytest.importorskip("stable_baselines3")
     from benchmarks import clients
 
     examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
     arms = clients.arms(examples, tmp_path)
-    args = ["--seed", "2", "--total-timesteps", "150000", "--exploration-fraction", "0.2"]
+    args = ["--seed", "2", "--total-timesteps", "60000", "--exploration-fraction", "0.5"]
     theirs = _cleanrl(arms["CleanRL + SB3's buffer"][0], *args)
     ours = _cleanrl(arms["CleanRL + shmbuf (1 import)"][0], *args)
     assert theirs["buffer"] == "stable_baselines3.common.buffers" and ours["buffer"] == "shmbuf.compat.sb3"
-    assert ours["last20"] >= 0.8 * theirs["last20"] and ours["last20"] >= 400, (ours, theirs)
+    assert ours["curve"] == theirs["curve"] and ours["last20"] == theirs["last20"], (ours, theirs)
+    assert max(ours["curve"]) >= 150  # (it learns: a random policy gets about 20)
 
 
 @pytest.mark.timeout(300)
@@ -195,7 +197,7 @@ def test_sb3_async_cleanrl_dqn_on_actors_runs_and_stops(tmp_path):
 def test_sb3_cleanrl_sac_and_td3_run_unchanged_and_switched(tmp_path, script):
     """examples/cleanrl_sac.py and cleanrl_td3.py (CleanRL's SAC and TD3 for gymnasium
     1.x), unchanged and with the import switched (as scripts/bench-clients --loops runs
-    them), a short run each: both train from their buffer and report the same figures."""
+    them), a short run each: both train from their buffer, alike."""
     pytest.importorskip("stable_baselines3")
     from benchmarks import clients
 
@@ -207,3 +209,4 @@ def test_sb3_cleanrl_sac_and_td3_run_unchanged_and_switched(tmp_path, script):
     for got in (theirs, ours):
         assert got["cpu_s"] > 0 and 0 < got["buffer_s"] < got["wall_s"] and len(got["curve"]) == 1
         assert -2000 < got["curve"][0] < 0  # Pendulum's returns
+    assert ours["curve"] == theirs["curve"]  # the same batches (600 updates): the same learning

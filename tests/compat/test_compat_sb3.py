@@ -261,7 +261,7 @@ def test_dqn_learns_cartpole_as_with_sb3s_buffer():
     assert np.mean(ours) >= 0.8 * np.mean(theirs) and min(ours) >= 300, (ours, theirs)
 
 
-@pytest.mark.parametrize("module", ['sb3', 'sb3.buffers', 'sb3.her', 'sb3.nstep', 'sb3.spaces'])
+@pytest.mark.parametrize("module", ['sb3', 'sb3.buffers', 'sb3.her', 'sb3.nstep', 'sb3.spaces', 'sb3.draws'])
 def test_the_modules_examples(module):
     """The modules' docstring examples (the package's doctest run leaves them out: they
     import the library)."""
@@ -439,3 +439,36 @@ def test_n_step_samples_are_sb3s_n_step_transitions_of_the_same_steps(name, hand
     with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\]"):
         NStepReplayBuffer(10, obs_space, act_space, gamma=1.5)
     rb.close()
+
+
+@pytest.mark.parametrize("steps", [7, 53])  # before the ring fills, and after it wrapped
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_without_seed_the_batches_are_sb3s_own_for_the_same_global_seed(name, n_envs, steps, request):
+    """Without seed=, the facade draws with numpy's global generator exactly as SB3's
+    buffer does: the same seed gives the same batches, tensor for tensor, so a script
+    learns the same way after the switch (draws.py)."""
+    theirs = buffers.ReplayBuffer(20 * n_envs, BOX, spaces.Discrete(2), "cpu", n_envs=n_envs)
+    mine = ReplayBuffer(20 * n_envs, BOX, spaces.Discrete(2), "cpu", n_envs=n_envs, name=name)
+    request.addfinalizer(mine.close)
+    for t in range(steps):
+        obs, nxt, act, rew = step(t, n_envs)
+        done = np.array([(t + e) % 5 == 0 for e in range(n_envs)])
+        infos = [{"TimeLimit.truncated": (t + e) % 10 == 0} for e in range(n_envs)]
+        for rb in (theirs, mine):
+            rb.add(obs, nxt, act, rew, done, infos)
+    for seed in (0, 1, 2):
+        got = []
+        for rb in (theirs, mine):
+            np.random.seed(seed)
+            got.append([rb.sample(64) for _ in range(3)])
+        for a, b in zip(*got):
+            for x, y in zip(a, b):  # (SB3 2.9's discounts: None in both)
+                assert (x is None and y is None) or (x.dtype == y.dtype and np.array_equal(x.numpy(), y.numpy()))
+    np.random.seed(0)
+    seeded = ReplayBuffer(20, BOX, spaces.Discrete(2), "cpu", name=name + "-s", seed=5)
+    request.addfinalizer(seeded.close)
+    for t in range(7):
+        seeded.add(*step(t), np.zeros(1), [{}])
+    before = np.random.get_state()[1].copy()
+    seeded.sample(64)  # with seed=: its own generator, numpy's global one untouched
+    assert np.array_equal(np.random.get_state()[1], before)

@@ -22,6 +22,7 @@ from shmbuf.buffer.handle import Buffer
 from shmbuf.core.claims import NoFreeLane
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.episodes.rows import TERMINATED, TRUNCATED
+from shmbuf.compat.sb3.draws import Draws
 from shmbuf.compat.sb3.spaces import bad_obs, bad_shapes, space_from_json, space_to_json
 
 KIND = "sb3.replay"
@@ -33,8 +34,9 @@ class ReplayBuffer(SB3ReplayBuffer):
     """SB3's ``ReplayBuffer`` in shared memory (see the module's documentation).
 
     ``name``: the buffer's name (default: a new one); ``seed``: this handle's sampling
-    RNG (default: one drawn from numpy's global RNG, as SB3 samples from it: a model's
-    ``seed=`` makes its runs repeat); ``lanes``: lanes in all (default ``n_envs``; more
+    RNG (default: numpy's global one, drawn exactly as SB3 draws (``draws.py``): the same
+    seed gives the same batches as SB3's buffer; with ``optimize_memory_usage``, one
+    seed drawn from it); ``lanes``: lanes in all (default ``n_envs``; more
     leave room for the envs of other processes: ``buffer_size`` rows in all, split
     evenly); ``rate``: a :class:`shmbuf.RateLimit` on every handle's adds and samples;
     ``timeout``: seconds any blocking call waits at most."""
@@ -53,13 +55,14 @@ class ReplayBuffer(SB3ReplayBuffer):
         if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < self.n_envs:
             raise ValueError(f"lanes must be an int >= n_envs ({self.n_envs}): one lane per env, got {lanes!r}")
         self.buffer_size = max(int(buffer_size) // int(lanes), 1)  # rows per lane (SB3's: per env)
-        if seed is None:  # (from numpy's global RNG, which SB3's seed= seeds: seeded runs repeat)
-            seed = int(np.random.randint(2 ** 31))
         meta = {"kind": KIND, "observation_space": space_to_json(observation_space),
                 "action_space": space_to_json(action_space), "optimize_memory_usage": self.optimize_memory_usage,
                 "handle_timeout_termination": self.handle_timeout_termination}
         fields, her = self._fields(), self._relabelling()
         self._episodic = meta["episodic"] = self.optimize_memory_usage or her is not None
+        if seed is None and self._episodic:  # (from numpy's global RNG, which SB3's seed= seeds: runs repeat)
+            seed = int(np.random.randint(2 ** 31))
+        self._draws = seed is None  # (batches drawn as SB3 draws them: draws.py)
         if self._episodic:
             core = EpisodeBuffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name,
                                         seed=seed, timeout=timeout, observations=self._obs_names(OBS),
@@ -150,6 +153,7 @@ class ReplayBuffer(SB3ReplayBuffer):
             if self.n_envs > core.lanes:
                 raise ValueError(f"n_envs={n_envs} envs need as many lanes, and buffer {name!r} has {core.lanes}")
             self.buffer_size = core.capacity // core.lanes
+            self._draws = seed is None and not self._episodic
             self._open(EpisodeBuffer(core) if self._episodic else core)
             return self
         except BaseException:
@@ -190,15 +194,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         except ValueError:
             raise ValueError(bad_shapes(n, self.action_dim, action, reward, done)) from None
         timeout = self._timeouts(infos) if self.handle_timeout_termination else [0.0] * n
-        if self._episodic or isinstance(self.obs_shape, dict):
-            obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
-        else:  # (the common case, with as few calls as can be: this runs at every env step)
-            rows = (n, *self.obs_shape)
-            try:
-                obs, next_obs = {OBS: np.asarray(obs).reshape(rows)}, {NEXT: np.asarray(next_obs).reshape(rows)}
-            except ValueError:
-                raise ValueError(bad_obs("obs", obs, rows) or bad_obs("next_obs", next_obs, rows)
-                                 or f"obs and next_obs must be ({n}, *{self.obs_shape})") from None
+        obs, next_obs = self._by_env(obs, OBS), self._by_env(next_obs, NEXT)
         if self._episodic:
             return self._add_steps(obs, next_obs, action, reward, done.astype(bool), np.array(timeout, bool), wait)
         self._core.add_each({**obs, **next_obs, "actions": action, "rewards": reward, "dones": done,  # (env i: lane i)
@@ -232,7 +228,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         try:
             return {prefix: np.asarray(value).reshape(rows)}
         except ValueError:
-            raise ValueError(bad_obs(arg, value, rows)) from None
+            raise ValueError(bad_obs(arg, value, rows) or f"{arg} must be {rows}, got {value!r:.100}") from None
 
     def _claimed(self) -> list[int]:
         if not self._lanes:
@@ -267,11 +263,13 @@ class ReplayBuffer(SB3ReplayBuffer):
     # -- sampling --------------------------------------------------------------------
 
     def sample(self, batch_size: int, env: Any = None, *, timeout: float | None = None) -> Any:
-        """``batch_size`` transitions, uniformly over every env's rows, as SB3's
-        ``ReplayBufferSamples`` of tensors on ``device``: ``dones`` and ``rewards`` of shape
-        ``(batch_size, 1)``, float32; ``env`` (a ``VecNormalize``) normalizes observations
-        and rewards. ``timeout``: seconds to wait at most for a rate limit."""
-        b = self._core.sample(batch_size, timeout=timeout)
+        """``batch_size`` transitions, uniformly over every env's rows (drawn as SB3 draws
+        them without ``seed=``), as SB3's ``ReplayBufferSamples`` of tensors on ``device``:
+        ``dones`` and ``rewards`` ``(batch_size, 1)`` float32; ``env`` (a ``VecNormalize``)
+        normalizes observations and rewards. ``timeout``: seconds a rate limit may take."""
+        core = self._core
+        b = core.engine.read(Draws(core.engine), batch_size, batch_size, timeout) if self._draws else \
+            core.sample(batch_size, timeout=timeout)
         if self._episodic:
             ended = b["terminated"] if self.handle_timeout_termination else b["terminated"] | b["truncated"]
             dones = ended.astype(np.float32)
@@ -293,7 +291,9 @@ class ReplayBuffer(SB3ReplayBuffer):
     def _tensor(self, a: Any) -> Any:
         if isinstance(a, dict):
             return {k: self._tensor(v) for k, v in a.items()}
-        return th.as_tensor(np.ascontiguousarray(a)).to(self.device)  # (fresh arrays: no copy on the CPU)
+        if self.device.type == "cpu" and a.flags.c_contiguous and a.flags.writeable:
+            return th.from_numpy(a)  # (a fresh array of this batch's: no copy)
+        return th.as_tensor(np.ascontiguousarray(a)).to(self.device)
 
     # -- SB3's state -----------------------------------------------------------------
 
@@ -366,8 +366,7 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     @property
     def dones(self) -> np.ndarray:
-        """The stored done flags (read-only view; a copy made from the episodes' flags
-        with ``optimize_memory_usage`` or HER)."""
+        """The stored done flags (read-only view; a copy with ``optimize_memory_usage`` or HER)."""
         if self._episodic:
             return ((self._view("_flags") & (TERMINATED | TRUNCATED)) != 0).astype(np.float32)
         return self._view("dones")
