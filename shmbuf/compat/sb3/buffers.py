@@ -62,7 +62,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._episodic = meta["episodic"] = self.optimize_memory_usage or her is not None
         if seed is None and self._episodic:  # (from numpy's global RNG, which SB3's seed= seeds: runs repeat)
             seed = int(np.random.randint(2 ** 31))
-        self._draws = seed is None  # (batches drawn as SB3 draws them: draws.py)
+        self._draws: Any = seed is None  # (batches drawn as SB3 draws them: draws.py; made in _open)
         if self._episodic:
             core = EpisodeBuffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name,
                                         seed=seed, timeout=timeout, observations=self._obs_names(OBS),
@@ -109,6 +109,7 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def _open(self, core: Any) -> None:
         self._core = core
+        self._draws = Draws(core.engine) if self._draws and not self._episodic else None
         # the common case's shapes (rows of one flat observation), or None: add's fast path
         self._flat = None if self._episodic or isinstance(self.obs_shape, dict) else \
             ((self.n_envs, *self.obs_shape), (self.n_envs, self.action_dim), (0.0,) if self.n_envs == 1 else np.zeros(self.n_envs, np.float32))
@@ -268,7 +269,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         ``dones`` and ``rewards`` ``(batch_size, 1)`` float32; ``env`` (a ``VecNormalize``)
         normalizes observations and rewards. ``timeout``: seconds a rate limit may take."""
         core = self._core
-        b = core.engine.read(Draws(core.engine), batch_size, batch_size, timeout) if self._draws else \
+        b = core.engine.read(self._draws, batch_size, batch_size, timeout) if self._draws else \
             core.sample(batch_size, timeout=timeout)
         if self._episodic:
             ended = b["terminated"] if self.handle_timeout_termination else b["terminated"] | b["truncated"]
