@@ -40,7 +40,6 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from shmbuf.buffer import handle as core
-from shmbuf.core import sampling
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.infos import decode_rows, encode
@@ -128,7 +127,7 @@ class Buffer(Shared):
         return self._core.engine.sample(n_samples, n_samples, None, lambda t: self._sample_global(n_samples, t))
 
     def _sample_global(self, n: int, timeout: float) -> dict[str, np.ndarray]:
-        return read(_Global(self._core.engine.ring), n, timeout)
+        return read(_Global(self._core.engine), n, timeout)
 
     def size(self) -> Optional[int]:
         """The number of samples stored in the buffer."""
@@ -160,23 +159,22 @@ class _Global(Sampler):
     read through the engine's checked copy (a row being written is drawn again, from
     the same global generator)."""
 
-    def __init__(self, ring: Any) -> None:
-        self.ring, self.fields = ring, ring.layout.fields
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.fields = engine, engine.fields
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
         return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
-        lo, head = self.ring.window()
+        lo, head = window = self.engine.window()
         size = int(head[0] - lo[0])
         if size == 0:
             raise ValueError("Buffer is empty")
         ind = np.random.randint(size, size=len(todo))
-        last = int(head[0]) - 1
-        return (last - (last - ind) % self.ring.lane_capacity).astype(np.int64)  # the rows those slots hold now
+        return self.engine.rows_at(0, ind, window).astype(np.int64)  # the rows those slots hold now
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
-        return sampling.copy_windows(self.ring, 0, drawn, 1, None, list(out.values()))
+        return self.engine.gather(0, drawn, 1, list(out.values()))
 
 
 class _Transitions(Buffer):

@@ -277,6 +277,14 @@ class Engine:
         sampler's draw looks here; whatever it draws is proven by :meth:`gather`)."""
         return self.ring.window()
 
+    def rows_at(self, lane: Any, position: Any, window: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The sequence number of the row each slot ``(lane, position)`` holds (its lane's
+        newest row at that position, by ``window``, default :meth:`window`); a slot that
+        holds no row gives one below its lane's ``lo``. A guide: :meth:`gather` proves it."""
+        lo, head = self.window() if window is None else window
+        last = head[lane] - 1
+        return last - (last - np.asarray(position)) % self.layout.lane_capacity
+
     def heads(self) -> np.ndarray:
         """Every lane's head: the rows ever written to it (a copy; heads only grow)."""
         return self.ring.lane_table[:, LANE_HEAD].copy()

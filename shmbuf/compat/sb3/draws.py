@@ -54,8 +54,7 @@ class Draws(Sampler):
                 raise ValueError("cannot sample from an empty replay buffer: add transitions first")
             step = np.random.randint(0, held, size=m)  # (SB3's two calls, in its order)
             lane = np.random.randint(0, high=self.lanes, size=(m,))
-            last = int(head[0]) - 1
-            return lane, (last - (last - step) % lc if held == lc else step + int(lo[0]))  # full: the row there
+            return lane, (self.engine.rows_at(0, step, (lo, head)) if held == lc else step + int(lo[0]))  # full: the row there
         held = np.minimum(head - lo, lc)
         full = held == lc
         upper = lc if full.any() else int(held.max())
@@ -63,8 +62,7 @@ class Draws(Sampler):
             raise ValueError("cannot sample from an empty replay buffer: add transitions first")
         step = np.random.randint(0, upper, size=m)
         lane = np.random.randint(0, high=self.lanes, size=(m,))
-        last = head[lane] - 1
-        seq = np.where(full[lane], last - (last - step) % lc, lo[lane] + step)
+        seq = np.where(full[lane], self.engine.rows_at(lane, step, (lo, head)), lo[lane] + step)
         return lane, np.where(step < held[lane], seq, -1)  # (past a lane's rows: -1, drawn again)
 
     def gather(self, drawn: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray | None:

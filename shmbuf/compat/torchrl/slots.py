@@ -87,13 +87,12 @@ class Slots(Sampler):
         return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
-        lo, head = self.engine.window()
+        window = self.engine.window()
         lc = self.engine.layout.lane_capacity
         slots = self.slots[todo]
         lane = slots // lc
-        last = head[lane] - 1
-        seq = last - (last - slots % lc) % lc  # the newest row at that position
-        gone = seq < lo[lane]
+        seq = self.engine.rows_at(lane, slots % lc, window)
+        gone = seq < window[0][lane]
         if gone.any():
             raise IndexError(f"slot {int(slots[gone][0])} holds no row now (the buffer was emptied meanwhile)")
         return lane, seq

@@ -140,12 +140,9 @@ class SharedStorage(Storage):
         seqs = self.known[slots] if seqs is None else seqs
         unknown = seqs < 0
         if unknown.any():  # the row each such slot holds now
-            lo, head = self.buf.engine.window()
             lc = self.buf.capacity // self.buf.lanes
-            lane = slots[unknown] // lc
-            last = head[lane] - 1
             seqs = seqs.copy()
-            seqs[unknown] = last - (last - slots[unknown] % lc) % lc
+            seqs[unknown] = self.buf.engine.rows_at(slots[unknown] // lc, slots[unknown] % lc)
         return self.buf.update_priorities(np.stack([slots, seqs], axis=1), priority)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
