@@ -15,3 +15,4 @@ from .compat import *  # noqa: F401,F403
 from .queues import *  # noqa: F401,F403
 from .limited import *  # noqa: F401,F403
 from .versions import *  # noqa: F401,F403
+from .frames import *  # noqa: F401,F403

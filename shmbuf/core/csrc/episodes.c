@@ -113,8 +113,8 @@ static PyObject *Ring_reduce_windows_impl(Ring *r, PyObject *const *args, Py_ssi
     Py_ssize_t bad = 0;
     const Field *fk = &r->fields[key], *ff = &r->fields[flag], *fval = &r->fields[value];
     PyThreadState *ts = m * (n + 1) * (r->row_stride + 64) > (1 << 16) ? PyEval_SaveThread() : NULL;
-    prefetch_windows(r, first, lanes, one_lane, m, n + 1);  /* 0. the windows' rows, first */
     for (Py_ssize_t w = 0; w < m; w++) {
+        prefetch_before(r, first, lanes, one_lane, w, m, n + 1);  /* 0. rows ahead: their lines */
         Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
         int64_t key0 = 0;
         double sum = 0.0, g = 1.0;

@@ -172,8 +172,8 @@ static PyObject *Ring_gather_impl(Ring *r, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t bad = 0;
     int big = n * length * (r->row_stride + 64) > (1 << 16);
     PyThreadState *ts = big ? PyEval_SaveThread() : NULL;   /* large copies: let others run */
-    prefetch_windows(r, first, lanes, one_lane, n, length);  /* 0. every row's lines, first */
     for (Py_ssize_t w = 0; w < n; w++) {
+        prefetch_before(r, first, lanes, one_lane, w, n, length);  /* 0. rows ahead: their lines */
         Py_ssize_t lane = lanes ? lanes[w] : one_lane, at = slot_of(r, 0, first[w]);
         int64_t key0 = 0;                            /* row 0's value of field `same` */
         win = per_row ? ok + w * length : ok + w;    /* where this window's verdicts go */

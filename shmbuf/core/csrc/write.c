@@ -72,8 +72,11 @@ static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssi
                       Py_ssize_t to, const char *src) {
     const char *s = src + from * fd->row_bytes;
     char *d = r->base + fd->offset + slot_of(r, lane, first + from) * fd->stride;
-    if (fd->stride == fd->row_bytes) {
-        memcpy(d, s, (to - from) * fd->row_bytes);          /* a field of its own: one copy */
+    if (fd->stride == fd->row_bytes) {                      /* a field of its own: one copy */
+        if (streamed(r, fd))
+            copy_stream(d, s, (to - from) * fd->row_bytes);
+        else
+            memcpy(d, s, (to - from) * fd->row_bytes);
     } else {
         for (Py_ssize_t i = from; i < to; i++, s += fd->row_bytes, d += fd->stride)
             copy(d, s, fd->row_bytes);                     /* packed: a row at a time */
@@ -186,7 +189,9 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         }
     }
 
-    /* 5. Publish: even stamps, each a release store (the data above is visible first). */
+    /* 5. Publish: even stamps, each a release store (the data above is visible first;
+     * streamed copies, weakly ordered, are fenced first). */
+    store_fence();
     for (Py_ssize_t i = 0; i < n; i++)
         STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 2);
 
