@@ -25,6 +25,7 @@
  *                    steps: slot of a sequence number, the seqlock read, prefetching
  *   csrc/lock.c      the header lock
  *   csrc/cast.c      the common casts of incoming values (float64 -> float32, ...)
+ *   csrc/arrays.c    a numpy array's data and shape read from the object (checked once)
  *   csrc/write.c     reserving, waiting for older writers, stamping, copying, publishing
  *   csrc/gather.c    drawing windows and copying them with the seqlock check
  *   csrc/episodes.c  n-step windows that stop at an episode's end; an episode's last row
@@ -34,6 +35,7 @@
 #include "csrc/ring.h"
 #include "csrc/lock.c"
 #include "csrc/cast.c"
+#include "csrc/arrays.c"
 #include "csrc/write.c"
 #include "csrc/gather.c"
 #include "csrc/episodes.c"
@@ -113,6 +115,7 @@ static void free_fields(Ring *r) {
     for (int i = 0; r->fields && i < r->nfields; i++) {
         Py_XDECREF(r->fields[i].name);
         Py_XDECREF(r->fields[i].scalar_type);
+        Py_XDECREF(r->fields[i].dtype);
         PyMem_Free(r->fields[i].shape);
         PyMem_Free(r->fields[i].format);
     }
@@ -142,7 +145,7 @@ static void Ring_dealloc(Ring *r) {
 /* Ring(mem, geometry, fields, busy, prefaulted, ndarray, is_alive, WriteTimeout,
  *      lock_timeout, FormatError): see native.py, which builds every argument from a checked Layout.
  * geometry = (lanes_off, res_off, n_res, control_off, rows_off, row_stride, lanes, lc);
- * fields = [(name, scalar_type, offset, stride, row_bytes, itemsize, shape, format, kind)]. */
+ * fields = [(name, scalar_type, offset, stride, row_bytes, itemsize, shape, format, kind, dtype)]. */
 static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *mem, *fields, *busy, *prefaulted, *ndarray, *is_alive, *wt, *lt, *fe;
     Py_ssize_t g[8];
@@ -187,10 +190,13 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Field *f = &r->fields[i];
         PyObject *name, *st, *shape, *format;
         int kind;
-        if (!PyArg_ParseTuple(PyList_GetItem(fields, i), "UOnnnnO!OC", &name, &st, &f->offset,
+        PyObject *dtype;
+        if (!PyArg_ParseTuple(PyList_GetItem(fields, i), "UOnnnnO!OCO", &name, &st, &f->offset,
                               &f->stride, &f->row_bytes, &f->itemsize, &PyTuple_Type, &shape,
-                              &format, &kind))
+                              &format, &kind, &dtype))
             goto fail;
+        Py_INCREF(dtype);
+        f->dtype = dtype;
         Py_INCREF(name);
         f->name = name;
         Py_INCREF(st);
@@ -282,6 +288,8 @@ static PyMethodDef module_methods[] = {
     {"tree_set", (PyCFunction)(void (*)(void))tree_set, METH_FASTCALL, "tree_set(sum, min, slots, values)"},
     {"tree_find", (PyCFunction)(void (*)(void))tree_find, METH_FASTCALL, "tree_find(sum, u, out, leaf, seq, row)"},
     {"set_hook", set_hook, METH_O, "set_hook(f): call f(point) at protocol points (tests)"},
+    {"probe_arrays", (PyCFunction)(void (*)(void))probe_arrays, METH_FASTCALL,
+     "probe_arrays(a, b, address, dtype): read numpy arrays from their objects if this numpy lays them out as expected"},
     {"set_faults", set_faults, METH_O, "set_faults(bits): 1 no stamp check, 2 no waiting (tests)"},
     {NULL},
 };

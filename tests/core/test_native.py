@@ -407,3 +407,47 @@ def test_the_c_constants_are_those_of_layout_and_stats():
     python.update(LANE_STAT_WIDTH=stats.LANE_WORDS, LS_PID=stats.L_PID, LS_CTIME=stats.L_CTIME, LS_TIME=stats.L_TIME,
                   S_LOCKS=stats.S_LOCKS, S_LOCK_NS=stats.S_LOCK_NS, S_WRITES=stats.S_WRITES)
     assert {k: c.get(k) for k in python} == python
+
+
+@needs_native
+def test_arrays_are_read_from_their_objects_only_where_the_probe_confirmed_the_layout():
+    """csrc/arrays.c reads an array's data, shape and dtype from the object only after
+    two arrays whose every property Python knows read as expected there."""
+    ext, a = native.extension(), np.empty((2, 3), np.int32)
+    assert native.ARRAYS_READ_DIRECTLY  # this numpy lays its arrays out as numpy has since 1.7
+    try:
+        assert ext.probe_arrays(a, a, a.ctypes.data, a.dtype) is False  # the second is contiguous
+        assert ext.probe_arrays(a, a[:, ::2], a.ctypes.data + 4, a.dtype) is False
+        assert ext.probe_arrays(a, a[:, ::2], a.ctypes.data, np.dtype(np.int64)) is False
+        assert ext.probe_arrays(1, 2, 0, a.dtype) is False  # not arrays: nothing read past the objects
+    finally:
+        assert ext.probe_arrays(a, a[:, ::2], a.ctypes.data, a.dtype) is True
+
+
+@needs_native
+@pytest.mark.parametrize("direct", [True, False])
+def test_every_kind_of_array_is_stored_as_its_values_whether_read_directly_or_not(name, monkeypatch, direct):
+    """Exact arrays take the direct read; views with an offset, strided, Fortran-ordered,
+    byte-swapped and subclassed arrays take the buffer or the Python path; all store
+    their values. ``direct=False``: the probe refused (another numpy): buffers only."""
+    class Sub(np.ndarray):
+        pass
+    ext, probe = native.extension(), np.empty((2, 3), np.int32)
+    fields = {"x": ((2, 3), "float32"), "n": ((), "int64")}
+    base = np.arange(60, dtype=np.float32).reshape(10, 2, 3)
+    batches = [base[:4], base[1:5], base[::2][:3], np.asfortranarray(base[:3]), base[:2].astype(">f4"),
+               base[:3].view(Sub), base[4:5]]
+    monkeypatch.setenv("SHMBUF_PURE_PYTHON", "0")
+    try:
+        if not direct:
+            assert ext.probe_arrays(probe, probe, probe.ctypes.data, probe.dtype) is False
+        with shmbuf.Buffer.create(fields, 64, name=name) as buf:
+            want = []
+            for x in batches:
+                buf.extend({"x": x, "n": np.arange(len(x))})
+                buf.add({"x": x[0], "n": np.int64(7)})
+                want += [np.asarray(x, np.float32), np.asarray(x[:1], np.float32)]
+            assert np.array_equal(buf.engine.ring.arrays["x"][:len(buf)], np.concatenate(want))
+            assert buf.engine.native.extend({"x": base[:4], "n": np.arange(4)}, None, None) is None  # C wrote it
+    finally:
+        assert ext.probe_arrays(probe, probe[:, ::2], probe.ctypes.data, probe.dtype) is True

@@ -35,6 +35,7 @@ enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, 
 typedef struct {
     PyObject *name;          /* the key in a transition dict */
     PyObject *scalar_type;   /* numpy's scalar type of the dtype (np.float32, ...) */
+    PyObject *dtype;         /* the dtype (arrays.c compares an array's with it) */
     Py_ssize_t offset;       /* byte offset of row 0 in the segment */
     Py_ssize_t stride;       /* bytes from one row to the next */
     Py_ssize_t row_bytes;

@@ -233,8 +233,9 @@ abandon:  /* an error after the commit: free the entry; no stamp of ours is odd 
  * would accept and store identically. 1 if so, 0 if not (the Python path decides), -1
  * on an error. */
 static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buffer *view,
-                       char *scratch, const char **out, char **owned) {
+                       PyObject **held, char *scratch, const char **out, char **owned) {
     view->obj = NULL;
+    *held = NULL;
     *owned = NULL;
     if (f->scalar && *rows == -1 && (PyFloat_Check(v) || PyLong_CheckExact(v) || PyBool_Check(v))) {
         if (PyBool_Check(v)) {
@@ -279,6 +280,11 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
     }
     if (f->format == NULL)
         return 0;
+    if ((*out = array_data(r, f, v, rows)) != NULL) {  /* the common case: an array as stored */
+        Py_INCREF(v);
+        *held = v;
+        return 1;
+    }
     if (Py_TYPE(v) != (PyTypeObject *)r->ndarray_type && Py_TYPE(v) != (PyTypeObject *)f->scalar_type) {
         int scalar = is_numpy_scalar(v);  /* another numpy scalar: one of the casts, maybe */
         if (scalar <= 0)
@@ -343,6 +349,7 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         || PyDict_Size(data) != r->nfields)
         Py_RETURN_FALSE;
     Py_buffer views[MAX_FIELDS];
+    PyObject *held[MAX_FIELDS];          /* arrays read from their objects (arrays.c) */
     char scratch[MAX_FIELDS][8], *owned[MAX_FIELDS];
     const char *src[MAX_FIELDS];
     Py_ssize_t rows = batch ? -2 : -1;
@@ -352,10 +359,11 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         if (v == NULL) {
             PyErr_Clear();
             views[f].obj = NULL;
+            held[f] = NULL;
             owned[f] = NULL;
             ok = 0;
         } else {
-            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f], &owned[f]);
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], &held[f], scratch[f], &src[f], &owned[f]);
         }
     }
     PyObject *result = NULL;
@@ -372,6 +380,7 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
     for (int i = 0; i < f; i++) {
         if (views[i].obj != NULL)
             PyBuffer_Release(&views[i]);
+        Py_XDECREF(held[i]);
         PyMem_Free(owned[i]);
     }
     return result;
@@ -465,6 +474,7 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
         ok = lanes[i] >= 0 && lanes[i] < r->lanes && ((unsigned char *)r->prefaulted.buf)[lanes[i]]
              && LOAD_ACQ(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_CLAIM_PID]) == r->pid;
     Py_buffer views[MAX_FIELDS];
+    PyObject *held[MAX_FIELDS];          /* arrays read from their objects (arrays.c) */
     char scratch[MAX_FIELDS][8], *owned[MAX_FIELDS];
     const char *src[MAX_FIELDS], *row[MAX_FIELDS];
     int f = 0;
@@ -475,10 +485,11 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             v = PyDict_GetItemWithError(args[2], r->fields[f].name);
         if (v == NULL) {
             views[f].obj = NULL;
+            held[f] = NULL;
             owned[f] = NULL;
             ok = PyErr_Occurred() ? -1 : 0;
         } else {
-            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], scratch[f], &src[f], &owned[f]);
+            ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], &held[f], scratch[f], &src[f], &owned[f]);
         }
     }
     /* 3. No write at all if a lane (ours: its head stands still) must first move its
@@ -509,6 +520,7 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
     for (int i = 0; i < f; i++) {
         if (views[i].obj != NULL)
             PyBuffer_Release(&views[i]);
+        Py_XDECREF(held[i]);
         PyMem_Free(owned[i]);
     }
     if (lanev.obj != NULL)
