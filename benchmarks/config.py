@@ -24,6 +24,7 @@ class Config:
     progress: bool = True
     episodes: str = "yes"  # the EpisodeBuffer part (bench/episodes.py): yes, no, only
     strategies: str = "yes"  # priorities and hindsight (bench/strategies.py): yes, no, only
+    learner_first: bool = True  # shmbuf with a rate limit, writers beside a learner (bench/learner.py)
 
     @classmethod
     def make(cls, quick: bool, **kw: Any) -> "Config":

@@ -33,14 +33,19 @@ def physical_limits(r: Results, cfg: Config) -> None:
         cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
         seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
         try:
-            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes))):
-                rate = _gather_rate(wl, mem, cap)
+            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes)), ("rows", seg.mmap)):
+                rate = _gather_rate(wl if where != "rows" else _one_array(wl), mem, cap)
                 r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
                     rate * BATCH * wl.row_bytes / 1e9
                 r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
         finally:
             seg.unlink()
             seg.close()
+
+
+def _one_array(wl: Workload) -> Workload:
+    """The workload's rows as one array of ``row_bytes`` bytes (shared memory, packed)."""
+    return Workload(wl.name, wl.capacity, {"row": ((wl.row_bytes,), np.uint8)})
 
 
 def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:

@@ -115,6 +115,11 @@ class System:
     def close(self) -> None:
         pass
 
+    def unblock(self) -> None:
+        """In the learner, while it waits for its writers' reports: what lets a writer
+        blocked on the learner finish its last call (the naive queue drains; a
+        rate-limited buffer samples)."""
+
 
 class ShmbufSystem(System):
     """shmbuf with one lane per writer (``lanes=2``), as the docs recommend for
@@ -123,12 +128,13 @@ class ShmbufSystem(System):
 
     LANES = 2
 
-    def __init__(self, wl: Workload, pure: bool = False, lanes: int = LANES) -> None:
+    def __init__(self, wl: Workload, pure: bool = False, lanes: int = LANES, rate: Any = None,
+                 name: str | None = None) -> None:
         super().__init__(wl)
         self.pure, self.LANES = pure, lanes
-        self.name = "shmbuf-py" if pure else "shmbuf"
+        self.name = name or ("shmbuf-py" if pure else "shmbuf")
         with _path(pure):
-            self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0,
+            self.buf = shmbuf.Buffer.create(wl.fields, wl.capacity, lanes=self.LANES, seed=0, rate=rate,
                                             name=f"bench-{os.getpid()}-{wl.name}-{self.name}")
         assert self.buf.native is not pure or not shmbuf.core.native.available()
         self.bytes = self.buf.engine.layout.total_size
@@ -262,6 +268,9 @@ class NaiveSystem(System):
     def writer(self, chunk: int) -> Callable[[Batch], None]:
         put = self.queue.put
         return lambda rows: put((rows, chunk))
+
+    def unblock(self) -> None:
+        self.drain()
 
     def drain(self, limit: int = 1_000_000) -> int:
         """Learner side: move whatever has arrived into the ring; returns rows moved."""

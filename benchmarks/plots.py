@@ -1,8 +1,8 @@
 """Draws a benchmark run's JSON as PNG plots (``scripts/plots FILE.json... --out DIR``;
 ``scripts/docs`` draws the docs' recorded runs this way). Needs matplotlib.
 
-* a sweep (``scripts/bench --sweep``): ``writers.png`` (ingest and the learner's batches
-  per second against writer processes) and ``capacity.png`` (microseconds per
+* a sweep (``scripts/bench --sweep``): ``writers.png`` and ``writers-atari.png`` (ingest
+  and the learner's batches per second against writer processes) and ``capacity.png`` (microseconds per
   ``sample(256)`` against the buffer's capacity);
 * a main run (``scripts/bench``): ``<workload>-ratios.png``, shmbuf's figure over each
   peer's, per metric;
@@ -20,10 +20,11 @@ from typing import Any, Sequence
 
 STYLE = {"shmbuf": ("tab:blue", "o"), "shmbuf-py": ("tab:cyan", "s"), "cpprb": ("tab:red", "^"),
          "naive": ("tab:gray", "v"), "numpy": ("black", "D"), "torchrl": ("tab:orange", "P"),
-         "sb3": ("tab:green", "X")}
+         "sb3": ("tab:green", "X"), "shmbuf-lf": ("tab:purple", "*")}
 LABEL = {"shmbuf": "shmbuf (C extension)", "shmbuf-py": "shmbuf (pure Python)",
          "cpprb": "cpprb MPReplayBuffer", "naive": "multiprocessing.Queue + numpy ring",
-         "numpy": "numpy ring, one process (no IPC)"}
+         "numpy": "numpy ring, one process (no IPC)",
+         "shmbuf-lf": "shmbuf, learner first (RateLimit)"}
 
 
 def _title(res: dict[str, Any]) -> str:
@@ -45,8 +46,9 @@ def _series(ax: Any, per_peer: dict[str, dict[str, list[float]]], ylabel: str) -
     ax.grid(True, which="both", alpha=0.3)
 
 
-def sweep(res: dict[str, Any], out: str, plt: Any) -> list[str]:
-    w = res["writers"]
+def _writers(res: dict[str, Any], key: str, what: str, path: str, plt: Any) -> str:
+    """Ingest and the learner's batches per second against writer processes."""
+    w = res[key]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     _series(a, {p: v["ingest"] for p, v in w.items()}, "rows written per second (64 a call)")
     _series(b, {p: v["batches"] for p, v in w.items()}, "learner: sample(256) per second")
@@ -56,11 +58,18 @@ def sweep(res: dict[str, Any], out: str, plt: Any) -> list[str]:
     a.set_title("ingest, while the learner samples")
     b.set_title("the learner, while they write")
     b.legend(fontsize=8)
-    fig.suptitle(f"mujoco rows (165 B), 262,144 capacity; median and range of repeats ({_title(res)})", fontsize=9)
+    fig.suptitle(f"{what}; median and range of repeats ({_title(res)})", fontsize=9)
     fig.tight_layout()
-    paths = [os.path.join(out, "writers.png")]
-    fig.savefig(paths[0], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def sweep(res: dict[str, Any], out: str, plt: Any) -> list[str]:
+    paths = [_writers(res, "writers", "mujoco rows (165 B), 262,144 capacity", os.path.join(out, "writers.png"), plt)]
+    if "writers atari" in res:
+        paths.append(_writers(res, "writers atari", "atari rows (56 kB), 50,000 capacity",
+                              os.path.join(out, "writers-atari.png"), plt))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     _series(ax, res["capacity"], "microseconds per sample(256)")
     ax.set_xscale("log")
@@ -69,7 +78,7 @@ def sweep(res: dict[str, Any], out: str, plt: Any) -> list[str]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(out, "capacity.png"))
-    fig.savefig(paths[1], dpi=110)
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmarks.config import Results
 
-SYSTEMS = ["shmbuf", "shmbuf-py", "cpprb", "torchrl", "sb3", "naive", "numpy"]
+SYSTEMS = ["shmbuf", "shmbuf-lf", "shmbuf-py", "cpprb", "torchrl", "sb3", "naive", "numpy"]
 METRICS = [  # (key, what, unit)
     ("add 1w x1", "add, 1 writer, 1 row per call", "rows/s"),
     ("add 1w x64", "add, 1 writer, 64 rows per call", "rows/s"),
@@ -20,6 +20,10 @@ METRICS = [  # (key, what, unit)
     ("e2e ingest", "end to end (2 writers x64 + learner): ingest", "rows/s"),
     ("e2e batches", "end to end: batches sampled", "batches/s"),
 ]
+
+
+GATHERS = {"shared": " (np.take of each field's array: the limit the targets use)",
+           "rows": " (np.take of whole rows of one array, as shmbuf packs small fields)"}
 
 
 def si(x: float | None) -> str:
@@ -65,7 +69,18 @@ def targets(r: Results, wl: str) -> list[tuple[str, float | None, str, bool | No
     def want(what: str, v: float | None, at_least: float) -> None:
         out.append((what, v, f">= {at_least:g}", None if v is None else v >= at_least))
 
+    limit = r.extra.get("gather batches/s", {}).get(wl, {}).get("shared")
+    sample = r.median(wl, "sample", "shmbuf")
+    want("sample vs the gather limit (shared memory)", sample / limit if sample and limit else None, 0.8)
+    pure = r.median(wl, "sample", "shmbuf-py")
+    want("pure Python: sample vs the gather limit", pure / limit if pure and limit else None, 0.8)
     if wl == "atari":
+        beside = r.median(wl, "sample +1w", "shmbuf")
+        want("sample +1w vs sample alone", beside / sample if beside and sample else None, 0.75)
+        want("e2e batches vs cpprb", _ratio(r, wl, "e2e batches", "cpprb"), 1)
+        want("e2e ingest vs cpprb", _ratio(r, wl, "e2e ingest", "cpprb"), 1)
+        want("learner first (shmbuf-lf): e2e batches vs cpprb", _ratio(r, wl, "e2e batches", "cpprb", system="shmbuf-lf"), 1)
+        want("learner first (shmbuf-lf): e2e ingest vs cpprb", _ratio(r, wl, "e2e ingest", "cpprb", system="shmbuf-lf"), 1)
         want("add 1w x1 vs numpy floor", _ratio(r, wl, "add 1w x1", "numpy"), 0.9)
         want("add 1w x64 vs numpy floor", _ratio(r, wl, "add 1w x64", "numpy"), 0.9)
         want("sample vs numpy floor", _ratio(r, wl, "sample", "numpy"), 0.9)
@@ -87,7 +102,7 @@ def targets(r: Results, wl: str) -> list[tuple[str, float | None, str, bool | No
 
 def ratios_table(r: Results, wl: str) -> str:
     fig = r.figures.get(wl, {})
-    others = [s for s in SYSTEMS[1:] if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
+    others = [s for s in SYSTEMS[2:] if any(s in fig.get(m, {}) for m, _, _ in METRICS)]
     lines = [f"| {wl}: shmbuf ... | " + " | ".join(f"shmbuf / {o}" for o in others) + " |",
              "|---|" + "---:|" * len(others)]
     for key, what, unit in METRICS:
@@ -114,7 +129,7 @@ def extra_table(r: Results) -> str:
         lines.append(f"| memcpy of 256 MiB (numpy) | {e['memcpy GB/s']:.1f} GB/s |")
     for wl, d in e.get("gather GB/s", {}).items():
         for where, v in d.items():
-            lines.append(f"| random gather of 256 {wl} rows, {where} memory | {v:.2f} GB/s "
+            lines.append(f"| random gather of 256 {wl} rows, {where} memory{GATHERS.get(where, '')} | {v:.2f} GB/s "
                          f"({si(e['gather batches/s'][wl][where])} batches/s) |")
     if "lock uncontended ns/pair" in e:
         lines.append(f"| header lock, uncontended acquire + release | {e['lock uncontended ns/pair']:.0f} ns |")
@@ -196,7 +211,9 @@ def markdown(r: Results) -> str:
             "Figures: median (min-max) over repeats. shmbuf = the native path, shmbuf-py = the "
             "pure-Python path (both one lane per writer); numpy = in-process ring, no IPC (the floor); "
             "naive = writers -> multiprocessing.Queue -> learner's numpy ring; sb3 = one process, "
-            "one transition per add.\n")
+            "one transition per add; shmbuf-lf = shmbuf with the learner first (a RateLimit of "
+            f"{r.extra.get('learner first: samples per insert', 0):g} samples per insert holds writers to the learner; "
+            "measured after the others, see benchmarks/learner.py).\n")
     parts = [head]
     for wl, names in r.extra.get("skipped", {}).items():
         parts.append(f"{wl}: {', '.join(names)} left out: not enough memory for every buffer at once.\n")

@@ -105,7 +105,7 @@ class WriterPool:
         for c in conns:
             c.send((chunk, seconds))
         for c in conns:
-            self._recv(c, naive)  # "ready"
+            self._recv(c)  # "ready"
         sample = system.sampler()
         for c in conns:
             c.send("go")
@@ -122,17 +122,16 @@ class WriterPool:
                     sample()
                     batches += 1
         elapsed = time.perf_counter() - t0
-        got = [self._recv(c, naive) for c in conns]
+        got = [self._recv(c) for c in conns]
         if naive:
             system.drain()  # type: ignore[attr-defined]  # leave the queue empty
         written = drained / elapsed if naive else sum(n / t for n, t in got)
         return {"rows/s": written, "batches/s": batches / elapsed}
 
-    def _recv(self, conn: Any, naive: bool) -> Any:
+    def _recv(self, conn: Any) -> Any:
         end = time.monotonic() + 300
         while not conn.poll(0.01):
-            if naive:
-                self.system.drain()  # type: ignore[attr-defined]  # a writer may block on a full queue
+            self.system.unblock()  # a writer may wait on the learner (a full queue, a rate limit)
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.system.name}: a writer process stopped answering")
         return conn.recv()
@@ -140,12 +139,10 @@ class WriterPool:
     def close(self) -> None:
         for c in self.conns:
             c.send(None)
-        naive = isinstance(self.system, NaiveSystem)
         end = time.monotonic() + 30
         for p in self.procs:
             while p.is_alive() and time.monotonic() < end:
-                if naive:  # a process exits only once its queued chunks are read
-                    self.system.drain()  # type: ignore[attr-defined]
+                self.system.unblock()  # (a process exits only once its queued chunks are read)
                 p.join(0.05)
             if p.is_alive():
                 p.kill()
@@ -282,6 +279,7 @@ def _version(pkg: str) -> str | None:
 
 def run(cfg: Config) -> Results:
     from benchmarks import episodes
+    from benchmarks import learner
     from benchmarks import strategies
 
     r = Results(config=cfg.__dict__.copy(), machine=machine())
@@ -317,6 +315,8 @@ def run(cfg: Config) -> Results:
             for s in systems:
                 s.close()
             del systems
+        if cfg.learner_first and "shmbuf" in cfg.peers:
+            learner.measure(r, wl, cfg, prog.note)
     if with_episodes:
         episodes.run(r, cfg, local_loop, prog.note)
         prog.step("episodes")

@@ -35,11 +35,19 @@ def _make(name: str, wl: Workload, lanes: int) -> Any:
     return NumpySystem(wl)
 
 
-def writers(peers: list[str], repeats: int, window: float, note: Any) -> dict[str, Any]:
-    """Ingest (rows/s, 64-row adds) and the learner's batches/s while 1..4 writers add."""
-    wl = Workload("mujoco", 262_144, FIELDS)
-    fill = wl.data(1024, 3)
-    systems = {p: _make(p, wl, max(WRITERS)) for p in peers if p != "numpy"}
+ATARI = Workload("atari", 50_000, WORKLOADS["atari"].fields)
+"""Frames for the atari sweep: 2.8 GB a buffer, far past any cache, three at once."""
+
+
+def writers(peers: list[str], repeats: int, window: float, note: Any, wl: Workload | None = None) -> dict[str, Any]:
+    """Ingest (rows/s, 64-row adds) and the learner's batches/s while 1..4 writers add
+    (mujoco rows, or the rows of ``wl``)."""
+    from benchmarks.learner import NAME, LearnerFirst
+
+    wl = wl or Workload("mujoco", 262_144, FIELDS)
+    fill = wl.data(1024 if wl.row_bytes < 4096 else 64, 3)
+    systems = {p: LearnerFirst(wl, lanes=max(WRITERS)) if p == NAME else _make(p, wl, max(WRITERS))
+               for p in peers if p != "numpy"}
     for s in systems.values():
         s.fill(fill)
     pools = {p: WriterPool(s, size=max(WRITERS)) for p, s in systems.items()}
@@ -92,6 +100,8 @@ def run(peers: list[str], quick: bool, progress: bool = True) -> dict[str, Any]:
             print(f"\r\033[K  {what}", end="", file=os.sys.stderr, flush=True)
     res = {"kind": "sweep", "machine": machine(), "config": {"repeats": repeats, "window": window, "chunk": CHUNK},
            "writers": writers(peers, repeats, window, note), "capacity": capacity(peers, repeats, window, note)}
+    atari = [p for p in ("shmbuf", "shmbuf-lf", "cpprb") if p in peers or p == "shmbuf-lf" and "shmbuf" in peers]
+    res["writers atari"] = writers(atari, repeats, window, note, ATARI)
     if progress:
         print("\r\033[K", end="", file=os.sys.stderr)
     return res
@@ -99,13 +109,19 @@ def run(peers: list[str], quick: bool, progress: bool = True) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     med = statistics.median
-    w, c = res["writers"], res["capacity"]
-    lines = ["| writers x64 | " + " | ".join(f"{p} ingest rows/s | {p} batches/s" for p in w) + " |",
-             "|---|" + "---:|---:|" * len(w)]
-    for n in WRITERS:
-        cells = [f"{med(w[p]['ingest'][str(n)]):,.0f} | {med(w[p]['batches'][str(n)]):,.0f}" for p in w]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines += ["", "| capacity | " + " | ".join(f"{p} us per sample(256)" for p in c) + " |",
+    c = res["capacity"]
+    lines: list[str] = []
+    for key, what in (("writers", "mujoco"), ("writers atari", "atari")):
+        w = res.get(key)
+        if not w:
+            continue
+        lines += [f"| {what}: writers x64 | " + " | ".join(f"{p} ingest rows/s | {p} batches/s" for p in w) + " |",
+                  "|---|" + "---:|---:|" * len(w)]
+        for n in WRITERS:
+            cells = [f"{med(w[p]['ingest'][str(n)]):,.0f} | {med(w[p]['batches'][str(n)]):,.0f}" for p in w]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["| capacity | " + " | ".join(f"{p} us per sample(256)" for p in c) + " |",
               "|---:|" + "---:|" * len(c)]
     for cap in CAPACITIES:
         lines.append(f"| {cap:,} | " + " | ".join(f"{med(c[p][str(cap)]):.1f}" for p in c) + " |")

@@ -46,6 +46,11 @@ def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path):
     for title in ("| tiny: metric |", "| tiny: shmbuf ... |", "| tiny: target |", "| physical limit"):
         assert title in text
     assert "2 writers x64 vs 1 writer x64" in text
+    # the learner first: writers held to the learner by a rate limit, measured beside the others
+    for metric in ("sample +1w", "writer during sample", "e2e ingest", "e2e batches"):
+        assert all(v > 0 for v in fig[metric]["shmbuf-lf"]), metric
+    assert "shmbuf-lf" not in fig["sample"] and " shmbuf-lf |" in text
+    assert "sample vs the gather limit (shared memory)" in text
     path = run.save(res, str(tmp_path))
     with open(path) as f:
         saved = json.load(f)
