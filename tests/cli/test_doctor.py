@@ -42,6 +42,7 @@ def test_doctor_says_which_path_runs_and_what_is_installed():
     assert facts["path"] == want == shmbuf.implementation() and facts["shmbuf"] == shmbuf.__version__
     assert set(facts["optional"]) >= {"torch", "gymnasium", "ray", "stable-baselines3", "torchrl", "cpprb"}
     assert facts["dev_shm"]["free_bytes"] > 0
+    assert facts["arrays_read_directly"] is native.ARRAYS_READ_DIRECTLY  # (csrc/arrays.c's probe)
     assert all(e in ("torch", "gym", "hdf5", "safetensors", "ray", "sb3", "torchrl", "bench")
                for e in facts["missing_extras"])
 
