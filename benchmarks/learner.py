@@ -41,7 +41,7 @@ class LearnerFirst(ShmbufSystem):
     @staticmethod
     def fill_rows(wl: Workload) -> int:
         """The rows :meth:`ShmbufSystem.fill` inserts (1,024 a call, or the data's rows)."""
-        step = min(1024 if wl.row_bytes < 4096 else 64, 1024)
+        step = 1024 if wl.row_bytes < 4096 else 64
         return wl.capacity // step * step
 
     def unblock(self) -> None:
@@ -49,7 +49,6 @@ class LearnerFirst(ShmbufSystem):
             self.buf.sample(BATCH, out=self._out, timeout=0.01)
         except shmbuf.SampleTimeout:
             pass
-
 
 
 def measure(r: Results, wl: Workload, cfg: Config, note: Any) -> None:
