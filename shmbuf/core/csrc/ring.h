@@ -11,7 +11,6 @@
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <time.h>
@@ -131,26 +130,13 @@ static inline int64_t *stamp_of(Ring *r, Py_ssize_t slot) {
     return (int64_t *)(r->rows + slot * r->row_stride);
 }
 
-/* memcpy of one row of one field, inlined up to 128 bytes (a call per field per row was
- * a third of a 64-row write of small rows): fixed-size moves, the last one overlapping
- * the one before it where n is not a multiple of the move (bytes inside [0, n) only). */
+/* memcpy, with the sizes of most small fields inlined (a call per field per row adds up) */
 static inline void copy(char *dst, const char *src, Py_ssize_t n) {
-    if (n > 128) {
-        memcpy(dst, src, n);
-    } else if (n >= 16) {
-        Py_ssize_t i = 0;
-        for (; i + 16 < n; i += 16)
-            memcpy(dst + i, src + i, 16);
-        memcpy(dst + n - 16, src + n - 16, 16);
-    } else if (n >= 8) {
-        memcpy(dst, src, 8);
-        memcpy(dst + n - 8, src + n - 8, 8);
-    } else if (n >= 4) {
-        memcpy(dst, src, 4);
-        memcpy(dst + n - 4, src + n - 4, 4);
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++)
-            dst[i] = src[i];
+    switch (n) {
+    case 1: memcpy(dst, src, 1); break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    default: memcpy(dst, src, n);
     }
 }
 

@@ -321,6 +321,16 @@ static int value_bytes(Ring *r, Field *f, PyObject *v, Py_ssize_t *rows, Py_buff
                        kind_of(f->format, f->itemsize), f->itemsize, *owned, count);
 }
 
+/* Give back what value_bytes() took for the first n fields: buffers, arrays, copies. */
+static void release_values(Py_buffer *views, PyObject **held, char **owned, int n) {
+    for (int i = 0; i < n; i++) {
+        if (views[i].obj != NULL)
+            PyBuffer_Release(&views[i]);
+        Py_XDECREF(held[i]);
+        PyMem_Free(owned[i]);
+    }
+}
+
 /* add(transition, lane, timeout) / extend(batch, lane, timeout): the common case, or
  * False (nothing done) for the Python path. */
 static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs, int batch) {
@@ -377,12 +387,7 @@ static PyObject *write_mapping(Ring *r, PyObject *const *args, Py_ssize_t nargs,
         result = Py_False;
         Py_INCREF(result);
     }
-    for (int i = 0; i < f; i++) {
-        if (views[i].obj != NULL)
-            PyBuffer_Release(&views[i]);
-        Py_XDECREF(held[i]);
-        PyMem_Free(owned[i]);
-    }
+    release_values(views, held, owned, f);
     return result;
 }
 
@@ -517,12 +522,7 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             PyErr_Format(PyExc_RuntimeError, "put_rows: lane %lld stopped being ours", (long long)lanes[i]);
         }
     }
-    for (int i = 0; i < f; i++) {
-        if (views[i].obj != NULL)
-            PyBuffer_Release(&views[i]);
-        Py_XDECREF(held[i]);
-        PyMem_Free(owned[i]);
-    }
+    release_values(views, held, owned, f);
     if (lanev.obj != NULL)
         PyBuffer_Release(&lanev);
     return result;
