@@ -55,9 +55,13 @@ Examples:
     >>> rb.close()
 """
 
-from shmbuf.compat.torchrl.buffers import SharedPrioritizedReplayBuffer, SharedReplayBuffer
-from shmbuf.compat.torchrl.parts import SharedPrioritizedSampler, SharedSampler, SharedWriter
-from shmbuf.compat.torchrl.storage import SharedStorage
+from shmbuf.compat import require
+
+require(__name__, "torchrl", ("torch", "tensordict", "torchrl"))
+
+from shmbuf.compat.torchrl.buffers import SharedPrioritizedReplayBuffer, SharedReplayBuffer  # noqa: E402
+from shmbuf.compat.torchrl.parts import SharedPrioritizedSampler, SharedSampler, SharedWriter  # noqa: E402
+from shmbuf.compat.torchrl.storage import SharedStorage  # noqa: E402
 
 __all__ = ["SharedReplayBuffer", "SharedPrioritizedReplayBuffer", "SharedStorage", "SharedWriter", "SharedSampler",
            "SharedPrioritizedSampler"]
