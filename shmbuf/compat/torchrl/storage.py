@@ -106,11 +106,9 @@ class SharedStorage(TensorStorage):
     # -- writing ---------------------------------------------------------------------
 
     def arrays(self, rows: TensorDictBase) -> dict[str, np.ndarray]:
-        """The rows of ``rows`` (along its first batch dimension, TorchRL's ``"index"``
-        left out) as the buffer's fields, a key they lack as zeros (TorchRL's storages
-        keep the slot's old value there); checked as a write checks them (keys, batch
-        size, shapes, dtypes) before anything is written: a ``ValueError`` or
-        ``TypeError`` that counts the rows given."""
+        """The rows of ``rows`` (TorchRL's ``"index"`` left out) as the buffer's fields, a
+        key they lack as zeros (TorchRL's storages keep the slot's old value there),
+        checked as a write checks them before anything is written."""
         if tuple(rows.batch_size[1:]) != self.row_shape:
             raise ValueError(f"rows of batch size {list(rows.batch_size)}: this buffer's rows have the batch size "
                              f"{list(self.row_shape)} after the first dimension (fixed by its first write)")
@@ -258,9 +256,7 @@ class SharedStorage(TensorStorage):
     def _len(self, value: int) -> None:
         pass  # (the buffer counts its rows)
 
-    @property
-    def _total_shape(self) -> torch.Size:
-        return torch.Size([self.max_size])
+    _total_shape = property(lambda self: torch.Size([self.max_size]))
 
     @property
     def shape(self) -> torch.Size:
@@ -363,7 +359,7 @@ class SharedStorage(TensorStorage):
                 self.put({k: np.zeros((pad,) + v.shape[1:], v.dtype) for k, v in data.items()}, pad, lane=lane)
             self.put({k: v[rows] for k, v in data.items()}, len(rows), lane=lane)
 
-    def _empty(self) -> None:
+    def _empty(self) -> None:  # (TorchRL's name)
         self.clear()
 
     def clear(self) -> None:
