@@ -24,7 +24,9 @@ class Reads:
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
         """Set the priorities of sampled rows, from any process: ``index`` as
         :meth:`sample` returned it, ``priorities`` one per row, finite and > 0 (``|td| +
-        1e-6``, say). Rows overwritten since they were sampled are skipped (the new row
+        1e-6``, say), with ``p**a`` at most
+        :func:`~shmbuf.priority.trees.largest_leaf` of the capacity (so the sum over the
+        buffer stays finite) and not 0 (``ValueError``, nothing changed). Rows overwritten since they were sampled are skipped (the new row
         in their slot keeps its own priority); returns how many were set.
 
         Examples:

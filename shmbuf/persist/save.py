@@ -302,11 +302,19 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     if prio is not None:
         leaf = np.asarray(prio)
         given = ~np.isnan(leaf)
-        if (leaf[given] < 0).any() or (leaf[given] == np.inf).any():
-            raise _bad(got["path"], f"{PRIORITY_FILE} holds negative or infinite leaves")
+        most = _priority.largest_leaf(got["layout"].capacity)  # (more: the trees' sum would be infinite)
+        if (leaf[given] < 0).any() or (leaf[given] > most).any():
+            raise _bad(got["path"], f"{PRIORITY_FILE} holds negative leaves or leaves above {most:g} (the largest "
+                                    "p**a a buffer of this capacity holds)")
         top = got["max_priority"]
         if not isinstance(top, (int, float)) or isinstance(top, bool) or not (top >= 0 and math.isfinite(top)):
             raise _bad(got["path"], f"{META_FILE}: max_priority is {top!r}, expected a number >= 0")
+        if top > 0:  # (0: none set yet) new rows enter at top**a
+            try:
+                _priority.check_values([top], 1, "max_priority", _priority.check_alpha(kwargs["priority"]),
+                                       got["layout"].capacity)
+            except ValueError as exc:
+                raise _bad(got["path"], f"{META_FILE}: {exc}") from None
     buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
                      name=got["name"] if name is None else name, persist=persist, seed=seed,
                      timeout=timeout, meta=meta, **kwargs)

@@ -49,6 +49,7 @@ REGION = "priority"
 FIELD = "_priority"
 DEFAULT_BETA = 0.4  # cpprb's default
 _HEAD_WORDS = 8
+LARGEST = float(np.finfo(np.float64).max)
 H_VERSION, H_MAX = 0, 1  # H_MAX: float64 bits; 0.0 reads as 1.0 (no priority set yet)
 
 
@@ -83,8 +84,25 @@ def check_beta(beta: Any) -> float:
                            "number >= 0 (0.4 is usual, annealed to 1 over training)")
 
 
-def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
-    """``priorities`` as float64 ``(n,)``; ValueError unless all are finite and > 0."""
+def largest_leaf(capacity: int) -> float:
+    """The largest ``p**a`` a leaf may hold in a buffer of ``capacity`` rows: the largest
+    float64 over the number of leaves, so that the sum of them all (the root of the sum
+    tree, which every draw scales by) stays finite. ``largest_leaf(1000)``: 1.8e308 / 1024."""
+    return LARGEST / leaves(capacity)
+
+
+def check_values(priorities: Any, n: int | None, what: str, alpha: float | None = None,
+                 capacity: int | None = None) -> np.ndarray:
+    """``priorities`` as float64 ``(n,)``; ValueError unless all are finite and > 0 and
+    (given ``alpha`` and ``capacity``) each ``p**alpha`` is in ``(0, largest_leaf(capacity)]``:
+    a larger one would make the trees' sum infinite, a 0 a row that is never drawn.
+
+    Examples:
+        >>> check_values([1e308], 1, "update_priorities", 1.0, 8)
+        Traceback (most recent call last):
+        ...
+        ValueError: update_priorities: p**a must be at most 2.24712e+307 in a buffer of 8 rows ...
+    """
     p = np.asarray(priorities, dtype=np.float64)
     if n is not None:
         if p.size != n:
@@ -94,6 +112,23 @@ def check_values(priorities: Any, n: int | None, what: str) -> np.ndarray:
         bad = ~((p > 0) & (p < math.inf))
         raise ValueError(f"{what}: priorities must be finite and > 0, got {p[bad][:5].tolist()} "
                          "(with TD errors, pass abs(td) + a small epsilon such as 1e-6)")
+    if alpha is None or capacity is None or not p.size:
+        return p
+    with np.errstate(over="ignore", under="ignore"):
+        leaf = p ** alpha
+    top = largest_leaf(capacity)
+    if leaf.max() > top:
+        bad = p[leaf > top][:5].tolist()
+        most = math.exp(math.log(top) / alpha)  # (alpha > 0 here: p**0 is 1)
+        raise ValueError(f"{what}: p**a must be at most {top:g} in a buffer of {capacity} rows (the largest "
+                         f"float64 over its {leaves(capacity)} leaves, so that the sum over the whole buffer stays "
+                         f"finite), got priorities {bad} with a = {alpha:g}: pass priorities <= {most:g} "
+                         "(clip them, or scale them all down)")
+    if leaf.min() == 0:
+        bad = p[leaf == 0][:5].tolist()
+        raise ValueError(f"{what}: priorities {bad} give p**a = 0 with a = {alpha:g} (below the smallest float64): "
+                         "such a row could never be drawn; pass larger priorities (with TD errors, abs(td) + a "
+                         "small epsilon such as 1e-6)")
     return p
 
 
@@ -124,6 +159,10 @@ class Trees:
         self.min = np.ndarray((2 * P,), np.float64, mem, off + 16 * P)
         self.seq = np.ndarray((layout.capacity,), np.int64, mem, off + 32 * P)
         self._native = native.extension() if engine.native is not None else None
+
+    def check(self, priorities: Any, n: int | None, what: str) -> np.ndarray:
+        """:func:`check_values` with this buffer's exponent and capacity."""
+        return check_values(priorities, n, what, self.alpha, self.capacity)
 
     # -- changing the trees (under the lock) ----------------------------------------
 
@@ -331,13 +370,13 @@ class Trees:
         if FIELD in data:
             raise ValueError(f"{FIELD!r} is kept by shmbuf: pass priority= instead")
         if axis is None:
-            p: Any = 0.0 if priority is None else float(check_values(priority, 1, "priority")[0])
+            p: Any = 0.0 if priority is None else float(self.check(priority, 1, "priority")[0])
         else:
             rows = rows_of(data)
             if priority is None:
                 p = np.zeros(rows)
             else:
-                p = check_values(priority, None, "priority")
+                p = self.check(priority, None, "priority")
                 if p.shape != (rows,):  # one for all (or a bad shape: the schema check says so)
                     p = np.full(rows, p.reshape(-1)[0]) if p.size == 1 else p
         return {**data, FIELD: p}
@@ -362,7 +401,7 @@ class Trees:
         if idx.ndim != 2 or idx.shape[1] != 2 or idx.dtype.kind not in "iu":
             raise ValueError(f"index must be the (n, 2) integer array sample() returned as 'index' (slot, row), "
                              f"got {idx.dtype} {idx.shape}")
-        p = check_values(priorities, len(idx), "update_priorities")
+        p = self.check(priorities, len(idx), "update_priorities")
         slots, seqs = idx[:, 0].astype(np.int64), idx[:, 1].astype(np.int64)
         if len(slots) and (slots.min() < 0 or slots.max() >= self.capacity):
             raise ValueError(f"index: slots must be in [0, {self.capacity}); was it sampled from another buffer?")

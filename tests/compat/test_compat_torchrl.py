@@ -86,8 +86,11 @@ def test_bad_rows_are_refused_and_change_nothing(name):
     assert (b["next", "reward"][b["observation"][:, 0] == 7] == 0).all() and len(rb) == 8
     with pytest.raises(IndexError, match="holds 8 rows"):
         rb[8]
-    with pytest.raises(NotImplementedError, match="SharedWriter"):
-        rb[0] = rows(0, 1)[0]  # (writes at given slots: refused)
+    for write in (lambda: rb.__setitem__(0, rows(0, 1)[0]), lambda: rb.set_("observation", torch.zeros(8, 3)),
+                  lambda: rb.update_(rows(0, 8)), lambda: rb.set_at_("observation", torch.zeros(1, 3), [0])):
+        with pytest.raises(NotImplementedError, match="writing into stored rows .* is refused"):
+            write()  # (writes at given slots: refused; TorchRL's would change a copy, silently)
+    assert (rb[:]["observation"][:, 0] == torch.tensor([0., 1, 2, 3, 7, 7, 7, 7])).all()
     with pytest.raises(IndexError):
         rb[torch.tensor([0.5])]
     rb.close()
@@ -125,7 +128,7 @@ def test_pickled_to_another_process_it_writes_into_the_same_rows(name):
     rb.close()
 
 
-@pytest.mark.parametrize("module", ['torchrl', 'torchrl.buffers'])
+@pytest.mark.parametrize("module", ['torchrl', 'torchrl.buffers', 'torchrl.storage'])
 def test_the_modules_examples(module):
     """The modules' docstring examples (the package's doctest run leaves them out: they
     import the library)."""
@@ -178,7 +181,8 @@ def test_an_extend_longer_than_a_lane_keeps_the_last_rows_as_torchrl(name):
 # -- in the shape of TorchRL's TestBuffers (its repository's test/rb/test_rb_core.py): the same
 # checks on shmbuf's buffers and, side by side, on TorchRL's own storages (written here, not copied)
 
-KINDS = ["shmbuf", "shmbuf-prioritized", "torchrl-tensor", "torchrl-memmap"]
+KINDS = ["shmbuf", "shmbuf-prioritized", "torchrl-over-shmbuf", "torchrl-tensor", "torchrl-memmap"]
+# torchrl-over-shmbuf: TorchRL's own TensorDictReplayBuffer, its writer and RandomSampler, over SharedStorage
 
 
 @pytest.fixture(autouse=True)
@@ -201,13 +205,15 @@ def make(kind, size, name, **kw):
 def _make(kind, size, name, **kw):
     from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
-    from shmbuf.compat.torchrl import SharedPrioritizedReplayBuffer
+    from shmbuf.compat.torchrl import SharedPrioritizedReplayBuffer, SharedStorage
 
     kw.setdefault("batch_size", 3)
     if kind == "shmbuf":
         return SharedReplayBuffer(size, name=name, seed=0, **kw)
     if kind == "shmbuf-prioritized":
         return SharedPrioritizedReplayBuffer(size, alpha=0.8, beta=0.9, name=name, seed=0, **kw)
+    if kind == "torchrl-over-shmbuf":
+        return TensorDictReplayBuffer(storage=SharedStorage(size, name=name, seed=0), **kw)
     storage = (LazyTensorStorage if kind == "torchrl-tensor" else LazyMemmapStorage)(size)
     return TensorDictReplayBuffer(storage=storage, **kw)
 
@@ -218,8 +224,20 @@ def data(n, start=0):
 
 
 def finish(rb):
+    from shmbuf.compat.torchrl import SharedStorage
+
     if isinstance(rb, SharedReplayBuffer):
         rb.close()  # (twice is harmless)
+    elif isinstance(rb.storage, SharedStorage):
+        rb.storage.close()
+
+
+def _torchrl_over_shmbuf(name, size=8, **kw):
+    from torchrl.data import TensorDictReplayBuffer
+
+    from shmbuf.compat.torchrl import SharedStorage
+
+    return TensorDictReplayBuffer(storage=SharedStorage(size, name=name, seed=0, **kw), batch_size=3)
 
 
 def row_set(td):
@@ -256,6 +274,17 @@ class TestBuffersShape:
             assert len(rb) == 0
             with pytest.raises(RuntimeError, match="Cannot sample from an empty storage"):
                 rb.sample()
+        finish(rb)
+
+    def test_after_empty_rows_start_again_at_slot_0(self, kind, size, name):
+        rb = make(kind, size, name)
+        rb.extend(data(size + 1))  # (a full ring, its oldest row at slot 1)
+        rb.empty()
+        index = rb.extend(data(2, start=50))
+        assert index.tolist() == [0, 1] and rb.writer._cursor == 2 % size
+        assert rb[:]["a"].tolist() == [50, 51] and rb.storage[1]["a"] == 51
+        s = rb.sample()
+        assert (rb[s["index"]]["a"] == s["a"]).all() and set(s["index"].tolist()) <= {0, 1}
         finish(rb)
 
     def test_extend_keeps_the_newest_rows_and_iterating_the_storage_reads_them(self, kind, size, name):
@@ -342,19 +371,25 @@ def _overwrite_slot_0_paused(rb_name, flag, go):
     rb.close()
 
 
+@pytest.mark.parametrize("kind", ["shmbuf", "torchrl-over-shmbuf"])
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_read_by_index_never_returns_a_row_being_written(name, tmp_path, broken, break_protection):
+def test_a_read_by_index_never_returns_a_row_being_written(name, tmp_path, broken, break_protection, kind):
     """A writer stopped in the middle of overwriting slot 0: ``rb[0]`` waits for the
-    row (SampleTimeout at its deadline), the other slots read as they are; once the
-    writer goes on, ``rb[0]`` is its row, whole. With the stamp check switched off on
-    purpose, ``rb[0]`` returns the slot while it is still unpublished: what the check
-    prevents."""
+    row (SampleTimeout at its deadline), and so does a sample by TorchRL's own sampler
+    that draws slot 0 (in order, over the SharedStorage of TorchRL's own buffer); the
+    other slots read as they are; once the writer goes on, ``rb[0]`` is its row, whole.
+    With the stamp check switched off on purpose, ``rb[0]`` returns the slot while it
+    is still unpublished: what the check prevents."""
+    from torchrl.data import ReplayBuffer, SamplerWithoutReplacement
+
     from shmbuf.core.read import SampleTimeout
     from tests.helpers.processes import wait_for_file
 
     if broken:
         break_protection("stamp check")
-    rb = SharedReplayBuffer(4, name=name, batch_size=2, timeout=1.0)
+    rb = SharedReplayBuffer(4, name=name, batch_size=2, timeout=1.0) if kind == "shmbuf" else \
+        _torchrl_over_shmbuf(name, 4, timeout=1.0)
+    in_order = ReplayBuffer(storage=rb.storage, sampler=SamplerWithoutReplacement(shuffle=False), batch_size=2)
     rb.extend(data(4))
     flag, go = str(tmp_path / "writing"), str(tmp_path / "go")
     proc = mp.get_context("spawn").Process(target=_overwrite_slot_0_paused, args=(name, flag, go))
@@ -363,9 +398,12 @@ def test_a_read_by_index_never_returns_a_row_being_written(name, tmp_path, broke
         wait_for_file(flag, proc, "the writer never reached its write")
         if broken:  # the row comes back before its writer published it
             rb[0]
+            in_order.sample()
         else:
             with pytest.raises(SampleTimeout):
                 rb[0]
+            with pytest.raises(SampleTimeout):
+                in_order.sample()  # (slots 0 and 1)
             assert rb[1:]["a"].tolist() == [1, 2, 3]
             open(go, "w").close()
             proc.join(60)
@@ -374,7 +412,7 @@ def test_a_read_by_index_never_returns_a_row_being_written(name, tmp_path, broke
     finally:
         open(go, "w").close()
         proc.join(60)
-        rb.close()
+        rb.storage.close()
 
 
 def test_prioritized_sampling_follows_torchrls_formulas(name):
@@ -423,6 +461,120 @@ def test_prioritized_rows_take_their_priority_key_and_updates_from_another_proce
     with pytest.raises(ValueError, match="finite"):
         rb.update_priority(torch.tensor([0]), torch.tensor([float("nan")]))
     other.close()
+    rb.close()
+
+
+@pytest.mark.parametrize("kind", ["shmbuf", "torchrl-over-shmbuf"])
+def test_a_state_the_buffer_cannot_hold_is_refused_before_any_row_changes(kind, name):
+    """Round 4: a state dict with another key, another shape or dtype, or missing parts
+    emptied the buffer and then refused the state (10 rows -> 0), and the shape error
+    counted the padding rows the restore had added (6 rows, of 4 given). Now everything
+    is checked first: the error counts the state's rows, and the 10 rows stay."""
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    rb = SharedReplayBuffer(16, name=name, batch_size=3) if kind == "shmbuf" else _torchrl_over_shmbuf(name, 16)
+    rb.extend(data(10))
+    before = rb[:]
+    bad = {"another key": (data(4).update({"extra": torch.zeros(4)}), r"keys \['extra'\] the buffer does not"),
+           "another shape": (TensorDict({"a": torch.zeros(4, 3, dtype=torch.long), "b": {"c": torch.zeros(4).long()}},
+                                        [4]), r"key 'a': 4 rows of shape \[3\], this buffer's rows have the shape \[\]"),
+           "another dtype": (TensorDict({"a": torch.full((4,), 0.5), "b": {"c": torch.zeros(4).long()}}, [4]),
+                             "cannot store float32 values in a int64 field"),
+           "a full ring": (TensorDict({"a": torch.zeros(9, 2).long(), "b": {"c": torch.zeros(9).long()}}, [9]),
+                           r"key 'a': 8 rows of shape \[2\]")}
+    for what, (rows_, why) in bad.items():
+        theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(8), batch_size=3)
+        theirs.extend(rows_)
+        with pytest.raises((ValueError, TypeError), match=why):
+            rb.load_state_dict(theirs.state_dict())
+        assert len(rb) == 10 and (rb[:] == before).all(), what
+    if kind == "shmbuf":
+        state = rb.state_dict()
+        for part in ("_writer", "_transforms", "_batch_size"):
+            with pytest.raises(ValueError, match=f"the state has no {part}"):
+                rb.load_state_dict({k: v for k, v in state.items() if k != part})
+            assert len(rb) == 10 and (rb[:] == before).all(), part
+    with pytest.raises(ValueError, match="not a storage state this SharedStorage loads"):
+        rb.storage.load_state_dict({"_storage": {"a": torch.zeros(4)}, "initialized": True, "_len": 4,
+                                    "_order": torch.tensor([0, 1, 2, 9])})
+    assert len(rb) == 10 and (rb[:] == before).all()
+    rb.storage.close()
+
+
+def test_torchrls_own_buffer_samplers_and_writer_over_the_shared_storage(name):
+    """TorchRL's convention: swap the storage. Its TensorDictReplayBuffer, its
+    RoundRobinWriter and samplers over a SharedStorage: rows at TorchRL's slots,
+    RandomSampler and SamplerWithoutReplacement, SliceSampler (trajectories cut at
+    dones and at the ring's newest row), shmbuf's prioritized sampler in TorchRL's
+    buffer; another process's rows (written by name) are read and sampled here; a write
+    at slots that are not the storage's next ones is refused, nothing written."""
+    from torchrl.data import ReplayBuffer, SamplerWithoutReplacement, SliceSampler, TensorDictReplayBuffer
+
+    from shmbuf.compat.torchrl import SharedPrioritizedSampler, SharedStorage
+
+    storage = SharedStorage(12, name=name, seed=0)
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=6)
+    assert rb.extend(data(14)).tolist() == [k % 12 for k in range(14)] and rb.writer._cursor == 2
+    assert rb[:]["a"].tolist() == [12, 13] + list(range(2, 12))  # TorchRL's slots, the oldest at the cursor
+    s = rb.sample()
+    assert (s["a"] * 10 == s["b", "c"]).all() and (rb[s["index"]]["a"] == s["a"]).all()
+    without = ReplayBuffer(storage=storage, sampler=SamplerWithoutReplacement(), batch_size=4)
+    assert sorted(torch.cat([without.sample()["a"] for _ in range(3)]).tolist()) == list(range(2, 14))
+    other = SharedReplayBuffer.attach(name)  # another handle (by name, as another process), shmbuf's writer
+    other.extend(data(1, start=70))
+    assert rb[2]["a"] == 70 and rb[2]["b", "c"] == 700 and len(rb) == 12  # read here
+    for bad in (lambda: rb.__setitem__(5, data(1)[0]), lambda: storage.set(5, data(1)[0]),
+                lambda: storage.set(torch.arange(2), data(2)),
+                lambda: rb.extend(data(1))):  # TorchRL's writer: its cursor (2) is this process's alone
+        with pytest.raises(ValueError, match=r"writes rows only at its next slots \(\[3"):
+            bad()
+    assert rb[:]["a"].tolist() == [12, 13, 70] + list(range(3, 12)) and len(rb) == 12
+    with pytest.raises(TypeError, match="holds TensorDicts"):
+        storage.set(2, torch.zeros(1))
+    other.close()
+    storage.close()
+
+    episodes = TensorDict({"obs": torch.arange(10.), ("next", "done"): (torch.arange(10) % 5 == 4)[:, None]}, [10])
+    slicing = TensorDictReplayBuffer(storage=SharedStorage(10, name=name + "-s"),
+                                     sampler=SliceSampler(slice_len=5, end_key=("next", "done")), batch_size=10)
+    slicing.extend(episodes)
+    got = slicing.sample()["obs"].reshape(2, 5)
+    assert all(row.tolist() in ([0., 1, 2, 3, 4], [5., 6, 7, 8, 9]) for row in got)  # whole episodes, in order
+    slicing.storage.close()
+
+    alpha, beta = 1.0, 1.0
+    shared = SharedStorage(8, name=name + "-p", priority=alpha, seed=0)
+    prb = TensorDictReplayBuffer(storage=shared, sampler=SharedPrioritizedSampler(shared, alpha, beta, eps=0.0),
+                                 priority_key="td_error", batch_size=1000)
+    prb.extend(data(4))
+    prb.update_priority(torch.arange(4), torch.tensor([1e-9, 1e-9, 1e-9, 1.0]))
+    assert (prb.sample()["a"] == 3).float().mean() > 0.99
+    shared.close()
+
+
+def test_torchrls_update_priority_errors_name_it_and_change_nothing(name):
+    """Round 4: with eps=0 a priority of 0 passed the facade's check and the core
+    refused it naming update_priorities, which the user never called; a priority whose
+    (p + eps)**alpha overflows the trees' sum was taken (every later sample timed out).
+    Now update_priority refuses both, naming itself and what to do; nothing changes."""
+    from shmbuf.compat.torchrl import SharedPrioritizedReplayBuffer
+
+    rb = SharedPrioritizedReplayBuffer(8, alpha=1.0, beta=1.0, eps=0.0, name=name, batch_size=4, seed=0, timeout=2.0)
+    rb.extend(data(4))
+    s = rb.sample()
+    trees = rb.buffer.engine.priorities
+    before = trees.sum.copy()
+    with pytest.raises(ValueError, match=r"^update_priority: a priority of 0 with eps=0 .* pass priorities > 0, or "
+                                         r"make the buffer with eps > 0"):
+        rb.update_priority(s["index"], torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^update_priority: p\*\*a must be at most 2.24712e\+307 .* pass "
+                                         r"priorities <= 2.24712e\+307"):
+        rb.update_priority(s["index"], torch.full((4,), 1e308, dtype=torch.float64))
+    s["td_error"] = torch.full((4,), 1e308, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^update_priority: p\*\*a must be at most"):
+        rb.update_tensordict_priority(s)
+    assert (trees.sum == before).all()
+    assert len(rb.sample()) == 4  # sampled, not a timeout
     rb.close()
 
 

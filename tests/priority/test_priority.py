@@ -120,6 +120,57 @@ def test_bad_priorities_are_refused_and_change_nothing(name):
     assert name not in shmbuf.core.segment.list_names()
 
 
+def test_priorities_whose_p_to_the_a_would_make_the_sum_infinite_are_refused_and_change_nothing(name, tmp_path):
+    """Round 4: finite priorities whose p**a, or the trees' sum, overflowed to inf (1e308
+    twice with a = 1; 1e200 with a = 2) were taken, and every later sample in every
+    process then waited out its timeout (the draws scale by an infinite sum). Now p**a
+    above the largest float64 over the leaves (so the sum of every leaf stays finite) is
+    refused, at add, extend and update, nothing changed; and so is a p**a that underflows
+    to 0 (a row never drawn). The largest accepted in every slot still samples; a save
+    holding larger leaves does not load."""
+    top = float(np.finfo(np.float64).max) / 8  # 8 leaves
+    with shmbuf.Buffer.create(X, 8, priority=1.0, seed=0, name=name, timeout=2.0) as buf:
+        buf.extend({"x": np.arange(4)})
+        b = buf.sample(2)
+        trees = buf.engine.priorities
+        before = trees.sum.copy(), trees.seq.copy(), trees.headf.copy(), buf.engine.rng.bit_generator.state
+        for call in (lambda: buf.update_priorities(b["index"], [1e308, 1e308]),
+                     lambda: buf.update_priorities(b["index"], [1.0, top * 1.01]),
+                     lambda: buf.add({"x": 9}, priority=1e308),
+                     lambda: buf.extend({"x": [9, 9]}, priority=[1.0, 1e308]),
+                     lambda: buf.extend({"x": [9, 9]}, priority=1e308)):
+            with pytest.raises(ValueError, match=r"p\*\*a must be at most 2.24712e\+307 in a buffer of 8 rows .*"
+                                                 r"pass priorities <= 2.24712e\+307"):
+                call()
+        assert len(buf) == 4 and buf.total_added == 4
+        assert np.array_equal(trees.sum, before[0]) and np.array_equal(trees.seq, before[1])
+        assert np.array_equal(trees.headf, before[2]) and buf.engine.rng.bit_generator.state == before[3]
+        assert set(buf.sample(400)["x"].tolist()) == {0, 1, 2, 3}  # sampled, not a timeout
+        buf.extend({"x": np.arange(8)}, priority=top)  # the largest, in every slot: the sum is finite
+        buf.sample(1)
+        assert np.isfinite(trees.sum[1]) and trees.sum[1] == 8 * top
+        got = buf.sample(800)
+        assert set(got["x"].tolist()) == set(range(8)) and np.isfinite(got["weight"]).all()
+        buf.save(tmp_path / "s")
+    with shmbuf.Buffer.create(X, 8, priority=2.0, seed=0, name=name) as buf:  # a = 2: p**a overflows alone
+        buf.extend({"x": np.arange(2)})
+        b = buf.sample(2)
+        before = buf.engine.priorities.sum.copy()
+        with pytest.raises(ValueError, match=r"at most .* with a = 2: pass priorities <= 4.74038e\+153"):
+            buf.update_priorities(b["index"], [1e200, 1.0])
+        with pytest.raises(ValueError, match=r"give p\*\*a = 0 with a = 2 .* could never be drawn"):
+            buf.update_priorities(b["index"], [1e-200, 1.0])  # (1e-400: 0, an empty leaf)
+        with pytest.raises(ValueError, match=r"could never be drawn"):
+            buf.add({"x": 9}, priority=1e-200)
+        assert np.array_equal(buf.engine.priorities.sum, before) and len(buf) == 2
+    leaf = np.load(tmp_path / "s" / "priority.npy")  # a save whose leaves sum to inf (an older version's)
+    leaf[:2] = 1e308
+    np.save(tmp_path / "s" / "priority.npy", leaf)
+    with pytest.raises(ValueError, match=r"priority.npy holds negative leaves or leaves above 2.24712e\+307"):
+        shmbuf.Buffer.load(tmp_path / "s", name=name)
+    assert name not in shmbuf.core.segment.list_names()
+
+
 def test_an_update_for_an_overwritten_row_is_dropped(name):
     """A writer in another process overwrites the sampled rows' slots between the sample
     and the update: the update changes nothing, and the new rows keep their priority."""

@@ -45,9 +45,13 @@ Examples:
     >>> rb.close()
 """
 
-from shmbuf.compat.sb3.buffers import DictReplayBuffer, ReplayBuffer
-from shmbuf.compat.sb3.her import HerReplayBuffer
-from shmbuf.compat.sb3.nstep import NStepReplayBuffer
+from shmbuf.compat import require
+
+require(__name__, "sb3", ("torch", "gymnasium", "stable_baselines3"))
+
+from shmbuf.compat.sb3.buffers import DictReplayBuffer, ReplayBuffer  # noqa: E402
+from shmbuf.compat.sb3.her import HerReplayBuffer  # noqa: E402
+from shmbuf.compat.sb3.nstep import NStepReplayBuffer  # noqa: E402
 
 __all__ = ["DictReplayBuffer", "HerReplayBuffer", "NStepReplayBuffer", "ReplayBuffer"]
 for _cls in (DictReplayBuffer, HerReplayBuffer, NStepReplayBuffer, ReplayBuffer):

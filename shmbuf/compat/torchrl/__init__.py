@@ -13,15 +13,19 @@ torn row). So all three parts are shmbuf's, over one :class:`shmbuf.Buffer`:
 * :class:`SharedStorage` holds the buffer, made at the first write from the
   TensorDict's leaves (one field per nested key, ``"next.observation"``), or attached by
   name (later rows may lack keys, stored as zeros: TorchRL's storages keep the slot's
-  old value there; a key the first write did not have is an error); it has TorchRL's storage interface (``len``, ``max_size``, ``_empty``,
-  ``state_dict``) but rows are written and read only through the two parts below.
+  old value there; a key the first write did not have is an error). It is a TorchRL
+  ``TensorStorage``: TorchRL's own ``ReplayBuffer`` and ``TensorDictReplayBuffer`` take
+  it, with their writers (in one writing process: rows are taken only at the storage's
+  next slots) and samplers (``RandomSampler``, ``SamplerWithoutReplacement``,
+  ``SliceSampler``), every read through the checked read (docs/migrate/torchrl.md lists
+  what works over it, and what does not).
 * :class:`SharedWriter` writes through shmbuf's write path: each process claims a lane
   and reserves its rows there, so any number of collector processes write at once.
 * :class:`SharedSampler` samples through shmbuf's read path (draw, checked copy, redraw):
   no batch ever holds a row half written or overwritten while it was copied. The
   ``"index"`` TorchRL adds to a sample is each row's slot (``0 .. max_size - 1``), as
-  TorchRL's storages give it; a slot is a place, so a later write may hold another row
-  there. :class:`SharedPrioritizedSampler` is TorchRL's ``PrioritizedSampler`` on
+  TorchRL's storages give it (a lane's slots filled from its first, again after
+  ``empty()``); a slot is a place, so a later write may hold another row there. :class:`SharedPrioritizedSampler` is TorchRL's ``PrioritizedSampler`` on
   shmbuf's priorities (trees in the shared memory: every process samples by the same
   priorities; an update from the learner skips rows overwritten since it sampled them).
 * Reads by index (``rb[i]``, ``rb[a:b]``, ``rb.storage[i]``, iterating the storage) copy
@@ -35,7 +39,8 @@ collectors do). ``rb.dumps(path)`` saves the rows with :meth:`shmbuf.Buffer.save
 (``path/storage``) and ``rb.loads(path)`` loads them back, into this storage. A state
 dict is TorchRL's storages' (the rows by slot): ``rb.load_state_dict`` takes one of a
 TorchRL replay buffer over ``LazyTensorStorage`` or ``LazyMemmapStorage``, and theirs
-take this one's.
+take this one's; a state the buffer cannot hold is refused before any row changes.
+Writing into stored rows (``rb[i] = td``, ``set_``, ``update_``, ...) is refused.
 
 :class:`SharedReplayBuffer` and :class:`SharedPrioritizedReplayBuffer` (TorchRL's
 ``TensorDictPrioritizedReplayBuffer``) assemble them; it also keeps TorchRL's ``share()`` from
@@ -55,9 +60,13 @@ Examples:
     >>> rb.close()
 """
 
-from shmbuf.compat.torchrl.buffers import SharedPrioritizedReplayBuffer, SharedReplayBuffer
-from shmbuf.compat.torchrl.parts import SharedPrioritizedSampler, SharedSampler, SharedWriter
-from shmbuf.compat.torchrl.storage import SharedStorage
+from shmbuf.compat import require
+
+require(__name__, "torchrl", ("torch", "tensordict", "torchrl"))
+
+from shmbuf.compat.torchrl.buffers import SharedPrioritizedReplayBuffer, SharedReplayBuffer  # noqa: E402
+from shmbuf.compat.torchrl.parts import SharedPrioritizedSampler, SharedSampler, SharedWriter  # noqa: E402
+from shmbuf.compat.torchrl.storage import SharedStorage  # noqa: E402
 
 __all__ = ["SharedReplayBuffer", "SharedPrioritizedReplayBuffer", "SharedStorage", "SharedWriter", "SharedSampler",
            "SharedPrioritizedSampler"]

@@ -77,11 +77,23 @@ class SharedReplayBuffer(TensorDictReplayBuffer):
         """Load a state of this buffer's, or of a TorchRL replay buffer whose storage is
         a ``TensorStorage`` (``LazyTensorStorage``, ``LazyMemmapStorage``): its rows, in
         the order its writer's ``_cursor`` gives, and its ``write_count``."""
-        self._storage.cursor = state_dict.get("_writer", {}).get("_cursor")
-        try:
+        missing = [k for k in ("_storage", "_writer", "_transforms", "_batch_size") if k not in state_dict]
+        if missing:
+            raise ValueError(f"load_state_dict: the state has no {', '.join(missing)}: expected a replay buffer's "
+                             "state_dict() (nothing loaded)")
+        self._transform.load_state_dict(state_dict["_transforms"])  # (first: it raises before the rows change)
+        self._storage.cursor = state_dict["_writer"].get("_cursor")
+        try:  # (the storage checks the rows before it replaces any)
             super().load_state_dict({**state_dict, "_sampler": {}})  # (TorchRL's sampler states: none here)
         finally:
             self._storage.cursor = None
+
+    def _refused(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("writing into stored rows (set_, set_at_, update_, write_all, rb[i] = td) is "
+                                  "refused: rows are reserved and published by shmbuf's writer only, so that no "
+                                  "process reads or overwrites a row being written; extend with new rows instead")
+
+    set_ = set_at_ = update_ = write_all = __setitem__ = _refused
 
     def close(self) -> None:
         """Detach (the process that made the buffer removes it)."""

@@ -11,6 +11,8 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
 
+from shmbuf.priority.trees import check_values
+
 EMPTY = "Cannot sample from an empty storage."  # (TorchRL's words)
 ROW = "shmbuf_row"  # a prioritized sample's key: each row's sequence number (its slot's "index" names the place)
 
@@ -63,8 +65,7 @@ class SharedWriter(_Stateless, Writer):
         lane = buf.engine.lane if buf.lanes > 1 else 0
         if lane is None:
             raise AttributeError("_cursor: this process has no lane yet (it claims one at its first write)")
-        lc = buf.capacity // buf.lanes
-        return lane * lc + int(buf.engine.heads()[lane]) % lc
+        return lane * buf.lane_capacity + self._storage.next_slot(lane)
 
     def _empty(self, empty_write_count: bool = True) -> None:
         count = self._write_count
@@ -148,19 +149,28 @@ class SharedPrioritizedSampler(_Stateless, PrioritizedSampler):
         (a sample's ``"index"``): the rows ``rows`` (a sample's ``"shmbuf_row"``;
         default: the rows this handle last sampled there), skipped if they were
         overwritten since (the new row keeps its own priority)."""
+        storage = self._shared_storage
         slots = torch.as_tensor(index).reshape(-1).cpu().numpy().astype(np.int64)
         seqs = None if rows is None else torch.as_tensor(rows).reshape(-1).cpu().numpy().astype(np.int64)
         p = torch.as_tensor(priority, dtype=torch.float64).reshape(-1).cpu().numpy()
         if p.size == 1:
             p = np.full(len(slots), p[0])
         if len(p) != len(slots):
-            raise ValueError(f"{len(p)} priorities for {len(slots)} indices")
-        if len(slots) and (slots.min() < 0 or slots.max() >= self._shared_storage.max_size):
-            raise IndexError(f"index: slots are in [0, {self._shared_storage.max_size}), got {slots.min()} .. {slots.max()}")
+            raise ValueError(f"update_priority: {len(p)} priorities for {len(slots)} indices")
+        if len(slots) and (slots.min() < 0 or slots.max() >= storage.max_size):
+            raise IndexError(f"update_priority: index: slots are in [0, {storage.max_size}), got {slots.min()} .. "
+                             f"{slots.max()}")
         if not np.isfinite(p).all() or (p < 0).any():
-            raise ValueError("priorities must be finite and >= 0")
+            raise ValueError(f"update_priority: priorities must be finite and >= 0, got "
+                             f"{p[~(np.isfinite(p) & (p >= 0))][:5].tolist()}")
+        if (p + self._eps <= 0).any():
+            raise ValueError(f"update_priority: a priority of 0 with eps={self._eps:g} gives its row the probability "
+                             "0 ((priority + eps)**alpha), so it would never be drawn again: pass priorities > 0, "
+                             "or make the buffer with eps > 0 (TorchRL's default, 1e-8)")
+        if storage.buf is not None:  # (p + eps)**alpha within what the trees' sum holds, or ValueError
+            check_values(p + self._eps, len(p), "update_priority", self._alpha, storage.buf.capacity)
         if len(slots):
-            self._shared_storage.set_priority(slots, p + self._eps, seqs)
+            storage.set_priority(slots, p + self._eps, seqs)
             top = float(p.max())
             self._largest = top if self._largest is None else max(self._largest, top)
 

@@ -1,14 +1,23 @@
-"""Reads by index (``rb[i]``, ``rb[a:b]``, ``rb.storage[i]``, iterating a storage): the
-rows that given slots hold now, through the one read path.
+"""Slots as TorchRL numbers them, and reads by index (``rb[i]``, ``rb[a:b]``, iterating
+a storage, TorchRL's samplers' indices): the rows that given slots hold now, through
+the one read path.
 
-A TorchRL storage is an array of ``max_size`` slots read by position; TorchRL's
-storages index the slots that hold rows (``storage[:len][index]``). Here the slots that
-hold rows are those of each lane's window, in slot order (:func:`occupied`): in a buffer
-of one lane that was never emptied, slots ``0 .. len - 1``, exactly TorchRL's. An index
-(an int, negative ones too, a slice, a list, an array or a tensor of ints) picks among
-them (:func:`pick`), and :class:`Slots` copies what those slots hold through the checked
-gather: a row being written or overwritten during the copy is read again (then it is
-the newer row, as it would be in TorchRL's storage a moment later), never returned torn.
+**Slots.** A TorchRL storage is an array of ``max_size`` slots; its writer fills them
+from slot 0 and, once full, overwrites the oldest; ``empty()`` starts again at slot 0.
+Here lane ``k`` holds the slots ``k * lane_capacity ...``, and a lane's rows are
+numbered from its *base* (its first row since the last clear or restore), so the row
+``seq`` of lane ``k`` is at slot ``k * lane_capacity + (seq - base) % lane_capacity``
+(:func:`slot_of`): in a buffer of one lane, TorchRL's slot exactly, emptied or not. The
+position in the segment (``seq % lane_capacity``) is the core's business
+(:func:`position_of`).
+
+**Reads.** The slots that hold rows are, per lane, the first ``rows held`` ones (a
+lane fills its slots from its first); an index (an int, negative ones too, a slice, a
+list, an array or a tensor of ints, or of booleans) picks among them in slot order
+(:func:`pick`), as TorchRL's storages index ``storage[:len]``. :class:`Slots` copies
+what those slots hold through the checked gather: a row being written or overwritten
+during the copy is read again (then it is the newer row, as it would be in TorchRL's
+storage a moment later), never returned torn.
 """
 
 from __future__ import annotations
@@ -20,29 +29,32 @@ import numpy as np
 from shmbuf.core.read import Sampler
 
 
-def occupied(engine: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The slots holding rows now, as ranges in slot order: ``(starts, counts)``."""
+def held(engine: Any) -> np.ndarray:
+    """The rows each lane holds now (its first that many slots)."""
     lo, head = engine.window()
+    return np.minimum(head - lo, engine.layout.lane_capacity)
+
+
+def slot_of(engine: Any, lane: np.ndarray, seq: np.ndarray, bases: np.ndarray | None = None) -> np.ndarray:
+    """TorchRL's slot of the rows ``seq`` of ``lane`` (see the module)."""
     lc = engine.layout.lane_capacity
-    starts, counts = [], []
-    for lane, (a, b) in enumerate(zip(lo.tolist(), head.tolist())):
-        n = min(b - a, lc)
-        if n <= 0:
-            continue
-        first, base = (b - n) % lc, lane * lc
-        if first + n <= lc:
-            starts.append(base + first)
-            counts.append(n)
-        else:  # the ring wrapped: its low part is first in slot order
-            starts += [base, base + first]
-            counts += [first + n - lc, lc - first]
-    return np.array(starts, np.int64), np.array(counts, np.int64)
+    bases = engine.bases() if bases is None else bases
+    return lane * lc + (seq - bases[lane]) % lc
+
+
+def position_of(engine: Any, slots: np.ndarray, bases: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The lane and the position in it (``seq % lane_capacity``) of TorchRL's ``slots``."""
+    lc = engine.layout.lane_capacity
+    bases = engine.bases() if bases is None else bases
+    lane = slots // lc
+    return lane, (slots % lc + bases[lane]) % lc
 
 
 def pick(engine: Any, index: Any) -> tuple[np.ndarray, bool]:
     """The slots that ``index`` names among those holding rows, and whether it was one
     int (the read is then one row, without a batch dimension). ``IndexError`` past them."""
-    starts, counts = occupied(engine)
+    counts = held(engine)
+    starts = np.arange(len(counts), dtype=np.int64) * engine.layout.lane_capacity
     total = int(counts.sum())
     if hasattr(index, "detach"):  # (a tensor)
         index = index.detach().cpu().numpy()
@@ -68,14 +80,14 @@ def pick(engine: Any, index: Any) -> tuple[np.ndarray, bool]:
             raise IndexError(f"index out of range: the storage holds {total} rows")
         k = k % max(total, 1)
     ends = np.cumsum(counts)
-    r = np.searchsorted(ends, k, side="right")  # the range of each
+    r = np.searchsorted(ends, k, side="right")  # the lane of each
     return starts[r] + k - (ends[r] - counts[r]), scalar
 
 
 class Slots(Sampler):
-    """The rows the slots ``slots`` hold, for :func:`shmbuf.core.read.read`: each slot's
-    row is the newest of its lane at that position; a slot that holds no row any more
-    (emptied meanwhile) is an ``IndexError``."""
+    """The rows the slots ``slots`` (TorchRL's) hold, for :func:`shmbuf.core.read.read`:
+    each slot's row is the newest of its lane at that position; a slot that holds no row
+    any more (emptied meanwhile) is an ``IndexError``."""
 
     what = "rows at the given slots"
 
@@ -88,13 +100,12 @@ class Slots(Sampler):
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
         window = self.engine.window()
-        lc = self.engine.layout.lane_capacity
-        slots = self.slots[todo]
-        lane = slots // lc
-        seq = self.engine.rows_at(lane, slots % lc, window)
+        lane, position = position_of(self.engine, self.slots[todo])
+        seq = self.engine.rows_at(lane, position, window)
         gone = seq < window[0][lane]
         if gone.any():
-            raise IndexError(f"slot {int(slots[gone][0])} holds no row now (the buffer was emptied meanwhile)")
+            raise IndexError(f"slot {int(self.slots[todo][gone][0])} holds no row now (the buffer was emptied "
+                             "meanwhile)")
         return lane, seq
 
     def gather(self, drawn: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray | None:

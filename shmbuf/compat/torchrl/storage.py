@@ -1,4 +1,4 @@
-"""TorchRL's ``Storage`` over a :class:`shmbuf.Buffer`: :class:`SharedStorage` (see
+"""TorchRL's ``TensorStorage`` over a :class:`shmbuf.Buffer`: :class:`SharedStorage` (see
 :mod:`shmbuf.compat.torchrl`)."""
 
 from __future__ import annotations
@@ -10,26 +10,48 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torchrl.data.replay_buffers.storages import Storage
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from shmbuf.buffer.handle import Buffer
-from shmbuf.compat.torchrl.slots import Slots, occupied, pick
+from shmbuf.compat.torchrl.slots import Slots, held, pick, position_of, slot_of
+from shmbuf.core.validate import check_cast
 
 KIND = "torchrl"
 SEP = "."
+INDEX = "index"  # TorchRL's key for a row's slot: set on a sample, never stored
 
 
-class SharedStorage(Storage):
-    """TorchRL's ``Storage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows (rounded
-    down to a multiple of ``lanes``) in ``lanes`` lanes (one per process that writes at
-    once); ``name``: the buffer's (made at the first write) or an existing one's
-    (attached); ``priority``: the exponent alpha of a prioritized buffer. See
-    :mod:`shmbuf.compat.torchrl`."""
+class SharedStorage(TensorStorage):
+    """TorchRL's ``TensorStorage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows
+    (rounded down to a multiple of ``lanes``) in ``lanes`` lanes (one per process that
+    writes at once); ``name``: the buffer's (made at the first write) or an existing
+    one's (attached); ``priority``: the exponent alpha of a prioritized buffer. See
+    :mod:`shmbuf.compat.torchrl`.
+
+    It is a TorchRL storage: put it in TorchRL's own ``ReplayBuffer`` or
+    ``TensorDictReplayBuffer`` with TorchRL's samplers and writers (``len``, reads by
+    index and TorchRL's ``set`` at its writer's cursor), or use
+    :class:`~shmbuf.compat.torchrl.SharedReplayBuffer`, whose writer and sampler are
+    shmbuf's (any number of writing processes).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> rb = TensorDictReplayBuffer(storage=SharedStorage(8), batch_size=4)  # TorchRL's writer and sampler
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(10.)}, [10]))
+        >>> rb.sample()["obs"].shape, len(rb), rb.writer._cursor, rb[0]["obs"].item()
+        (torch.Size([4]), 8, 2, 8.0)
+        >>> rb.storage.close()
+    """
+
+    supports_conditional_update = False
 
     def __init__(self, max_size: int, *, name: str | None = None, lanes: int = 1, seed: Any = None,
                  timeout: float = 10.0, priority: float | None = None) -> None:
-        super().__init__(max_size)
+        Storage.__init__(self, max_size)  # (not TensorStorage's: the rows are the buffer's, not a TensorDict)
+        self.ndim, self.device = 1, torch.device("cpu")
         self.lanes, self.seed, self.timeout, self.priority = int(lanes), seed, float(timeout), priority
         self.buf: Buffer | None = None
         self.keys: list[str] = []  # the fields: nested keys joined by "."
@@ -81,34 +103,95 @@ class SharedStorage(Storage):
                                    seed=self.seed, timeout=self.timeout, priority=self.priority,
                                    meta={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
 
-    def write(self, td: TensorDictBase, priority: Any = None, lane: int | None = None) -> torch.Tensor:
-        """Write the rows of ``td`` (along its first batch dimension) into this
-        process's lane (or ``lane``), with ``priority`` (of a prioritized buffer: one per
-        row, or None: the largest yet); returns their slots."""
-        rows = td
-        self.ensure(rows)
+    # -- writing ---------------------------------------------------------------------
+
+    def arrays(self, rows: TensorDictBase) -> dict[str, np.ndarray]:
+        """The rows of ``rows`` (TorchRL's ``"index"`` left out) as the buffer's fields, a
+        key they lack as zeros (TorchRL's storages keep the slot's old value there),
+        checked as a write checks them before anything is written."""
         if tuple(rows.batch_size[1:]) != self.row_shape:
             raise ValueError(f"rows of batch size {list(rows.batch_size)}: this buffer's rows have the batch size "
                              f"{list(self.row_shape)} after the first dimension (fixed by its first write)")
         flat = _flat(rows)
-        extra = sorted(set(flat.keys()) - set(self.keys))
+        flat.pop(INDEX, None)
+        extra = sorted(set(flat) - set(self.keys))
         if extra:
             raise ValueError(f"the rows have keys {extra} the buffer does not: its keys {sorted(self.keys)} were "
                              "fixed by its first write")
-        buf = self.buf
         n = len(rows)
-        data = {k: np.zeros((n,) + buf.fields[k][0], buf.fields[k][1]) for k in self.keys if k not in flat.keys()}
-        data.update({k: v.detach().cpu().numpy() for k, v in flat.items()})  # (a key missing: zeros)
+        fields = {f.name: f for f in self.buf.engine.fields}
+        data = {}
+        for k in self.keys:
+            f = fields[k]
+            if k not in flat:
+                data[k] = np.zeros((n,) + f.shape, f.dtype)
+                continue
+            a = flat[k].detach().cpu().numpy()
+            if a.shape[1:] != f.shape:
+                raise ValueError(f"key {k!r}: {n} rows of shape {list(a.shape[1:])}, this buffer's rows have the "
+                                 f"shape {list(f.shape)} there (fixed by its first write)")
+            if a.dtype != f.dtype:
+                check_cast(f, a)
+            data[k] = a
+        return data
+
+    def write(self, td: TensorDictBase, priority: Any = None, lane: int | None = None) -> torch.Tensor:
+        """Write the rows of ``td`` (along its first batch dimension) into this
+        process's lane (or ``lane``), with ``priority`` (of a prioritized buffer: one per
+        row, or None: the largest yet); returns their slots."""
+        self.ensure(_without_index(td))
+        return self.put(self.arrays(td), len(td), priority, lane)
+
+    def put(self, data: dict[str, np.ndarray], n: int, priority: Any = None, lane: int | None = None) -> torch.Tensor:
+        """Write checked rows (:meth:`arrays`); their slots."""
+        buf = self.buf
         if lane is None:
             lane = buf.claim_lane() if buf.lanes > 1 else 0
-        head = int(buf.engine.heads()[lane])
-        lc = buf.capacity // buf.lanes  # (the slots: exact in a lane this process claimed)
+        lc = buf.lane_capacity
+        first = self.next_slot(lane)  # (exact in a lane this process claimed)
         for at in range(0, n, lc):  # (more rows than a lane holds: in turn, as TorchRL's cursor goes round)
             part = {k: v[at:at + lc] for k, v in data.items()}
             buf.extend(part, lane=lane, priority=priority if np.ndim(priority) == 0 else priority[at:at + lc])
-        slots = lane * lc + (head + np.arange(n)) % lc
+        slots = lane * lc + (first + np.arange(n)) % lc
         self.known[slots] = -1  # (a new row there, not sampled yet)
+        self._bump_mutation_revision()
         return torch.as_tensor(slots)  # (rows overwritten within the extend share their slot)
+
+    def next_slot(self, lane: int) -> int:
+        """Where the next row of ``lane`` goes, in the lane (TorchRL's writer's cursor)."""
+        engine = self.buf.engine
+        return int(engine.heads()[lane] - engine.bases()[lane]) % self.buf.lane_capacity
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """TorchRL's writers' call: the rows ``data`` at the slots ``cursor`` (their
+        cursor). Rows go only where shmbuf's write path puts them (reserved, then
+        published: no process reads or writes a row half written), so the slots must be
+        the next ones of the buffer's single lane: TorchRL's writers keep one cursor, in
+        one process. Writing at other slots (``rb[i] = td``, ``write_at``) is refused,
+        nothing written."""
+        if not is_tensor_collection(data):
+            raise TypeError(f"a SharedStorage holds TensorDicts (one field per key), got {type(data).__name__}: "
+                            "wrap tensors in a TensorDict")
+        one = isinstance(cursor, (int, np.integer)) or (torch.is_tensor(cursor) and cursor.ndim == 0)
+        rows = data.unsqueeze(0) if one else data
+        slots = np.asarray(torch.as_tensor(cursor).reshape(-1).cpu(), dtype=np.int64)
+        self.ensure(_without_index(rows))
+        buf = self.buf
+        if buf.lanes != 1:
+            raise ValueError(f"this SharedStorage has {buf.lanes} lanes: TorchRL's writers keep one cursor over "
+                             "all slots, in one process; write with SharedWriter (each process in a lane of its "
+                             "own), or make the storage with lanes=1")
+        lc = buf.lane_capacity
+        want = (self.next_slot(0) + np.arange(len(rows))) % lc
+        if len(slots) != len(rows) or not np.array_equal(slots, want):
+            raise ValueError(
+                f"rows for slots {_few(slots)}: a SharedStorage writes rows only at its next slots ({_few(want)} "
+                "now), where shmbuf reserves them, so that no process reads or overwrites a row being written "
+                "(rb[i] = td, write_at, or a writer whose cursor is another process's or was set by hand are "
+                "refused, nothing written); write with rb.extend / rb.add")
+        self.put(self.arrays(rows), len(rows))
+
+    # -- reading ---------------------------------------------------------------------
 
     def _rows(self, got: dict[str, np.ndarray], n: int | None) -> TensorDictBase:
         """Arrays of rows as a TensorDict (nested keys again; ``n`` None: one row)."""
@@ -123,13 +206,17 @@ class SharedStorage(Storage):
         got = buf.empty_batch(n)
         index = np.empty(n, np.int64)
         buf.engine.sample_windows(n, 1, [got[f.name] for f in buf.engine.fields], self.timeout, index=index)
-        return torch.from_numpy(index), self._rows(got, n)
+        lc = buf.lane_capacity  # (index: each row's lane * lc + seq % lc; its slot counts from the lane's base)
+        lane = index // lc
+        slots = lane * lc + (index % lc - buf.engine.bases()[lane]) % lc
+        return torch.from_numpy(slots), self._rows(got, n)
 
     def batch_by_priority(self, n: int, beta: float) -> tuple[torch.Tensor, TensorDictBase, torch.Tensor, torch.Tensor]:
         """``n`` rows drawn by priority (shmbuf's trees, through the read path): their
         slots, the rows, their importance weights and their sequence numbers."""
         got = self.buf.sample(n, beta=beta)
-        slots, seqs = got["index"][:, 0].copy(), got["index"][:, 1].copy()
+        seqs = got["index"][:, 1].copy()
+        slots = slot_of(self.buf.engine, got["index"][:, 0] // self.buf.lane_capacity, seqs)
         self.known[slots] = seqs
         return torch.from_numpy(slots), self._rows(got, n), torch.from_numpy(got["weight"]), torch.from_numpy(seqs)
 
@@ -137,17 +224,14 @@ class SharedStorage(Storage):
         """Set the priorities of the rows ``seqs`` at ``slots`` (default: the rows this
         handle last sampled there; a slot it did not sample since it was written: the
         row there now). Rows overwritten since are left as they are. How many were set."""
+        engine, lc = self.buf.engine, self.buf.lane_capacity
         seqs = self.known[slots] if seqs is None else seqs
+        lane, position = position_of(engine, slots)
         unknown = seqs < 0
         if unknown.any():  # the row each such slot holds now
-            lc = self.buf.capacity // self.buf.lanes
             seqs = seqs.copy()
-            seqs[unknown] = self.buf.engine.rows_at(slots[unknown] // lc, slots[unknown] % lc)
-        return self.buf.update_priorities(np.stack([slots, seqs], axis=1), priority)
-
-    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        raise NotImplementedError("rows are written through SharedWriter (shmbuf reserves them: a cursor of "
-                                  "TorchRL's would let two processes write the same slots)")
+            seqs[unknown] = engine.rows_at(lane[unknown], position[unknown])
+        return self.buf.update_priorities(np.stack([lane * lc + seqs % lc, seqs], axis=1), priority)
 
     def get(self, index: Any) -> Any:
         """The sampler's last batch, or the rows that ``index`` names among the slots
@@ -163,6 +247,32 @@ class SharedStorage(Storage):
     def __len__(self) -> int:
         return 0 if self.buf is None else len(self.buf)
 
+    @property
+    def _len(self) -> int:
+        """The rows held (every process's), for TorchRL's code that reads ``_len``."""
+        return len(self)
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        pass  # (the buffer counts its rows)
+
+    _total_shape = property(lambda self: torch.Size([self.max_size]))
+
+    @property
+    def shape(self) -> torch.Size:
+        """The slots holding rows, as TorchRL's storages give it (``[len]``)."""
+        return torch.Size([len(self)])
+
+    @property
+    def _last_cursor_index(self) -> int | None:
+        """The slot of the newest row of a buffer of one lane (TorchRL's ``SliceSampler``
+        cuts trajectories there when the ring is full); None if empty or of several lanes."""
+        if self.buf is None or self.buf.lanes != 1 or not len(self):
+            return None
+        return (self.next_slot(0) - 1) % self.buf.lane_capacity
+
+    # -- state -----------------------------------------------------------------------
+
     def state_dict(self) -> dict[str, Any]:
         """TorchRL's storage state (``_storage``: the rows by slot, ``[max_size, ...]``,
         zeros where no row is; ``initialized``; ``_len``), which TorchRL's
@@ -172,9 +282,10 @@ class SharedStorage(Storage):
             return {"_storage": {}, "initialized": False, "_len": 0}
         engine = self.buf.engine
         lo, head = engine.window()
-        lc = self.buf.capacity // self.buf.lanes
-        order = np.concatenate([lane * lc + np.arange(max(a, b - lc), b) % lc
-                                for lane, (a, b) in enumerate(zip(lo.tolist(), head.tolist()))]).astype(np.int64)
+        bases = engine.bases()
+        lanes = np.concatenate([np.full(b - a, k, np.int64) for k, (a, b) in enumerate(zip(lo.tolist(), head.tolist()))])
+        seqs = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), head.tolist())])
+        order = slot_of(engine, lanes, seqs, bases)
         got = engine.read(Slots(engine, order), len(order), len(order), self.timeout)
         rows = {f.name: np.zeros((self.buf.capacity,) + f.shape, f.dtype) for f in engine.fields}
         for k, a in rows.items():
@@ -186,8 +297,10 @@ class SharedStorage(Storage):
         """Load a storage's state: this storage's, or a TorchRL ``TensorStorage``'s
         (``LazyTensorStorage``, ``LazyMemmapStorage``: their rows in slot order, the
         oldest at :attr:`cursor` if the storage was full: the replay buffer sets it to
-        its writer's ``_cursor``; else at slot 0). The
-        buffer is made now if this storage has none yet; its rows are replaced."""
+        its writer's ``_cursor``; else at slot 0). The buffer is made now if this
+        storage has none yet; its rows are replaced. Everything is checked first: a
+        state this buffer cannot hold (another key, shape or dtype) raises and changes
+        nothing."""
         if "_storage" not in state_dict:
             if state_dict:  # (an earlier version's: Buffer.state_dict())
                 if self.buf is None:
@@ -198,51 +311,66 @@ class SharedStorage(Storage):
             self.clear()
             return
         stored = state_dict["_storage"]
-        td = stored if isinstance(stored, TensorDictBase) else TensorDict().load_state_dict(stored, strict=False)
-        if "_order" in state_dict:
-            order = torch.as_tensor(state_dict["_order"]).numpy()
-        else:
-            size, n = td.batch_size[0], int(state_dict["_len"])
-            first = 0 if n < size or self.cursor is None else int(self.cursor) % size
-            order = (first + np.arange(n)) % size
-        rows = td[torch.as_tensor(order)].exclude("index")
+        try:
+            td = stored if isinstance(stored, TensorDictBase) else TensorDict().load_state_dict(stored, strict=False)
+            size = int(td.batch_size[0])
+            if "_order" in state_dict:
+                order = np.asarray(torch.as_tensor(state_dict["_order"]), dtype=np.int64).reshape(-1)
+            else:
+                n = int(state_dict["_len"])
+                first = 0 if n < size or self.cursor is None else int(self.cursor) % size
+                order = (first + np.arange(n)) % size
+            if len(order) and (order.min() < 0 or order.max() >= size):
+                raise ValueError(f"its order names slots {_few(order)} of a storage of {size}")
+            rows = _without_index(td[torch.as_tensor(order)])
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            raise ValueError(f"not a storage state this SharedStorage loads ({type(exc).__name__}: {exc}): expected "
+                             "a SharedStorage's or a TorchRL TensorStorage's state_dict()") from None
         if self.buf is None:
-            self.max_size = max(self.max_size, int(td.batch_size[0]))
+            self.max_size = max(self.max_size, size)
             self.ensure(rows)
-        self.restore(rows, order)
-
-    def restore(self, rows: TensorDictBase, order: np.ndarray) -> None:
-        """Replace the rows with ``rows``, oldest first: in one lane at the slots
-        ``order`` if they follow each other (a ring's order); else lane after lane."""
         buf = self.buf
-        lc = buf.capacity // buf.lanes
-        self.clear()
         if len(order) > buf.capacity:  # (from a larger storage: the newest rows)
             rows, order = rows[-buf.capacity:], order[-buf.capacity:]
-        n = len(order)
-        ring = buf.lanes == 1 and n and bool((np.diff(order) % lc == 1).all()) and order.max() < lc
-        if ring:  # rows of zeros first, so that the first row lands at its slot, then cleared again
-            pad = (int(order[0]) - int(buf.engine.heads()[0])) % lc
-            if pad:
-                self.write(rows[:1].expand(pad, *self.row_shape).clone().zero_(), lane=0)
-                self.clear()
-        for lane in range(buf.lanes):
-            part = rows[lane * lc:(lane + 1) * lc] if not ring else rows
-            if len(part):
-                self.write(part, lane=lane)
-            if ring:
-                break
+        data = self.arrays(rows)  # (checked: nothing is changed if this raises)
+        self.restore(data, len(order), order)
 
-    def _empty(self) -> None:
+    def restore(self, data: dict[str, np.ndarray], n: int, order: np.ndarray) -> None:
+        """Replace the rows with the checked rows ``data``, oldest first, each in the
+        lane of its slot in ``order`` (TorchRL's), from the lane's first slot; a lane's
+        full ring at its slots (its oldest where ``order`` says). Slots past this
+        buffer's (from a larger storage): lane after lane."""
+        buf = self.buf
+        lc = buf.lane_capacity
+        self.clear()
+        if not n:
+            return
+        if order.max() < buf.capacity:
+            groups = [np.flatnonzero(order // lc == lane) for lane in range(buf.lanes)]
+        else:
+            groups = [np.arange(lane * lc, min((lane + 1) * lc, n)) for lane in range(buf.lanes)]
+        for lane, rows in enumerate(groups):
+            if not len(rows):
+                continue
+            slots = order[rows] % lc
+            ring = len(rows) == lc and bool((np.diff(slots) % lc == 1).all())
+            pad = int(slots[0]) if ring else 0
+            if pad:  # rows of zeros first, so that the oldest row lands at its slot: the last rows overwrite them
+                self.put({k: np.zeros((pad,) + v.shape[1:], v.dtype) for k, v in data.items()}, pad, lane=lane)
+            self.put({k: v[rows] for k, v in data.items()}, len(rows), lane=lane)
+
+    def _empty(self) -> None:  # (TorchRL's name)
         self.clear()
 
     def clear(self) -> None:
-        """Empty the buffer, and give back this process's lane (TorchRL's collectors write
-        a row in the learner to make the storage, then empty it: the lane is for a worker)."""
+        """Empty the buffer (its next rows go from slot 0 again, as TorchRL's), and give
+        back this process's lane (TorchRL's collectors write a row in the learner to make
+        the storage, then empty it: the lane is for a worker)."""
         if self.buf is not None:
             self.buf.clear()
             self.buf.release_lane()
             self.known[:] = -1
+            self._bump_mutation_revision()
 
     def close(self) -> None:
         if self.buf is not None:
@@ -270,6 +398,10 @@ class SharedStorage(Storage):
         finally:
             saved.close()
 
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(name={self.name!r}, len={len(self)}, max_size={self.max_size}, "
+                f"lanes={self.lanes}, priority={self.priority})")
+
     def __getstate__(self) -> dict[str, Any]:
         if self.buf is None:
             raise RuntimeError(
@@ -278,9 +410,10 @@ class SharedStorage(Storage):
                 "own. Write a first batch here before handing it on (TorchRL's collectors do), or make it "
                 "with name= of a buffer that exists")
         state = self.__dict__.copy()
-        state.update(buf=None, sampled=None, _name=self.name, known=None)  # by name: the other process attaches
-        state.update(_mutation_revision_value=None, _last_cursor_index_value=None)  # (TorchRL's
-        # multiprocessing Values, which plain pickle refuses: made again where needed; shmbuf's rows use none)
+        state.update(buf=None, sampled=None, _name=self.name, known=None, _rng=None)  # by name: it attaches there
+        state.update(_mutation_revision_value=None, _last_cursor_index_value=None, _attached_entities_list=[])
+        # (TorchRL's multiprocessing Values, which plain pickle refuses: made again where needed; shmbuf's rows
+        # use none. The replay buffers it is attached to travel on their own.)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -299,6 +432,16 @@ def _flat(td: TensorDictBase) -> dict[str, torch.Tensor]:
         raise ValueError(f"these rows' entries differ in shape from row to row (a lazily stacked TensorDict of "
                          f"ragged entries, batch size {list(td.batch_size)}): a shmbuf field holds one shape per "
                          "row; pad them to one shape first, or keep ragged rows in TorchRL's ListStorage") from e
+
+
+def _without_index(td: TensorDictBase) -> TensorDictBase:
+    """``td`` without TorchRL's ``"index"`` (a row's slot, which the storage knows)."""
+    return td.exclude(INDEX) if INDEX in td.keys() else td
+
+
+def _few(a: np.ndarray) -> str:
+    a = np.asarray(a).tolist()
+    return str(a) if len(a) <= 6 else f"[{', '.join(map(str, a[:3]))}, ..., {', '.join(map(str, a[-2:]))}]"
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
