@@ -72,9 +72,10 @@ class Lanes:
         All rows or none: every row is checked, and a lane that another live process
         claims, the rate limit (for all ``n`` rows at once) and a queue's room in every
         lane are settled, before any row is written; an error raised then says that
-        none was written. Only what another process does meanwhile (claiming one of the
-        lanes, filling a shared lane of a queue, holding the lock of a shared lane past
-        the timeout) can stop the write halfway: the error then names the rows written.
+        none was written. Only what another process (or another thread of this one) does
+        meanwhile (claiming one of the lanes, filling a shared lane of a queue, holding
+        the header lock or a lane's write past the timeout) can stop the write halfway:
+        the error then names the rows written.
 
         Examples:
             >>> import numpy as np, shmbuf

@@ -42,7 +42,7 @@ from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_H
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import Counted, NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
-from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit
+from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
 from shmbuf.core.ring import Ring, WriteTimeout
 from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
@@ -62,17 +62,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def note(exc: BaseException, timeout: float, left: float, what: str = "") -> None:
-    """Add to the message of ``exc``, raised by a stage of a call given ``timeout``
-    seconds that had ``left`` of them when the stage began: what the call wrote
-    (``what``), and for a timeout, where the rest of the time went."""
-    if left < timeout and isinstance(exc, TimeoutError):
-        what = f"{timeout - left:.3g} s of timeout={timeout:g} s went to the rate limit's wait before it" \
-            + (f"; {what}" if what else "")
-    if what and isinstance(exc, Exception) and exc.args and isinstance(exc.args[0], str):
-        exc.args = (f"{exc.args[0]} ({what})",) + exc.args[1:]
 
 
 class Closed:
@@ -226,10 +215,11 @@ class Engine:
         rate gate, all within ``timeout``."""
         timeout = self.seconds(timeout)
         left = self.gate.before_insert(n, timeout)
-        deadline = time.monotonic() + left
+        deadline = time.monotonic() + rest(left, timeout)
         claims = lane is None and self.layout.lanes > 1 and self.lane is None  # claimed by this write
         try:
-            lane = 0 if lane is None and self.layout.lanes == 1 else self.resolve_lane(lane, left)
+            lane = 0 if lane is None and self.layout.lanes == 1 else \
+                self.resolve_lane(lane, max(0.0, deadline - time.monotonic()))
             if not self.prefaulted[lane]:
                 self.prefault(lane)
             return self.writes.put(lane, n, arrays, max(0.0, deadline - time.monotonic()))
@@ -252,8 +242,8 @@ class Engine:
         try:
             self.ring.refuse_theirs(lanes)
             left = self.gate.before_insert(n, timeout)
-            deadline = time.monotonic() + left
-            self.writes.room(lanes, left)
+            deadline = time.monotonic() + rest(left, timeout)
+            self.writes.room(lanes, max(0.0, deadline - time.monotonic()))
             self.ring.refuse_theirs(lanes)  # (again, after the waits)
             for lane in set(lanes.tolist()):
                 if not self.prefaulted[lane]:
@@ -302,7 +292,7 @@ class Engine:
         timeout = self.seconds(timeout)
         left = self.gate.before_sample(n, timeout)
         try:
-            got = read(left)
+            got = read(rest(left, timeout))
         except BaseException as exc:
             note(exc, timeout, left)
             raise

@@ -188,3 +188,34 @@ def test_the_lane_writer_takes_the_keywords_of_add_and_extend(name):
             w.add({"x": 1}, priority=4.0)
             w.extend({"x": np.array([2, 3])}, priority=[1.0, 9.0])
         assert buf.engine.view("_priority")[:3].tolist() == [4.0, 1.0, 9.0]
+
+
+# -- the episode writer's step: its rows and the final rows of the episodes that end --
+
+@pytest.mark.parametrize("arrays", [True, False])
+def test_an_episode_writers_step_and_its_final_rows_are_one_write(name, arrays):
+    """Two envs, one of whose episode ends: 3 rows (the step of each, the final row of the
+    ended one). With room under the rate limit for 2, the step raises RateLimitTimeout
+    and writes none (it used to write the 2 steps, then time out on the final row);
+    ``arrays``: given as arrays of the fields' dtypes (the native path's fast branch)."""
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=2)  # inserted - sampled <= 3
+    fields = {"obs": ((2,), "float32"), "reward": ((), "float32")}
+    with shmbuf.EpisodeBuffer.create(fields, 40, lanes=2, name=name, rate=rate, seed=0) as buf:
+        with buf.writer(envs=2) as w:
+            first = {"obs": np.zeros((2, 2), np.float32), "reward": np.zeros(2, np.float32)}
+            w.add(first, terminated=np.zeros(2, bool), truncated=np.zeros(2, bool))  # 2 rows in, none sampled
+            buf.core.sample(1)  # room for 2 more: not 3
+            step = {"obs": np.ones((2, 2), np.float32), "reward": np.ones(2, np.float32),
+                    "next_obs": np.full((2, 2), 5, np.float32)}
+            if not arrays:
+                step = {k: v.tolist() for k, v in step.items()}
+            ends = np.array([True, False])
+            sizes = buf.core.lane_sizes()
+            with pytest.raises(shmbuf.RateLimitTimeout, match="could not insert 3 rows.*none of the 3 rows was written"):
+                w.add(step, terminated=ends, truncated=np.zeros(2, bool), timeout=0.05)
+            assert buf.core.lane_sizes() == sizes
+            buf.core.sample(1)  # room for 3: the same step again, now written whole
+            w.add(step, terminated=ends, truncated=np.zeros(2, bool), timeout=0.05)
+            assert sum(buf.core.lane_sizes()) == sum(sizes) + 3
+            ended = buf.core.sample_sequences(1, 3, lane=w.lanes[0])["obs"][0]
+            assert ended.tolist() == [[0, 0], [1, 1], [5, 5]]  # its steps, then its final observation
