@@ -60,15 +60,17 @@ class Claims:
         raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
 
     def claim_many(self, n: int, timeout: float) -> list[int]:
-        """Claim ``n`` free lanes (a writer's envs, one each): all or none, the ones
-        already claimed given back if one cannot be."""
+        """Claim ``n`` free lanes (a writer's envs, one each) within ``timeout`` in all:
+        all or none, the ones already claimed given back if one cannot be."""
         got: list[int] = []
+        deadline = time.monotonic() + timeout
         try:
             for _ in range(n):
-                got.append(self.claim(None, timeout))
+                got.append(self.claim(None, max(0.0, deadline - time.monotonic())))
         except BaseException:
+            deadline = max(deadline, time.monotonic() + 0.05)  # (a moment to give them back, at least)
             for lane in got:
-                self.release(lane, timeout)
+                self.release(lane, max(0.0, deadline - time.monotonic()))
             raise
         return got
 

@@ -206,3 +206,34 @@ def test_a_gate_that_opens_at_the_deadline_leaves_the_write_a_moment_for_the_loc
         waited = float(re.search(r"header lock within (\S+) s", str(got.value)).group(1))
         assert 0 < waited <= 0.05, waited  # (no floor: "within 0 s")
         assert elapsed < 1.5 * T, elapsed
+
+
+def test_claiming_several_lanes_ends_within_one_timeout(name):
+    """claim_many (an episode writer's or the SB3 facade's envs, a lane each): the first
+    claim's wait for the lock takes 0.8 T (made so here), then another handle keeps the
+    lock: the second claim gets what is left, and the whole call raises by T (each
+    claim used to get a whole T, and so did giving back the first: 2.8 T)."""
+    with shmbuf.Buffer.create(X, 9, lanes=3, name=name) as buf, shmbuf.Buffer.attach(name) as holder:
+        ring = buf.engine.ring
+        real, calls, held = ring.lock.hold, [], []
+
+        def hold(timeout):
+            calls.append(timeout)
+            if len(calls) == 1:
+                time.sleep(0.8 * T)  # (as a contended wait that ends in time)
+            elif not held:
+                held.append(holder.engine.lock.hold(30))
+                held[0].__enter__()
+            return real(timeout)
+
+        ring.lock.hold = hold
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(shmbuf.LockTimeout):
+                ring.claim_many(3, T)
+            elapsed = time.monotonic() - t0
+        finally:
+            del ring.lock.hold
+            if held:
+                held[0].__exit__(None, None, None)
+        assert len(calls) >= 2 and elapsed < 1.5 * T, (calls, elapsed)
