@@ -85,15 +85,16 @@ class Lanes:
             [1, 0, 1]
             >>> buf.close()
         """
+        engine = self.engine
+        given = lanes
         if type(lanes) is not np.ndarray or lanes.dtype is not _INT64 or lanes.ndim != 1:
-            lanes = lanes_of(lanes, self.engine.layout.lanes)
-        elif len(lanes) and (lanes.min() < 0 or lanes.max() >= self.engine.layout.lanes):
-            lanes = lanes_of(lanes.tolist(), self.engine.layout.lanes)  # (raises: says which)
+            lanes = lanes_of(lanes, engine.layout.lanes)
         plain = self._plain
         if plain is not None and priority is None and version is None and type(batch) is dict \
                 and plain.put_rows(lanes, batch, {}, timeout) is None:
-            return  # (every lane this process's: checked and written in C, all or nothing)
-        engine = self.engine
+            return  # (every lane this process's: checked, lanes too, and written in C, all or nothing)
+        if lanes is given:
+            lanes = lanes_of(lanes, engine.layout.lanes)  # (an int64 array: its lanes' range)
         n = len(lanes)
         if isinstance(batch, Mapping):  # (else the stamps below say what is wrong)
             for k, v in batch.items():

@@ -175,6 +175,21 @@ def test_lanes_that_are_not_ints_are_refused_and_nothing_is_written(name, lanes)
         assert buf.lane_sizes() == [1, 1]
 
 
+@pytest.mark.parametrize("lanes", [[0, 2], np.array([0, 2]), np.array([-1, 0])])
+@pytest.mark.parametrize("mine", [True, False])
+def test_lanes_out_of_range_are_refused_and_nothing_is_written(name, lanes, mine):
+    """(``mine``: this process claims both lanes, so the native path's one call is tried
+    first: it declines a lane it has not.)"""
+    with shmbuf.Buffer.create(X, 6, lanes=2, name=name) as buf, shmbuf.Buffer.attach(name) as other:
+        if mine:
+            buf.claim_lane(0)
+            other.claim_lane(1)
+            buf.prefault()
+        with pytest.raises(ValueError, match=r"lanes must be in \[0, 2\): this buffer has 2 lanes"):
+            buf.add_each({"x": np.array([1, 2])}, lanes)
+        assert buf.lane_sizes() == [0, 0]
+
+
 # -- the lane writer -----------------------------------------------------------------
 
 def test_the_lane_writer_takes_the_keywords_of_add_and_extend(name):
