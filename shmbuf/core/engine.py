@@ -16,6 +16,7 @@ What a capability may use:
   (:mod:`shmbuf.core.parts`): ``writes`` (rows into the ring, or a queue's),
   ``priorities``, ``gate`` (the rate limit);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
+  ``write_each(arrays, lanes, timeout)``: a row into each of several lanes, all or none;
 * the read path: :mod:`shmbuf.core.read` with this engine.
 
 Examples:
@@ -235,8 +236,9 @@ class Engine:
         All or nothing, as far as this process decides it: a lane that another live
         process claims, the rate gate (passed once, for all the rows) and a queue's room
         (in every lane) are settled before any row is written. Rows written before an
-        error that could only come later (a claim, a full queue, a timeout of a shared
-        writer's lock, all made by another process meanwhile) are named in its message."""
+        error that could only come later (a claim, a full queue, a lock or a lane's write
+        held past the timeout: another process's doing meanwhile, or another thread's of
+        this one) are named in its message."""
         timeout = self.seconds(timeout)
         n, left, written = len(lanes), timeout, 0
         try:
