@@ -61,13 +61,21 @@ class Lanes:
         """Give up this handle's lane claim (no-op without one)."""
         self.engine.release_lane(self.engine.seconds(timeout))
 
-    def add_each(self, batch: Mapping[str, Any], lanes: Any, *, timeout: float | None = None) -> None:
+    def add_each(self, batch: Mapping[str, Any], lanes: Any, *, timeout: float | None = None,
+                 priority: Any = None, version: int | None = None) -> None:
         """Add one transition to each of ``lanes``: row ``i`` of every field of ``batch``
-        (``{name: (n, *shape)}``) into ``lanes[i]``, as the ``n`` envs of a vector env
-        step, each into its own lane. In one native call when this process has
-        claimed every one of those lanes (else, or on the pure-Python path, row by row,
-        as :meth:`add`). Every row is checked before any is written: on an error the
-        buffer is unchanged.
+        (``{name: (n, *shape)}``) into ``lanes[i]`` (``n`` ints), as the ``n`` envs of a
+        vector env step, each into its own lane. ``priority`` and ``version`` as
+        :meth:`extend`'s (one for all rows; ``priority`` also one per row). In one native
+        call when this process has claimed every one of those lanes.
+
+        All rows or none: every row is checked, and a lane that another live process
+        claims, the rate limit (for all ``n`` rows at once) and a queue's room in every
+        lane are settled, before any row is written; an error raised then says that
+        none was written. Only what another process (or another thread of this one) does
+        meanwhile (claiming one of the lanes, filling a shared lane of a queue, holding
+        the header lock or a lane's write past the timeout) can stop the write halfway:
+        the error then names the rows written.
 
         Examples:
             >>> import numpy as np, shmbuf
@@ -77,22 +85,26 @@ class Lanes:
             [1, 0, 1]
             >>> buf.close()
         """
+        engine = self.engine
+        given = lanes
         if type(lanes) is not np.ndarray or lanes.dtype is not _INT64 or lanes.ndim != 1:
-            lanes = np.asarray(lanes, np.int64).reshape(-1)
+            lanes = lanes_of(lanes, engine.layout.lanes)
         plain = self._plain
-        if plain is not None and isinstance(batch, dict) and plain.put_rows(lanes, batch, {}, timeout) is None:
-            return  # (every lane this process's: checked and written in C, all or nothing)
-        n, count = len(lanes), self.engine.layout.lanes
-        if n and (lanes.min() < 0 or lanes.max() >= count):
-            raise ValueError(f"lanes must be in [0, {count}): this buffer has {count} lanes; got {lanes.tolist()}")
-        for k, v in batch.items():
-            if np.ndim(v) == 0 or len(v) != n:
-                raise ValueError(f"field {k!r}: expected {n} rows, one per lane, got {np.shape(v)}")
-        rows = [{k: v[i] for k, v in batch.items()} for i in range(n)]
-        for row in rows:
-            self.engine.schema.check_rows(row, single=True)
-        for row, lane in zip(rows, lanes.tolist()):
-            self.add(row, lane=lane, timeout=timeout)
+        if plain is not None and priority is None and version is None and type(batch) is dict \
+                and plain.put_rows(lanes, batch, {}, timeout) is None:
+            return  # (every lane this process's: checked, lanes too, and written in C, all or nothing)
+        if lanes is given:
+            lanes = lanes_of(lanes, engine.layout.lanes)  # (an int64 array: its lanes' range)
+        n = len(lanes)
+        if isinstance(batch, Mapping):  # (else the stamps below say what is wrong)
+            for k, v in batch.items():
+                if np.ndim(v) == 0 or len(v) != n:
+                    raise ValueError(f"field {k!r}: expected {n} rows, one per lane, got shape {np.shape(v)}")
+        batch = self._versions.stamp(batch, version, False)  # (the parts that add, as extend's)
+        batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
+        arrays, _ = engine.schema.check_rows(batch, single=False)
+        engine.write_each(arrays, lanes, timeout)
+        self._versions.commit()
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.
@@ -117,12 +129,15 @@ class LaneWriter:
         self._claimed = buffer.lane is None
         self.lane = buffer.claim_lane(lane)
 
-    def add(self, transition: Mapping[str, Any], *, timeout: float | None = None) -> None:
-        self.buffer.add(transition, lane=self.lane, timeout=timeout)
+    def add(self, transition: Mapping[str, Any], **kwargs: Any) -> None:
+        """The handle's :meth:`~shmbuf.Buffer.add` into this lane (its keywords: ``timeout``,
+        ``priority``, ``version``)."""
+        self.buffer.add(transition, lane=self.lane, **kwargs)
 
-    def extend(self, batch: Mapping[str, Any], *, truncate_ok: bool = False,
-               timeout: float | None = None) -> None:
-        self.buffer.extend(batch, lane=self.lane, truncate_ok=truncate_ok, timeout=timeout)
+    def extend(self, batch: Mapping[str, Any], **kwargs: Any) -> None:
+        """The handle's :meth:`~shmbuf.Buffer.extend` into this lane (its keywords:
+        ``truncate_ok``, ``timeout``, ``priority``, ``version``)."""
+        self.buffer.extend(batch, lane=self.lane, **kwargs)
 
     def close(self) -> None:
         if self._claimed:
@@ -134,3 +149,18 @@ class LaneWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lanes_of(lanes: Any, count: int) -> np.ndarray:
+    """``lanes`` (a sequence of ints, each in ``[0, count)``) as an int64 array, checked:
+    a float, bool or string lane is refused, not rounded."""
+    got = np.asarray(lanes) if not isinstance(lanes, (str, bytes)) else np.asarray([lanes])
+    if got.ndim != 1 or got.dtype.kind not in "iu" and not (got.dtype == object and all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in got.tolist())):
+        if got.ndim == 1 and got.size == 0 and got.dtype.kind == "f":  # ([]: no lanes, no rows)
+            return np.zeros(0, np.int64)
+        raise TypeError(f"lanes must be a sequence of ints, one lane per row, got {lanes!r}"
+                        + (f" (of {got.dtype})" if got.ndim == 1 else ""))
+    if len(got) and (got.min() < 0 or got.max() >= count):
+        raise ValueError(f"lanes must be in [0, {count}): this buffer has {count} lanes; got {got.tolist()}")
+    return got.astype(np.int64)

@@ -60,15 +60,17 @@ class Claims:
         raise RuntimeError(f"lane {lane} is claimed by live process {int(table[lane, LANE_CLAIM_PID])}")
 
     def claim_many(self, n: int, timeout: float) -> list[int]:
-        """Claim ``n`` free lanes (a writer's envs, one each): all or none, the ones
-        already claimed given back if one cannot be."""
+        """Claim ``n`` free lanes (a writer's envs, one each) within ``timeout`` in all:
+        all or none, the ones already claimed given back if one cannot be."""
         got: list[int] = []
+        deadline = time.monotonic() + timeout
         try:
             for _ in range(n):
-                got.append(self.claim(None, timeout))
+                got.append(self.claim(None, max(0.0, deadline - time.monotonic())))
         except BaseException:
+            deadline = max(deadline, time.monotonic() + 0.05)  # (a moment to give them back, at least)
             for lane in got:
-                self.release(lane, timeout)
+                self.release(lane, max(0.0, deadline - time.monotonic()))
             raise
         return got
 
@@ -104,6 +106,16 @@ class Claims:
                 lock.busy[0] = 0
                 lock.thread_lock.release()
 
+    def refuse_theirs(self, lanes: np.ndarray) -> None:
+        """Raise the ``RuntimeError`` of a write to one of ``lanes`` (an int64 array) that
+        another live process claims (only it may write there); nothing is changed."""
+        claims = self.lane_table[lanes, LANE_CLAIM_PID]
+        pid = procs.identity()[0]
+        for i in np.flatnonzero((claims != 0) & (claims != pid)).tolist():  # (rare: a lane of another)
+            lane, owner = int(lanes[i]), int(claims[i])
+            if procs.is_alive(owner, float(self.lane_table_f[lane, LANE_CLAIM_CTIME])):
+                raise RuntimeError(_theirs(lane, owner))
+
     def _may_share(self, lane: int, pid: int) -> bool:
         """Under the lock: may this process reserve rows of ``lane`` as a shared writer?
         True if nobody claims it (a dead claimer's claim is dropped here); False if this
@@ -116,10 +128,7 @@ class Claims:
         if owner == pid:
             return False
         if procs.is_alive(owner, float(self.lane_table_f[lane, LANE_CLAIM_CTIME])):
-            raise RuntimeError(
-                f"lane {lane} is claimed by live process {owner}, which writes it without the "
-                "lock: only that process may write to it. Write to a lane of your own "
-                "(claim_lane(), or add() without lane= on a multi-lane buffer)")
+            raise RuntimeError(_theirs(lane, owner))
         lt[lane, LANE_OWN_COUNT] = 0  # the dead owner's write in flight, if any, is dead
         lt[lane, LANE_CLAIM_PID] = 0
         return True
@@ -150,3 +159,9 @@ class Claims:
             start = lt[i, LANE_OWN_START]
             held |= (lane == i) & (seq >= start) & (seq < start + lt[i, LANE_OWN_COUNT])
         return held
+
+
+def _theirs(lane: int, owner: int) -> str:
+    return (f"lane {lane} is claimed by live process {owner}, which writes it without the lock: only "
+            "that process may write to it. Write to a lane of your own (claim_lane(), or add() without "
+            "lane= on a multi-lane buffer)")

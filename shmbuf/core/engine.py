@@ -16,6 +16,7 @@ What a capability may use:
   (:mod:`shmbuf.core.parts`): ``writes`` (rows into the ring, or a queue's),
   ``priorities``, ``gate`` (the rate limit);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
+  ``write_each(arrays, lanes, timeout)``: a row into each of several lanes, all or none;
 * the read path: :mod:`shmbuf.core.read` with this engine.
 
 Examples:
@@ -42,7 +43,7 @@ from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_H
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import Counted, NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
-from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit
+from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
 from shmbuf.core.ring import Ring, WriteTimeout
 from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
@@ -164,6 +165,8 @@ class Engine:
             if layout.meta.get("queue") is not None else \
             Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
         self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
+        self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
+        self._names = [f.name for f in layout.fields]
         if rewound:
             self.writes.recovered(timeout)  # a queue's takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
@@ -210,21 +213,53 @@ class Engine:
     def write(self, arrays: list[np.ndarray], n: int, lane: int | None, timeout: float | None) -> None:
         """Write ``n`` checked rows (one array per stored field, in field order; without
         the row axis for ``n == 1``) into ``lane`` (None: the claimed one), through the
-        rate gate."""
+        rate gate, all within ``timeout``."""
         timeout = self.seconds(timeout)
-        self.gate.before_insert(n, timeout)
+        left = self.gate.before_insert(n, timeout)
+        deadline = time.monotonic() + rest(left, timeout)
         claims = lane is None and self.layout.lanes > 1 and self.lane is None  # claimed by this write
-        if lane is None and self.layout.lanes == 1:
-            lane = 0
-        else:
-            lane = self.resolve_lane(lane, timeout)
         try:
+            lane = 0 if lane is None and self.layout.lanes == 1 else \
+                self.resolve_lane(lane, max(0.0, deadline - time.monotonic()))
             if not self.prefaulted[lane]:
                 self.prefault(lane)
-            return self.writes.put(lane, n, arrays, timeout)
-        except BaseException:
+            return self.writes.put(lane, n, arrays, max(0.0, deadline - time.monotonic()))
+        except BaseException as exc:
             if claims and self.lane is not None:  # a failed first write keeps no lane
                 self.release_lane(0.0)
+            note(exc, timeout, left)
+            raise
+
+    def write_each(self, arrays: list[np.ndarray], lanes: np.ndarray, timeout: float | None) -> None:
+        """Write row ``i`` of ``arrays`` (checked: one array per stored field, a row per
+        lane) into lane ``lanes[i]`` (a checked int64 array), all within ``timeout``.
+        All or nothing, as far as this process decides it: a lane that another live
+        process claims, the rate gate (passed once, for all the rows) and a queue's room
+        (in every lane) are settled before any row is written. Rows written before an
+        error that could only come later (a claim, a full queue, a lock or a lane's write
+        held past the timeout: another process's doing meanwhile, or another thread's of
+        this one) are named in its message."""
+        timeout = self.seconds(timeout)
+        n, left, written = len(lanes), timeout, 0
+        try:
+            self.ring.refuse_theirs(lanes)
+            left = self.gate.before_insert(n, timeout)
+            deadline = time.monotonic() + rest(left, timeout)
+            self.writes.room(lanes, max(0.0, deadline - time.monotonic()))
+            self.ring.refuse_theirs(lanes)  # (again, after the waits)
+            for lane in set(lanes.tolist()):
+                if not self.prefaulted[lane]:
+                    self.prefault(lane)
+            if self._rows is not None and self._rows.put_rows(  # (every lane this process's: one call)
+                    lanes, dict(zip(self._names, arrays)), {}, max(0.0, deadline - time.monotonic())) is None:
+                return
+            for i, lane in enumerate(lanes.tolist()):
+                self.writes.put(lane, 1, [a[i] for a in arrays], max(0.0, deadline - time.monotonic()))
+                written += 1
+        except BaseException as exc:
+            note(exc, timeout, left, f"rows 0..{written - 1} of the {n} (into lanes {lanes[:written].tolist()}) were "
+                 f"written before this error, rows {written}..{n - 1} were not" if written else
+                 f"none of the {n} rows was written")
             raise
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
@@ -252,12 +287,17 @@ class Engine:
     # -- reading ---------------------------------------------------------------------
 
     def sample(self, n: int, rows: int, timeout: float | None, read: Callable[[float], T]) -> T:
-        """``read(timeout)`` (a sampler's call into the read path) for ``n`` items of
-        ``rows`` rows in all, after the rate gate lets ``n`` samples through; counted in
-        the stats. Every sampler of every capability is called this way."""
+        """``read(seconds)`` (a sampler's call into the read path) for ``n`` items of
+        ``rows`` rows in all, after the rate gate lets ``n`` samples through, with what
+        the gate left of ``timeout``; counted in the stats. Every sampler of every
+        capability is called this way."""
         timeout = self.seconds(timeout)
-        self.gate.before_sample(n, timeout)
-        got = read(timeout)
+        left = self.gate.before_sample(n, timeout)
+        try:
+            got = read(rest(left, timeout))
+        except BaseException as exc:
+            note(exc, timeout, left)
+            raise
         self.counters.sampled(rows)
         return got
 
@@ -265,12 +305,8 @@ class Engine:
         """``n`` items of ``sampler`` (``rows`` rows in all) through the one read path
         (:func:`shmbuf.core.read.read`), after the rate gate lets ``n`` samples through;
         counted in the stats. The way in for a sampler outside the core."""
-        timeout = self.seconds(timeout)
         self.writes.check_sample()
-        self.gate.before_sample(n, timeout)
-        got = read(sampler, n, timeout, out)
-        self.counters.sampled(rows)
-        return got
+        return self.sample(n, rows, timeout, lambda left: read(sampler, n, left, out))
 
     def window(self) -> tuple[np.ndarray, np.ndarray]:
         """Per lane: ``(lo, head)``, the sequence numbers of the rows that count now (a
@@ -335,13 +371,11 @@ class Engine:
         """Fill ``arrays`` (one per stored field, ``(n * length, *shape)``) with ``n``
         intact windows drawn uniformly (of ``lane`` only, if given); ``index`` (int64
         ``(n,)``, if given) gets the slot of each window's first row."""
-        timeout = self.seconds(timeout)
         self.writes.check_sample()
-        self.gate.before_sample(n, timeout)
         if lane is not None:
             lane = self.resolve_lane(lane, 0)
-        sampling.sample_windows(self.ring, self.rng, n, length, arrays, timeout, lane, index)
-        self.counters.sampled(n * length)
+        self.sample(n, n * length, timeout,
+                    lambda left: sampling.sample_windows(self.ring, self.rng, n, length, arrays, left, lane, index))
 
     # -- lanes -----------------------------------------------------------------------
 
@@ -400,5 +434,5 @@ class Engine:
             pass  # the kernel and the liveness check free it anyway
         self.counters.release()
         self.ring = self.writes = self.priorities = self.gate = Closed(self.name)  # (any use says so)
-        self.native = None  # calls go to the ring, which says it is closed
+        self.native = self._rows = None  # calls go to the ring, which says it is closed
         self._finalizer()

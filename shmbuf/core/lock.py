@@ -84,6 +84,7 @@ class HeaderLock:
         """Take the lock or raise :class:`LockTimeout` after ``timeout`` seconds."""
         tl = self.thread_lock
         fd = -1
+        t0 = time.monotonic()  # (one deadline: the wait for another thread's hold counts too)
         try:
             if not tl.acquire(False) and not tl.acquire(timeout=min(max(timeout, 0.0), 1e9)):
                 raise self.timeout_error(timeout)
@@ -95,9 +96,9 @@ class HeaderLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 waited = 0.0
             except BlockingIOError:
-                t0 = time.monotonic()
+                t1 = time.monotonic()
                 self._wait(fd, t0 + timeout, timeout)
-                waited = time.monotonic() - t0
+                waited = time.monotonic() - t1
             if self._note is not None:
                 self._note(self._pid)
             if self.stats is not None:

@@ -28,6 +28,7 @@ Examples:
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import Any, ContextManager, Mapping
 
@@ -50,12 +51,19 @@ class Replay:
         return data
 
     def put(self, lane: int, n: int, arrays: list[np.ndarray], timeout: float) -> None:
-        """Write ``n`` rows into ``lane`` (a buffer file's horizon moved first, if need be)."""
+        """Write ``n`` rows into ``lane`` (a buffer file's horizon moved first, if need be),
+        within ``timeout`` in all."""
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 return self.ring.put(lane, n, arrays, timeout)
             except BeyondHorizon:  # (a buffer file's Python-path write: nothing was reserved)
-                self.ring.reach(lane, n, timeout)
+                self.ring.reach(lane, n, max(0.0, deadline - time.monotonic()))
+                timeout = max(0.0, deadline - time.monotonic())
+
+    def room(self, lanes: np.ndarray, timeout: float) -> None:
+        """Wait until each of ``lanes`` (one entry per row to write there) has room for
+        its rows now: a queue's wait (a replay buffer always has room)."""
 
     def check_truncate(self) -> None:
         """Raise the ``ValueError`` of a buffer that never drops rows (never: this one may)."""

@@ -212,6 +212,15 @@ class Queue:
             with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
 
+    def room(self, lanes: np.ndarray, timeout: float) -> None:
+        """Wait until each of ``lanes`` (a lane per row) has room for its rows (else WriteTimeout)."""
+        need, lt = np.bincount(lanes, minlength=self.lanes), self.ring.lane_table
+        deadline, delay = time.monotonic() + timeout, 0.0
+        while len(short := np.flatnonzero(lt[:, LANE_HEAD] + need > lt[:, LANE_BASE] + self.ring.lane_capacity)):
+            if time.monotonic() >= deadline:
+                raise WriteTimeout(self._full(int(short[0]), int(need[short[0]]), timeout))
+            delay = _backoff(delay)
+
     def _full(self, lane: int, n: int, timeout: float) -> str:
         lt = self.ring.lane_table
         waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])

@@ -15,7 +15,9 @@ Samples take the header lock for the check and the count (a few microseconds), s
 learners never both take the last allowance. Writers check without it: concurrent
 writers may pass the upper bound by one write each. Waits back off from 50 us to 5 ms
 (no busy loop) and end at the call's timeout with :class:`RateLimitTimeout`, which names
-the counters; a dead writer or learner therefore holds nobody past their timeout.
+the counters; a dead writer or learner therefore holds nobody past their timeout. The
+wait is the first stage of the call's one timeout: the gate returns the seconds left,
+and the read or the write that follows gets only those.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from shmbuf.core.layout import CTRL_SAMPLED, LANE_HEAD
 from shmbuf.core.ring import Ring, WriteTimeout
@@ -102,19 +104,44 @@ def restore_sampled(ring: Ring, count: int, timeout: float) -> None:
         ring.control[CTRL_SAMPLED] = count
 
 
+HOOK: Callable[[str, float], None] | None = None
+"""Test hook, called as ``HOOK(what, left)`` each time a wait of the gate goes on
+(``what``: "sample <n>" or "insert <k> rows"; ``left``: the seconds left). Never set
+outside tests."""
+
 LOCK_FLOOR = 0.05  # seconds a rate-limited sample waits for the header lock, even at its deadline
 
 
+def note(exc: BaseException, timeout: float, left: float, what: str = "") -> None:
+    """Add to the message of ``exc``, raised after the rate gate of a call given
+    ``timeout`` seconds left ``left`` of them: what the call wrote (``what``), and for a
+    timeout, how much of it the gate's wait took."""
+    if left < timeout and isinstance(exc, TimeoutError):
+        what = f"{timeout - left:.3g} s of timeout={timeout:g} s went to the rate limit's wait before it" \
+            + (f"; {what}" if what else "")
+    if what and isinstance(exc, Exception) and exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} ({what})",) + exc.args[1:]
+
+
+def rest(left: float, timeout: float) -> float:
+    """The seconds the stages after the rate gate get of a call's ``timeout``: the
+    ``left`` the gate's wait left, but at least :data:`LOCK_FLOOR` (if ``timeout`` is), as the gate's own look at the counts gets: a gate that opened
+    at the deadline still lets a write take a lock held for microseconds, a read copy
+    its rows. A call so ends within its timeout plus that floor, at most."""
+    return max(left, min(timeout, LOCK_FLOOR))
+
+
 class Open:
-    """The gate of a buffer without a rate limit: lets every sample and insert through."""
+    """The gate of a buffer without a rate limit: lets every sample and insert through
+    (at once: all of their ``timeout`` is left for what follows)."""
 
     limited = False
 
-    def before_sample(self, n: int, timeout: float) -> None:
-        pass
+    def before_sample(self, n: int, timeout: float) -> float:
+        return timeout
 
-    def before_insert(self, n: int, timeout: float) -> None:
-        pass
+    def before_insert(self, n: int, timeout: float) -> float:
+        return timeout
 
 
 OPEN = Open()
@@ -135,8 +162,9 @@ class Limiter:
         ring = self.ring
         return int(ring.lane_table[:, LANE_HEAD].sum()), int(ring.control[CTRL_SAMPLED])
 
-    def before_sample(self, n: int, timeout: float) -> None:
-        """Wait until ``n`` items may be sampled, and count them."""
+    def before_sample(self, n: int, timeout: float) -> float:
+        """Wait until ``n`` items may be sampled, and count them; the seconds left of
+        ``timeout`` (for the read that follows: one deadline for the whole call)."""
         if n > 2 * self.limit.error_buffer:
             raise ValueError(f"a batch of {n} can never be sampled under {self.limit}: the ratio's window is "
                              f"2 * error_buffer = {2 * self.limit.error_buffer:g} samples wide; sample fewer "
@@ -151,18 +179,20 @@ class Limiter:
                 inserted, sampled = self.counts()
                 if inserted >= self.limit.min_size and inserted * spi - sampled - n >= self.low:
                     self.ring.control[CTRL_SAMPLED] = sampled + n
-                    return
+                    return max(0.0, deadline - time.monotonic())
             delay = self._wait(deadline, delay, timeout, f"sample {n}")
 
-    def before_insert(self, k: int, timeout: float) -> None:
-        """Wait until ``k`` rows may be inserted (they are counted by the write itself)."""
+    def before_insert(self, k: int, timeout: float) -> float:
+        """Wait until ``k`` rows may be inserted (they are counted by the write itself);
+        the seconds left of ``timeout`` (for the write that follows)."""
         spi = self.limit.samples_per_insert
         deadline = time.monotonic() + timeout
         delay = 50e-6
         while True:
             inserted, sampled = self.counts()
             if (inserted + k) * spi - sampled <= self.high or inserted == 0 and k * spi > self.high:
-                return  # (a first write larger than the window goes through: nothing could ever free it)
+                # (a first write larger than the window goes through: nothing could ever free it)
+                return max(0.0, deadline - time.monotonic())
             delay = self._wait(deadline, delay, timeout, f"insert {k} rows")
 
     def _wait(self, deadline: float, delay: float, timeout: float, what: str) -> float:
@@ -176,5 +206,7 @@ class Limiter:
                 f"error_buffer={lim.error_buffer:g}); "
                 + ("the writers are ahead: a learner must sample" if what.startswith("insert")
                    else "the learners are ahead: writers must insert"))
+        if HOOK is not None:
+            HOOK(what, left)
         time.sleep(min(delay, left))
         return min(delay * 2, 5e-3)

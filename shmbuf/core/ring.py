@@ -174,33 +174,37 @@ class Ring(Claims):
         writers. Whatever happens, the reservation is released: published, or abandoned
         (never sampled) if anything raised.
         """
+        deadline = time.monotonic() + timeout  # (one deadline, whatever the write waits for)
         if self.native is not None and not self.bounded:  # (a queue's writes check room here)
             rows = [np.ascontiguousarray(a, f.dtype) for a, f in zip(sources, self.layout.fields)]
-            deadline = time.monotonic() + timeout
-            while self.native.put(lane, n, rows, timeout) is False:
+            left = timeout
+            while self.native.put(lane, n, rows, left) is False:
                 self.reach(lane, n, max(0.0, deadline - time.monotonic()))
                 self._make_way(lane, max(0.0, deadline - time.monotonic()))
+                left = max(0.0, deadline - time.monotonic())
             return
         pid = procs.identity()[0]
         while True:
+            left = max(0.0, deadline - time.monotonic())
             if int(self.lane_table[lane, LANE_CLAIM_PID]) == pid:
                 lk = self._own_lock
                 try:
-                    if not lk.acquire(False) and not lk.acquire(timeout=min(timeout, 1e9)):
+                    if not lk.acquire(False) and not lk.acquire(timeout=min(left, 1e9)):
                         raise WriteTimeout(f"lane {lane}: another thread of this process is still "
                                            f"writing to it after {timeout:g} s")
-                    self._put(lane, n, sources, timeout, True)
+                    self._put(lane, n, sources, max(0.0, deadline - time.monotonic()), True)
                     return
                 finally:
                     if lk.is_owned():
                         lk.release()
-            if self._put(lane, n, sources, timeout, False):
+            if self._put(lane, n, sources, left, False):
                 return
 
     def _put(self, lane: int, n: int, sources: list[np.ndarray], timeout: float, owner: bool) -> bool:
         """One write, as the lane's owner (no lock: nobody else moves its head) or as
         one of its shared writers (reserving under the lock). False, with nothing done,
         if the lane turned out to be claimed by this process meanwhile."""
+        deadline = time.monotonic() + timeout  # (the lock's wait and the older writers' share it)
         pid, ctime = procs.identity()
         token = -next(_TOKENS)  # negative: a Python-path write (the native path's are positive)
         _WRITING[threading.get_ident()] = token  # (before any reservation of ours)
@@ -259,7 +263,7 @@ class Ring(Claims):
                 runs.append((base, base + n - k, k))
             # 2. wait for older writers of our slots
             if first + n > lc and not self._older_done(first, runs):
-                self._wait_for_older(lane, first, n, entry, runs, time.monotonic() + timeout)
+                self._wait_for_older(lane, first, n, entry, runs, deadline)
             # 3. stamp odd, copy, stamp even
             stamped = True
             if n == 1:

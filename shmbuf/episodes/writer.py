@@ -54,6 +54,7 @@ class EpisodeWriter:
         self._keys = buffer.step_rows.keys
         self._none = bytes(n)  # tobytes() of n False flags
         self._native = ring.native
+        self._names = list(core.engine.layout.stored())  # (the stored fields, in order)
         self._gate = core.engine.gate  # a rate limit: writes wait in _put (no fast path)
         self._in_progress = False  # every env has an episode in progress: add's fast path
         user = buffer.step_rows.user
@@ -119,28 +120,22 @@ class EpisodeWriter:
         return v
 
     def _ends(self, step: dict, term: np.ndarray, trunc: np.ndarray, timeout: float | None) -> bool:
-        """``add``'s native path for a step where episodes end: the steps, then the final
-        rows. False, with nothing written, if anything is off the common case (the
-        Python path then checks and explains)."""
+        """``add``'s native path for a step where episodes end: the steps and the final
+        rows (:meth:`_step`). False, with nothing written, if anything is off the common
+        case (the Python path then checks and explains)."""
         nexts = {}
         for o, shape, dtype in self._next_specs:
             v = step.get("next_" + o)
             if type(v) is not np.ndarray or v.dtype != dtype or v.shape != shape:
                 return False
             nexts[o] = v
+        if any(type(step.get(k)) is not np.ndarray or step[k].dtype != dtype or step[k].shape != (self.envs,) + shape
+               for k, (shape, dtype) in self.buffer.step_rows.user.items()):
+            return False
         term = term.view(np.uint8)
         flags = term | (trunc.view(np.uint8) & (term ^ 1)) << 1  # both set: terminated
-        if self._native.put_rows(self._lanes, step, {**self._sys, "_flags": flags}, timeout) is not None:
-            return False
-        ended = flags != 0
-        e = np.flatnonzero(ended)
-        final = {k: z[:len(e)] for k, z in self._zeros.items()}
-        final.update({o: v[e] for o, v in nexts.items()})
-        self._started[e] = False
-        self._in_progress = False
-        self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
-        self._begin(ended)
-        self._in_progress = True
+        self._step({k: step[k] for k in self.buffer.step_rows.user}, {**self._sys, "_flags": flags}, flags,
+                   nexts, flags != 0, timeout)
         return True
 
     def _final_sys(self, e: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
@@ -173,16 +168,26 @@ class EpisodeWriter:
             sys[VERSION] = self._version
         if self._prio:
             sys["_priority"] = np.zeros(self.envs)
-        self._put(self._lane_array, steps, sys, timeout)
-        if ended.any():  # the real final observations, in rows of their own
-            e = np.flatnonzero(ended)
-            final = {k: np.zeros((len(e),) + v.shape[1:], v.dtype) for k, v in steps.items()}
-            final.update({o: v[e] for o, v in nexts.items()})
-            self._started[e] = False
-            self._in_progress = False
-            self._put(self._lane_array[e], final, self._final_sys(e, flags), timeout)
-            self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
+        self._step(steps, sys, flags, nexts, ended, timeout)
         self._in_progress = bool(self._native is not None and not self._gate.limited and self._started.all())
+
+    def _step(self, steps: dict[str, np.ndarray], sys: dict[str, np.ndarray], flags: np.ndarray,
+              nexts: dict[str, np.ndarray], ended: np.ndarray, timeout: float | None) -> None:
+        """Write a step of every env (``steps`` and ``sys``: checked, a row per env), then
+        the real final observations (``nexts``) of the envs whose episode ``ended``, in
+        rows of their own: one write, all or none (:meth:`_put`)."""
+        lanes = self._lane_array
+        e = np.flatnonzero(ended)
+        if len(e):
+            final = self._final_sys(e, flags)
+            final.update({k: z[:len(e)] for k, z in self._zeros.items()})
+            final.update({o: v[e] for o, v in nexts.items()})
+            steps = {k: np.concatenate([v, final[k]]) for k, v in {**steps, **sys}.items()}
+            sys, lanes = {}, np.concatenate([lanes, lanes[e]])
+        self._put(lanes, steps, sys, timeout)
+        if len(e):
+            self._started[e] = False
+            self._begin(ended)  # their next step starts an episode: numbered now (close() takes it back)
 
     def _begin(self, envs: np.ndarray) -> None:
         """Start an episode in each env of the mask ``envs``: the next number of its
@@ -203,15 +208,10 @@ class EpisodeWriter:
     def _put(self, lanes: np.ndarray, data: dict[str, np.ndarray], sys: dict[str, np.ndarray],
              timeout: float | None) -> None:
         """Row i of ``data`` and ``sys`` (checked arrays, a row per env) into lane
-        ``lanes[i]``: in one native call, or (pure Python, or a lane this handle has
-        not mapped yet) one core write per lane."""
-        self._gate.before_insert(len(lanes), self.buffer.engine.seconds(timeout))
-        if self._native is not None and self._native.put_rows(lanes, data, sys, timeout) is None:
-            return
-        core = self.buffer.core
-        names = list(core.engine.layout.stored())
-        for i, lane in enumerate(lanes.tolist()):
-            core.engine.extend({k: (data[k] if k in data else sys[k])[i:i + 1] for k in names}, lane, timeout)
+        ``lanes[i]``, all or none (:meth:`shmbuf.core.engine.Engine.write_each`: the rate
+        gate once for all rows, then one native call, or one core write per row)."""
+        engine = self.buffer.engine
+        engine.write_each([data[k] if k in data else sys[k] for k in self._names], lanes, timeout)
 
     def add_episode(self, episode: Mapping[str, Any], *, terminated: bool = True,
                     env: int = 0, timeout: float | None = None, version: int | None = None) -> None:

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+import shmbuf
+
 sb3 = pytest.importorskip("stable_baselines3")
 th = pytest.importorskip("torch")
 from gymnasium import spaces  # noqa: E402
@@ -86,6 +88,37 @@ def test_bad_input_is_refused_and_changes_nothing(name):
     with pytest.raises(ValueError, match="lanes"):
         ReplayBuffer(8, BOX, spaces.Discrete(2), n_envs=2, lanes=1)
     assert rb.size() == 0 and rb._plain().total_added == 0
+    rb.close()
+
+
+@pytest.mark.parametrize("given", ["arrays", "lists", "dict"])
+def test_a_rate_limited_add_of_n_envs_adds_every_envs_row_or_none(name, given):
+    """3 envs under a rate limit with room for 2 rows: add raises RateLimitTimeout with
+    nothing added (it used to add 2 of the 3 envs' rows, so a retry added them twice);
+    once a learner sampled, the same add adds all 3. ``given``: arrays as SB3 passes
+    them, lists (the checked path), a DictReplayBuffer."""
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=2)  # inserted - sampled <= 3
+    if given == "dict":
+        rb = DictReplayBuffer(12, spaces.Dict(a=BOX), spaces.Discrete(2), "cpu", n_envs=3, name=name, seed=0, rate=rate)
+    else:
+        rb = ReplayBuffer(12, BOX, spaces.Discrete(2), "cpu", n_envs=3, name=name, seed=0, rate=rate)
+
+    def add(t, **kw):
+        obs, nxt, act, rew = step(t, 3)
+        if given == "dict":
+            obs, nxt = {"a": obs}, {"a": nxt}
+        elif given == "lists":
+            obs, nxt, act, rew = obs.tolist(), nxt.tolist(), act.tolist(), rew.tolist()
+        rb.add(obs, nxt, act, rew, np.zeros(3, bool), [{}] * 3, **kw)
+
+    add(0)
+    rb.sample(2)  # room for 2 rows now, not 3
+    with pytest.raises(shmbuf.RateLimitTimeout, match="none of the 3 rows was written"):
+        add(1, timeout=0.05)
+    assert rb._plain().lane_sizes() == [1, 1, 1]
+    rb.sample(1)
+    add(1, timeout=0.05)
+    assert rb._plain().lane_sizes() == [2, 2, 2] and rb.size() == 2
     rb.close()
 
 

@@ -99,8 +99,10 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         double delay = 20e-6;
         while (LOAD(&lt[LANE_OWN_COUNT]) != 0) {
             if (now() >= deadline) {
+                char secs[32];              /* (PyErr_Format has no %g) */
+                snprintf(secs, sizeof secs, "%g", timeout);
                 PyErr_Format(r->write_timeout, "lane %zd: another thread of this process is "
-                             "still writing to it after %g s", lane, timeout);
+                             "still writing to it after %s s", lane, secs);
                 return -1;
             }
             if (pause_for(r, &delay) < 0)
@@ -497,11 +499,20 @@ static PyObject *Ring_put_rows_impl(Ring *r, PyObject *const *args, Py_ssize_t n
             ok = value_bytes(r, &r->fields[f], v, &rows, &views[f], &held[f], scratch[f], &src[f], &owned[f]);
         }
     }
-    /* 3. No write at all if a lane (ours: its head stands still) must first move its
-     * horizon (a buffer file's; Python does it). */
-    for (Py_ssize_t i = 0; i < n && ok == 1; i++)
-        if (beyond_horizon(r, lanes[i], LOAD(&r->lanes_tab[lanes[i] * TABLE_WIDTH + LANE_HEAD]) + 1))
+    /* 3. No write at all if a row could not be written at once: its lane (ours: its head
+     * stands still) must first move its horizon (a buffer file's; Python does it), or
+     * another thread of ours is writing the lane, or an older writer is still in the
+     * row's slot (the Python path waits for those, row by row). So what is written
+     * below is all the rows: nothing between the rows lets go of the GIL (test hooks
+     * aside). */
+    for (Py_ssize_t i = 0; i < n && ok == 1; i++) {
+        const int64_t *lt = r->lanes_tab + lanes[i] * TABLE_WIDTH;
+        int64_t seq = LOAD(&lt[LANE_HEAD]);
+        for (Py_ssize_t j = 0; j < i; j++)
+            seq += lanes[j] == lanes[i];   /* (a lane given twice: its second row is the next) */
+        if (beyond_horizon(r, lanes[i], seq + 1) || LOAD(&lt[LANE_OWN_COUNT]) != 0 || !older_done(r, lanes[i], seq, 1))
             ok = 0;
+    }
     PyObject *result = NULL;
     if (ok == 0) {
         result = Py_False;
