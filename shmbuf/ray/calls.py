@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core.batch import count
+from shmbuf.priority.trees import check_values
 
 
 PING_EVERY = 1.0
@@ -46,11 +47,14 @@ def cause(exc: BaseException) -> BaseException:
 class Shard:
     """The learner's view of one shard: where it is and the figures of its last answer."""
 
-    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "up", "ping", "ping_at", "info_ref")
+    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "up", "ping",
+                 "ping_at", "info_ref")
 
     def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
         self.index, self.node, self.segment, self.actor = index, node, segment, actor
         self.size, self.mass, self.low = 0, 0.0, 0.0
+        self.capacity: int | None = None  # (None: it has not answered yet)
+        self.alpha: float | None = None  # its priority exponent (None: not prioritized)
         self.up = True
         self.ping: Any = None  # while down: the pending info() call that tells it is back
         self.ping_at = 0.0
@@ -58,7 +62,53 @@ class Shard:
 
     def take(self, info: Mapping[str, Any]) -> None:
         self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
+        self.capacity, self.alpha = info["capacity"], info.get("alpha")
         self.node, self.segment = info["node"], info.get("segment", self.segment)
+
+
+def shares(w: np.ndarray) -> np.ndarray | None:
+    """Each shard's share of a draw, ``w / w.sum()`` (``w``: the shards' sizes or priority
+    masses, each finite and >= 0), or None if all are 0. Scaled by the largest first: each
+    shard's mass is finite (its leaves are bounded so that it is), but the sum of several
+    near that bound is not (``inf``: every share would be 0).
+
+    Examples:
+        >>> shares(np.array([1.5e308, 1.5e308, 0.0])).tolist()
+        [0.5, 0.5, 0.0]
+    """
+    top = float(w.max()) if len(w) else 0.0
+    if not top > 0:
+        return None
+    w = w / top
+    return w / w.sum()
+
+
+def split_updates(shards: list[Shard], idx: np.ndarray, p: np.ndarray) -> list[tuple[Shard, np.ndarray, np.ndarray]]:
+    """Priority updates (``idx``: shard, slot, row; ``p``: finite and > 0) split by shard:
+    (shard, its rows' (slot, row), their priorities) for each shard that is up and has
+    rows here. Every row is checked first against the bounds of its own shard (its
+    slots below its capacity; ``p**a`` in ``(0, largest_leaf(capacity)]`` with its
+    exponent ``a``), the rows of shards down too: a ValueError here means that no shard
+    was asked to change anything. (A shard that has not answered yet, ``capacity``
+    None, has its rows checked by itself only: ``ShardCalls._update`` asks such shards
+    that are up for their figures first, so those left are down, their rows not sent.)"""
+    out = []
+    for s in shards:
+        mine = idx[:, 0] == s.index
+        if not mine.any():
+            continue
+        rows, mine_p = idx[mine, 1:].astype(np.int64), p[mine]
+        if s.capacity is not None:
+            bad = (rows[:, 0] < 0) | (rows[:, 0] >= s.capacity)
+            if bad.any():
+                raise ValueError(f"index: the slots of shard {s.index} must be in [0, {s.capacity}) (its capacity), "
+                                 f"got {np.unique(rows[bad, 0])[:5].tolist()}: pass the index as "
+                                 "ShardedBuffer.sample returned it; no priority was set")
+            check_values(mine_p, None, f"update_priorities (shard {s.index}; no priority was set)", s.alpha,
+                         s.capacity)
+        if s.up:
+            out.append((s, rows, mine_p))
+    return out
 
 
 class Plan:
@@ -113,14 +163,15 @@ class ShardCalls:
                                         f"for ({self._describe()})")
         w = np.array([sizes[s.index] if sizes is not None else s.mass if by_mass else s.size for s in live],
                      np.float64)
-        if not w.sum() > 0:  # (the sizes known say empty: they may be old)
+        share = shares(w)
+        if share is None:  # (the sizes known say empty: they may be old)
             self._refresh(live, (deadline - time.monotonic()) / 2)
             live = [s for s in live if s.up]
-            w = np.array([s.mass if by_mass else s.size for s in live], np.float64)
-            if not w.sum() > 0:
+            share = shares(np.array([s.mass if by_mass else s.size for s in live], np.float64))
+            if share is None:
                 raise ValueError(f"cannot sample from an empty buffer: no shard of {self._name!r} holds rows "
                                  f"yet ({self._describe()})")
-        counts = self._rng.multinomial(n, w / w.sum())
+        counts = self._rng.multinomial(n, share)
         if n == 0:
             counts[0] = -1  # (one shard asked for no rows: the batch's fields, shapes and dtypes)
         ask = {**dict(kwargs), "timeout": 0.4 * timeout}
@@ -191,6 +242,21 @@ class ShardCalls:
         return out
 
     # -- priorities ------------------------------------------------------------------
+
+    def _update(self, idx: np.ndarray, p: np.ndarray, timeout: float) -> int:
+        """``update_priorities`` of ``idx`` (shard, slot, row; shards in range) to ``p``
+        (finite, > 0): every row checked against its shard's bounds before any shard is
+        asked (:func:`split_updates`), then each shard's rows sent to it at once."""
+        deadline = time.monotonic() + timeout
+        unseen = [s for s in self._shards if s.up and s.capacity is None and (idx[:, 0] == s.index).any()]
+        if unseen:  # (a copy unpickled in a task: their bounds first; one that does not answer is down)
+            self._refresh(unseen, timeout / 2)
+        calls = [(s, s.actor.update_priorities.remote(rows, q)) for s, rows, q in split_updates(self._shards, idx, p)]
+        total = 0
+        for i, (got, info) in self._gather(calls, deadline - time.monotonic()).items():
+            self._shards[i].take(info)  # (the next draw counts on its new mass)
+            total += got
+        return total
 
     def _down(self, s: Shard, why: str) -> None:
         if s.up:

@@ -114,17 +114,21 @@ class Shard:
     def info(self) -> dict[str, Any]:
         """``size`` (rows a sample draws from: transitions of an episode buffer),
         ``mass`` and ``low`` (priority mass and smallest ``p**a``; 0 when not
-        prioritized), ``node``, ``pid``, ``native`` (the C path or pure Python), ...;
-        raises what creating the shard raised."""
+        prioritized), ``alpha`` (the priority exponent ``a``; None when not
+        prioritized), ``capacity``, ``node``, ``pid``, ``native`` (the C path or pure
+        Python), ...; raises what creating the shard raised."""
         if self.error is not None:
             raise self.error
         b = self.buf
         size = b.transition_count if self.kind == "episodes" else len(b)
         mass = low = 0.0
+        alpha = None
         if self.core.prioritized:
-            mass, low = self.core.engine.priorities.totals(self.core.timeout)
-        return {"size": int(size), "mass": mass, "low": low, "node": self.node, "pid": os.getpid(),
-                "segment": self.segment, "capacity": b.capacity, "kind": self.kind,
+            trees = self.core.engine.priorities
+            mass, low = trees.totals(self.core.timeout)
+            alpha = trees.alpha
+        return {"size": int(size), "mass": mass, "low": low, "alpha": alpha, "node": self.node,
+                "pid": os.getpid(), "segment": self.segment, "capacity": self.core.capacity, "kind": self.kind,
                 "prioritized": self.core.prioritized, "native": self.core.native}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:

@@ -296,7 +296,13 @@ class ShardedBuffer(ShardCalls):
         """Set the priorities of sampled rows: ``index`` as :meth:`sample` returned it
         (shard, slot, row), each sent to its shard. Rows overwritten since they were
         sampled are skipped, and so are the rows of shards that are down; returns how
-        many were set."""
+        many were set.
+
+        Raises:
+            ValueError: a bad index or priority, each checked against the bounds of its
+                own shard (its capacity, ``p**a`` at most ``largest_leaf(capacity)``)
+                before any shard is asked: no priority was set.
+        """
         if not self._prioritized:
             raise ValueError("update_priorities is for a prioritized buffer: create it with priority=<exponent>")
         ray_module()  # (initialised, or a clear error)
@@ -308,16 +314,7 @@ class ShardedBuffer(ShardCalls):
         p = check_values(priorities, len(idx), "update_priorities")
         if len(idx) and (idx[:, 0].min() < 0 or idx[:, 0].max() >= len(self._shards)):
             raise ValueError(f"index: shards must be in [0, {len(self._shards)}), got {np.unique(idx[:, 0]).tolist()}")
-        calls = []
-        for s in self._shards:
-            mine = idx[:, 0] == s.index
-            if s.up and mine.any():
-                calls.append((s, s.actor.update_priorities.remote(idx[mine, 1:].astype(np.int64), p[mine])))
-        total = 0
-        for i, (got, info) in self._gather(calls, timeout).items():
-            self._shards[i].take(info)  # (the next draw counts on its new mass)
-            total += got
-        return total
+        return self._update(idx, p, timeout)
 
     # -- looking at it ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import pytest
 import shmbuf
 from shmbuf.core import native as native_path
 from shmbuf.core import segment
+from shmbuf.priority.trees import largest_leaf
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -339,6 +340,32 @@ def test_priorities_are_drawn_by_mass_over_the_cluster_and_updates_go_to_their_s
             rb.update_priorities(old + [[5, 0, 0]], np.ones(len(old)))
         with pytest.raises(ValueError, match="finite and > 0"):
             rb.update_priorities(old, np.zeros(len(old)))
+
+
+def test_priorities_near_the_bound_draw_evenly_and_a_bad_one_for_one_shard_sets_none(nodes, name):
+    """Three shards of 8 rows, every row at the largest p**a a shard holds: each shard's
+    mass is the largest float64, their sum is infinite; the draw is even all the same
+    (before: all rows from the last shard). An update whose priority is past shard 1's
+    bound is refused before any shard is asked: shard 0's row, set to 1 in the same
+    call, keeps its priority (before: shard 0 set it, then shard 1 refused)."""
+    top = largest_leaf(8)
+    with ShardedBuffer.create(FIELDS, 8, name=name, nodes=nodes[:3], priority=1.0, seed=5) as rb:
+        ray.get([on(node, write_rows).remote(rb, i, 8, priority=top) for i, node in enumerate(nodes[:3])])
+        b = rb.sample(3000, beta=0.4)
+        per = np.bincount(b["shard"], minlength=3)
+        assert (abs(per - 1000) < 150).all(), per
+
+        def masses() -> list[float]:
+            return [s["mass"] for s in rb.stats()["shards"]]
+        before = masses()
+        assert min(before) > 1e308 and sum(before) == float("inf")
+        rows = np.concatenate([b["index"][b["shard"] == 0][:1], b["index"][b["shard"] == 1][:1]])
+        with pytest.raises(ValueError) as refused:
+            rb.update_priorities(rows, [1.0, 2 * top])
+        assert masses() == before
+        assert refused.match(r"update_priorities \(shard 1; no priority was set\): p\*\*a must be at most")
+        assert rb.update_priorities(rows, [1.0, top]) == 2
+        assert masses()[0] == pytest.approx(before[0] - top + 1.0)
 
 
 # -- faults ------------------------------------------------------------------------------

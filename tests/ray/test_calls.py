@@ -1,0 +1,200 @@
+"""The learner's side of shmbuf.ray without Ray: a ShardedBuffer over real shmbuf
+buffers (one per shard, in this process), its shard actors the real shard code
+(``shmbuf.ray.shard.Shard``'s methods) called at once, and Ray's ``get``/``wait`` a
+stand-in that hands their answers back. What is checked here is the learner's
+arithmetic and order of calls: the per-shard draw, and the checks that come before
+any shard is asked to change anything. The cluster itself: tests/ray/test_ray.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf.priority.trees import LARGEST, largest_leaf
+from shmbuf.ray import calls, sharded
+from shmbuf.ray.calls import Shard, shares, split_updates
+from shmbuf.ray.shard import Shard as ShardActor
+from shmbuf.ray.sharded import ShardedBuffer
+
+X = {"x": ((), "float32")}
+
+
+class Ref:
+    """A call made at once: its answer, or the error it raised."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        try:
+            self.value, self.error = fn(*args), None
+        except Exception as exc:
+            self.value, self.error = None, exc
+
+
+class RayTaskError(Exception):
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class FakeRay:
+    """What ShardCalls uses of Ray: ``wait`` (every call has answered) and ``get`` (a
+    shard's own error comes as Ray's RayTaskError, with the error as its ``cause``)."""
+
+    class exceptions:
+        RayError = Exception
+        RayTaskError = RayTaskError
+
+    @staticmethod
+    def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
+        return list(refs), []
+
+    @staticmethod
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        if isinstance(ref, list):
+            return [FakeRay.get(r) for r in ref]
+        if ref.error is not None:
+            raise RayTaskError(ref.error)
+        return ref.value
+
+
+class Actor:
+    """A shard actor's handle: ``actor.method.remote(...)`` runs the real shard method
+    now; the calls are counted by method."""
+
+    def __init__(self, buf: shmbuf.Buffer) -> None:
+        self.shard = ShardActor.__new__(ShardActor)
+        self.shard.error, self.shard.buf, self.shard.core = None, buf, buf
+        self.shard.segment, self.shard.kind, self.shard.node = buf.name, "buffer", "node"
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, method: str) -> Any:
+        actor = self
+
+        class Method:
+            @staticmethod
+            def remote(*args: Any) -> Ref:
+                actor.calls[method] = actor.calls.get(method, 0) + 1
+                return Ref(getattr(actor.shard, method), *args)
+        return Method
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    monkeypatch.setattr(calls, "ray_module", lambda: FakeRay)
+    monkeypatch.setattr(sharded, "ray_module", lambda: FakeRay)
+
+
+@pytest.fixture
+def shards(name):
+    """``make(alphas, capacity)``: prioritized buffers, one per alpha, named
+    ``<name>.<i>``; closed and removed at the end."""
+    made: list[shmbuf.Buffer] = []
+
+    def make(alphas: list[float], capacity: int = 8) -> list[shmbuf.Buffer]:
+        for a in alphas:
+            made.append(shmbuf.Buffer.create(X, capacity, priority=a, seed=len(made), name=f"{name}.{len(made)}",
+                                              timeout=5.0))
+        return made[-len(alphas):]
+    yield make
+    for b in made:
+        b.unlink()
+        b.close()
+
+
+def sharded_over(bufs: list[shmbuf.Buffer], seen: bool = True) -> tuple[ShardedBuffer, list[Actor]]:
+    """A ShardedBuffer over ``bufs`` (their figures known if ``seen``, as after create)."""
+    actors = [Actor(b) for b in bufs]
+    table = [Shard(i, "node", b.name, a) for i, (b, a) in enumerate(zip(bufs, actors))]
+    if seen:
+        for s, a in zip(table, actors):
+            s.take(a.shard.info())
+    return ShardedBuffer("sharded", "buffer", True, table, seed=0, timeout=5.0), actors
+
+
+def masses(bufs: list[shmbuf.Buffer]) -> list[float]:
+    return [b.engine.priorities.totals(5.0)[0] for b in bufs]
+
+
+# -- the draw across shards --------------------------------------------------------------
+
+def test_shares_are_the_masses_over_their_sum_even_when_the_sum_is_not_finite():
+    assert shares(np.array([3.0, 1.0, 0.0])).tolist() == [0.75, 0.25, 0.0]
+    assert shares(np.array([LARGEST, LARGEST / 2, LARGEST / 4])) == pytest.approx([4 / 7, 2 / 7, 1 / 7])
+    assert shares(np.array([0.0, 0.0])) is None and shares(np.array([])) is None
+
+
+def test_shards_whose_masses_are_each_near_their_bound_are_drawn_evenly(shards, no_ray):
+    """Three shards, each full of rows at the largest p**a its trees hold (mass: the
+    largest float64, finite); their sum is infinite. Before: every share 0, and all
+    3000 rows from the last shard."""
+    bufs = shards([1.0, 1.0, 1.0])
+    for b in bufs:
+        b.extend({"x": np.arange(8, dtype=np.float32)}, priority=largest_leaf(8))
+    m = masses(bufs)
+    assert all(np.isfinite(m)) and min(m) > LARGEST / 2 and sum(m) == float("inf")  # (Python floats: no warning)
+    rb, _ = sharded_over(bufs)
+    batch = rb.sample(3000, beta=0.4)
+    per = np.bincount(batch["shard"], minlength=3)
+    assert per.sum() == 3000 and (abs(per - 1000) < 150).all(), per
+    assert np.allclose(batch["weight"], 1.0)
+
+
+# -- priority updates: checked against every shard before any changes ---------------------
+
+def test_a_priority_past_one_shards_bound_sets_none_on_any_shard(shards, no_ray):
+    """Shard 0 (a = 1) gets a good priority, shard 1 (a = 2) one whose p**a is past its
+    bound (the same priority is within shard 0's). Before: shard 0 set its rows, then
+    shard 1 refused."""
+    bufs = shards([1.0, 2.0])
+    for b in bufs:
+        b.extend({"x": np.arange(8, dtype=np.float32)}, priority=1.0)
+    rb, actors = sharded_over(bufs)
+    big = 2 * np.sqrt(largest_leaf(8))  # big**2 is past the bound of shard 1, big is far within shard 0's
+    index = np.array([[0, 0, 0], [0, 1, 1], [1, 2, 2]])
+    before = masses(bufs)
+    with pytest.raises(ValueError) as refused:
+        rb.update_priorities(index, [5.0, 5.0, big])
+    assert masses(bufs) == before
+    assert [a.calls.get("update_priorities", 0) for a in actors] == [0, 0]
+    assert refused.match(r"update_priorities \(shard 1; no priority was set\): p\*\*a must be at most .* in a "
+                         r"buffer of 8 rows .* with a = 2: pass priorities <=")
+    with pytest.raises(ValueError) as refused:  # a slot past shard 1's capacity
+        rb.update_priorities(index + [[0, 0, 0], [0, 0, 0], [0, 6, 0]], [5.0, 5.0, 5.0])
+    assert masses(bufs) == before
+    assert [a.calls.get("update_priorities", 0) for a in actors] == [0, 0]
+    assert refused.match(r"the slots of shard 1 must be in \[0, 8\) \(its capacity\), got \[8\]")
+    assert rb.update_priorities(index, [5.0, 5.0, big / 2]) == 3  # (big/2)**2: at the bound, taken
+    assert masses(bufs) == pytest.approx([before[0] + 8.0, before[1] - 1 + largest_leaf(8)])
+
+
+def test_a_copy_that_has_not_seen_its_shards_asks_their_bounds_first(shards, no_ray):
+    """A ShardedBuffer unpickled in a task knows no shard's capacity or exponent yet: it
+    asks them (one info call each shard concerned) before it checks and sends."""
+    bufs = shards([1.0, 1.0])
+    for b in bufs:
+        b.extend({"x": np.arange(8, dtype=np.float32)}, priority=1.0)
+    rb, actors = sharded_over(bufs, seen=False)
+    before = masses(bufs)
+    with pytest.raises(ValueError) as refused:
+        rb.update_priorities(np.array([[0, 0, 0], [1, 0, 0]]), [2.0, 2 * largest_leaf(8)])
+    assert masses(bufs) == before
+    assert refused.match(r"shard 1; no priority was set\): p\*\*a must be at most")
+    assert [a.calls for a in actors] == [{"info": 1}, {"info": 1}]
+
+
+def test_split_updates_checks_the_rows_of_shards_that_are_down_and_sends_them_nowhere(shards):
+    bufs = shards([1.0, 1.0])
+    table = [Shard(i, "node", b.name, None) for i, b in enumerate(bufs)]
+    for s, b in zip(table, bufs):
+        s.take(Actor(b).shard.info())
+    table[1].up = False
+    idx, p = np.array([[0, 3, 3], [1, 4, 4]]), np.array([1.0, 2.0])
+    parts = split_updates(table, idx, p)
+    assert [(s.index, rows.tolist(), q.tolist()) for s, rows, q in parts] == [(0, [[3, 3]], [1.0])]
+    with pytest.raises(ValueError, match=r"shard 1; no priority was set"):
+        split_updates(table, idx, np.array([1.0, 2 * largest_leaf(8)]))
+    never = Shard(1, None, "never", None)  # attached as down, never answered: its bounds are not known
+    never.up = False
+    assert [s.index for s, _, _ in split_updates([table[0], never], idx, np.array([1.0, 1e308]))] == [0]
