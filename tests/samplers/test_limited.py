@@ -94,6 +94,34 @@ def test_overwritten_rows_start_again_and_are_never_returned_uncounted(name, hoo
             buf.sample(1, timeout=0.05)
 
 
+@pytest.mark.parametrize("end", ["interrupt", "timeout"])
+def test_a_give_back_never_lands_on_the_row_that_took_the_slot(name, hook, end):
+    """A sample that ends without returning (a Ctrl-C after its count, or its timeout)
+    gives its counts back; a writer overwrites every slot just as it does (the hook, at
+    "giving back": the lock held, the counted rows found still in their slots). The
+    new rows are each returned once (k=1), never twice: no count goes below 0."""
+    with counted(name, 4, k=1) as buf:
+        buf.claim_lane()  # (its writes take no lock: they go on while the give-back holds it)
+        buf.extend({"x": np.arange(4)})
+
+        def overwrite(where):
+            if where == "released" and end == "interrupt":
+                raise KeyboardInterrupt
+            if where == "giving back":
+                hook(None)
+                buf.extend({"x": np.arange(10, 14)})
+
+        hook(overwrite)
+        with pytest.raises(KeyboardInterrupt if end == "interrupt" else shmbuf.SampleTimeout):
+            buf.sample(2 if end == "interrupt" else 5, timeout=0.2)
+        hook(None)
+        assert buf.engine.view("times_sampled")[:4].min() >= 0
+        b = buf.sample(4)
+        assert sorted(b["x"].tolist()) == [10, 11, 12, 13] and b["times_sampled"].tolist() == [1, 1, 1, 1]
+        with pytest.raises(shmbuf.SampleTimeout, match=r"every row the buffer holds \(4\) was sampled"):
+            buf.sample(1, timeout=0.05)
+
+
 def test_counts_travel_with_saves_and_state_dicts(name, tmp_path):
     with counted(name, 8, k=1) as buf:
         buf.extend({"x": np.arange(4)})
