@@ -19,8 +19,12 @@ backing off, until takers free room. A region of the segment holds::
    from ``next`` up to the first row a live writer still holds (rows of writers that
    died, and with a take's ``skip`` its stale rows, are passed over), merged across
    lanes by the monotonic time each write began.
-   The chosen rows of a lane are always a prefix of its rows. Each range becomes an
-   entry of ours and ``next`` moves past it; until it does, nothing changed.
+   The chosen rows of a lane are always a prefix of its rows. ``next`` moves past
+   them and the rows passed over with them; an entry of ours spans from the first row
+   we deliver of a range to the last, and the stale rows between those are unpublished
+   (stamp 0, as a dead writer leaves its rows), so that a give-back holds only rows to
+   deliver. Until the change commits, nothing changed but those stamps (a take killed
+   then leaves them as a dead writer's rows, counted as skipped).
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
@@ -31,7 +35,8 @@ backing off, until takers free room. A region of the segment holds::
 A taker SIGKILLed before step 3's commit leaves entries with a dead pid: the next take
 gives them back and delivers them before newer rows. An exception (Ctrl-C) before the
 commit gives them back at once; a Ctrl-C that lands after it is raised once step 3 is
-done, and the rows, already delivered, are kept for this handle's next take. A writer
+done, and the rows, already delivered, are kept for this handle's next take, which
+returns them first and goes on past them. A writer
 killed mid-write leaves rows that are never published: takes skip them once no live
 writer holds them.
 """
@@ -231,11 +236,11 @@ class Queue:
         lt = self.ring.lane_table
         nxt = np.clip(self.next, lt[:, LANE_BASE], lt[:, LANE_HEAD])
         t = self.table.copy()
-        back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
         alive = procs.Liveness()  # (a dead taker's rows are given back at the next change)
         tf = t.view(np.float64)
-        back += sum(int(t[i, E_COUNT]) for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
-                    if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME])))
+        dead = [i for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
+                if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME]))]
+        back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
         kept = sum(len(next(iter(b.values()))) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
@@ -243,10 +248,32 @@ class Queue:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
         bound)``: rows whose ``field`` is below ``bound`` are passed over, counted as
-        stale, and never delivered (see :func:`shmbuf.core.takes.usable`)."""
-        kept = self._kept_rows(n, partial)
-        if kept is not None:
+        stale, and never delivered (see :func:`shmbuf.core.takes.usable`).
+
+        Rows kept for this handle (see :meth:`_deliver`) come first; with fewer than
+        ``n`` of them, the take goes on for the rest: a partial one takes what is there
+        then, without waiting (the kept rows alone if nothing is); a full one waits for
+        the rest as usual and, if they do not come, raises with the kept rows kept."""
+        if not self._kept:
+            return self._take(n, partial, timeout, skip)
+        kept = takes.from_kept(self._kept, n)
+        have = len(next(iter(kept.values())))
+        if have == n:
             return kept
+        try:
+            more = self._take(n - have, partial, 0.0 if partial else timeout, skip)
+        except SampleTimeout:
+            if partial:
+                return kept
+            self._kept.insert(0, kept)
+            raise
+        except BaseException:
+            self._kept.insert(0, kept)  # (before rows a Ctrl-C after this take's commit kept)
+            raise
+        return {k: np.concatenate([a, more[k]]) for k, a in kept.items()}
+
+    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None) -> dict[str, np.ndarray]:
+        """A take from the queue's words (the rows kept for this handle aside)."""
         token = next(_TOKENS)
         pid, ctime = procs.identity()
         start = time.monotonic()
@@ -292,7 +319,7 @@ class Queue:
         """Step 3 of a take: deliver the ``k`` rows copied into ``out``, with Ctrl-C held off
         (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
         the rows back; one that lands after it keeps them for this handle's next take
-        (:meth:`_kept_rows`): either way none is lost."""
+        (:meth:`take`): either way none is lost."""
         d = Deferred()
         delivered = False
         try:
@@ -319,23 +346,18 @@ class Queue:
             raise
         return out
 
-    def _kept_rows(self, n: int, partial: bool) -> dict[str, np.ndarray] | None:
-        """Rows this handle's take delivered as a Ctrl-C landed (see :meth:`_deliver`),
-        returned first by the next take (see :func:`shmbuf.core.takes.from_kept`)."""
-        return takes.from_kept(self._kept, n, partial) if self._kept else None
-
     @staticmethod
     def _mine(s: Words, pid: int, token: int) -> np.ndarray:
         t = s.table
         return np.flatnonzero((t[:, E_STATE] == TAKING) & (t[:, E_PID] == pid) & (t[:, E_TOKEN] == token))
 
-    @staticmethod
-    def _give_back(s: Words, which: np.ndarray) -> None:
-        """Entries whose taker will never return them: given back."""
+    def _give_back(self, s: Words, which: np.ndarray) -> None:
+        """Entries whose taker will never return them: given back (counted: the rows
+        in them a later take may deliver)."""
         if len(which):
             if GIVE_BACK:
                 s.table[which, E_STATE] = RETURNED
-                s.head[H_RETURNED] += int(s.table[which, E_COUNT].sum())
+                s.head[H_RETURNED] += takes.waiting(self.ring, s.table, which)
             else:
                 s.table[which, E_STATE] = FREE
 

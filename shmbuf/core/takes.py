@@ -67,23 +67,33 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
             skipped(ring, s, lane, to, skip)
         return None
     s.head[H_STALE] += sum(stale)
+    between = []  # (lane, rows) of the entries with rows passed over between their first and last
     for e, lane, start, end, rows in plan + fresh_:
-        if e >= 0 and end < start + int(t[e, E_COUNT]):  # split: the rest stays given back
-            t[e, E_START], t[e, E_COUNT] = end, int(t[e, E_START] + t[e, E_COUNT]) - end
-            e = -1
-        if e < 0:
-            free = np.flatnonzero(t[:, E_STATE] == FREE)
-            if not len(free):
-                raise RuntimeError(f"more than {len(t)} takes are in flight at once on this queue; "
-                                   "use fewer taker threads/processes")
-            e = int(free[0])
-            t[e, E_LANE], t[e, E_START], t[e, E_COUNT] = lane, start, end - start
-            t[e, E_TIME] = int(ring.arrays[FIELD][lane * lc + start % lc]) if len(rows) else 0
+        if e >= 0:  # a given-back range: its rows up to end are used up by this take
+            rest = int(t[e, E_START] + t[e, E_COUNT]) - end
+            if rest:
+                t[e, E_START], t[e, E_COUNT] = end, rest
+            else:
+                t[e, E_STATE] = FREE
+        if not len(rows):
+            continue
+        first, last = int(rows[0]), int(rows[-1])  # our entry: the rows we deliver, and those between
+        free = np.flatnonzero(t[:, E_STATE] == FREE)
+        if not len(free):
+            raise RuntimeError(f"more than {len(t)} takes are in flight at once on this queue; "
+                               "use fewer taker threads/processes")
+        e = int(free[0])
+        t[e, E_LANE], t[e, E_START], t[e, E_COUNT] = lane, first, last + 1 - first
+        t[e, E_TIME] = int(ring.arrays[FIELD][lane * lc + first % lc])
         t[e, E_PID], t[e, E_TOKEN] = pid, token
         s.table_f[e, E_CTIME] = ctime
         t[e, E_STATE] = TAKING
+        if last + 1 - first > len(rows):
+            between.append((lane, first, rows))
     for _, lane, _, end, rows in fresh_:
         skipped(ring, s, lane, end, skip, len(rows))
+    for lane, first, rows in between:  # (last: what counted them saw them published)
+        unpublish(ring, lane, np.arange(first, int(rows[-1]) + 1), rows)
     parts = []
     for part in (plan, fresh_):  # given back first, then the fresh rows oldest first
         lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
@@ -91,6 +101,29 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
         parts.append((lane[order], seq[order]))
     return np.concatenate([parts[0][0], parts[1][0]]), np.concatenate([parts[0][1], parts[1][1]])
+
+def unpublish(ring: Any, lane: int, seq: np.ndarray, rows: np.ndarray) -> None:
+    """Unpublish the rows ``seq`` of ``lane`` but ``rows``: the stale rows a take passed
+    over between the rows it claims (stamp 0, as a dead writer leaves its rows; rows of
+    writers that died there stay unpublished). Should
+    its entry be given back, no later take delivers them nor does a snapshot keep them,
+    and they are counted as stale only once, by the take that passed them over."""
+    seq = np.setdiff1d(seq, rows)
+    ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] = 0
+
+
+def waiting(ring: Any, t: np.ndarray, which: Any) -> int:
+    """How many rows the entries ``which`` of the take table ``t`` hold that a take may
+    still deliver: their published rows (a given-back range may hold rows of writers
+    that died and stale rows passed over, unpublished). Entries that cannot be right
+    (a table read without the lock) count none."""
+    lanes, n = len(ring.lane_table), 0
+    for e in np.asarray(which, np.int64).tolist():
+        lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+        if 0 <= lane < lanes and 0 <= count <= ring.lane_capacity:
+            n += int(usable(ring, lane, np.arange(start, start + count), None)[0].sum())
+    return n
+
 
 def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None, taken: int = 0) -> None:
     """Move ``lane``'s ``next`` to ``to``, counting the rows passed over that a take did
@@ -168,14 +201,11 @@ def delivered(s: Any, lc: int, stamps: np.ndarray) -> np.ndarray:
     return out
 
 
-def from_kept(kept: list[dict[str, np.ndarray]], n: int, partial: bool) -> dict[str, np.ndarray] | None:
-    """Up to ``n`` rows of ``kept`` (batches a take delivered as a Ctrl-C landed), taken
-    out of it, oldest first; None if it holds fewer than ``n`` and not ``partial`` (a full
-    take then waits for the rest as usual, and they stay for a later one)."""
+def from_kept(kept: list[dict[str, np.ndarray]], n: int) -> dict[str, np.ndarray]:
+    """Up to ``n`` rows of ``kept`` (batches a take delivered as a Ctrl-C landed, not
+    empty), taken out of it, oldest first."""
     rows = {k: np.concatenate([b[k] for b in kept]) for k in kept[0]}
     have = len(next(iter(rows.values())))
-    if have < n and not partial:
-        return None
     del kept[:]
     if have > n:
         kept.append({k: a[n:] for k, a in rows.items()})

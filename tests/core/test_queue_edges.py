@@ -156,6 +156,38 @@ def test_a_sigint_after_the_delivery_committed_keeps_the_rows_for_the_next_take(
         assert q.stats()["rows_taken"] == 6
 
 
+def _kept(q, monkeypatch, n):
+    """Take ``n`` rows with a real SIGINT right after the delivery's commit: they are
+    kept for this handle's next take."""
+    monkeypatch.setattr(core_queue, "HOOK", _sigint_at("commit", 2))
+    with pytest.raises(KeyboardInterrupt):
+        q.take(n)
+    monkeypatch.setattr(core_queue, "HOOK", None)
+
+
+@pytest.mark.timeout(60)
+def test_rows_kept_after_a_sigint_come_first_and_a_take_still_gets_up_to_n(name, monkeypatch):
+    """Rows kept for this handle's next take are its first rows, and the take goes on
+    past them: with partial=True up to n when more are there ("fewer if fewer are
+    there": at once, without waiting for more), a full take completes them with the
+    queue's next rows, or, if those do not come in time, raises and keeps them."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 8))
+        _kept(q, monkeypatch, 2)
+        assert q.take(5, partial=True)["i"].tolist() == [0, 1, 2, 3, 4]
+        _kept(q, monkeypatch, 1)
+        assert q.take(2)["i"].tolist() == [5, 6]
+        _kept(q, monkeypatch, 1)
+        assert q.take(3, partial=True, timeout=120)["i"].tolist() == [7]  # (all there is: at once)
+        q.extend(queue_rows(0, 8, 10))
+        _kept(q, monkeypatch, 2)
+        with pytest.raises(shmbuf.SampleTimeout, match="could not take 1 row"):
+            q.take(3, timeout=0.05)
+        assert q.take(1)["i"].tolist() == [8] and q.take(1)["i"].tolist() == [9]
+        s = q.stats()
+        assert (s["rows_taken"], len(q)) == (10, 0)
+
+
 OPS = {  # an operation that holds the header lock, run on an attached handle of a queue
     "queue clear": lambda q: q.clear(),
     "claim_lane": lambda q: q.claim_lane(),
