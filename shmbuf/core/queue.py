@@ -24,7 +24,8 @@ backing off, until takers free room. A region of the segment holds::
    we deliver of a range to the last, and the stale rows between those are unpublished
    (stamp 0, as a dead writer leaves its rows), so that a give-back holds only rows to
    deliver. Until the change commits, nothing changed but those stamps (a take killed
-   then leaves them as a dead writer's rows, counted as skipped).
+   in between leaves them as a dead writer's rows: never delivered, counted as skipped,
+   or in a given-back range not counted).
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
