@@ -135,7 +135,7 @@ class Queue:
         self.journal = words[self.n:]
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
-        self._kept: list[dict[str, np.ndarray]] = []  # rows delivered as a Ctrl-C landed (_deliver)
+        self._kept: list[takes.Rows] = []  # rows delivered as a Ctrl-C landed (_deliver)
 
     # -- changes ---------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class Queue:
         dead = [i for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
                 if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME]))]
         back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
-        kept = sum(len(next(iter(b.values()))) for b in self._kept)
+        kept = sum(len(b[1]) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
     def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
@@ -251,30 +251,33 @@ class Queue:
         bound)``: rows whose ``field`` is below ``bound`` are passed over, counted as
         stale, and never delivered (see :func:`shmbuf.core.takes.usable`).
 
-        Rows kept for this handle (see :meth:`_deliver`) come first; with fewer than
-        ``n`` of them, the take goes on for the rest: a partial one takes what is there
-        then, without waiting (the kept rows alone if nothing is); a full one waits for
-        the rest as usual and, if they do not come, raises with the kept rows kept."""
+        Rows kept for this handle (see :meth:`_deliver`) are taken first; with fewer
+        than ``n`` of them, the take goes on for the rest: a partial one takes what is
+        there then, without waiting (the kept rows alone if nothing is); a full one waits
+        for the rest as usual and, if they do not come, raises with the kept rows kept.
+        Each lane's rows keep their order in the batch (rows given back by a taker that
+        died meanwhile may be older than the kept ones: see :func:`takes.merged`)."""
         if not self._kept:
-            return self._take(n, partial, timeout, skip)
+            return self._take(n, partial, timeout, skip)[0]
         kept = takes.from_kept(self._kept, n)
-        have = len(next(iter(kept.values())))
+        have = len(kept[1])
         if have == n:
-            return kept
+            return kept[0]
         try:
             more = self._take(n - have, partial, 0.0 if partial else timeout, skip)
         except SampleTimeout:
             if partial:
-                return kept
+                return kept[0]
             self._kept.insert(0, kept)
             raise
         except BaseException:
             self._kept.insert(0, kept)  # (before rows a Ctrl-C after this take's commit kept)
             raise
-        return {k: np.concatenate([a, more[k]]) for k, a in kept.items()}
+        return takes.merged(kept, more)[0]
 
-    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None) -> dict[str, np.ndarray]:
-        """A take from the queue's words (the rows kept for this handle aside)."""
+    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None) -> takes.Rows:
+        """A take from the queue's words (the rows kept for this handle aside): the rows,
+        and their lanes and sequence numbers."""
         token = next(_TOKENS)
         pid, ctime = procs.identity()
         start = time.monotonic()
@@ -306,7 +309,7 @@ class Queue:
             out = self._copy(lanes, seqs, deadline, timeout)
             if HOOK is not None:
                 HOOK("copied", out)
-            return self._deliver(out, len(seqs), pid, token, start, deadline)
+            return self._deliver((out, lanes, seqs), pid, token, start, deadline)
         except BaseException:  # (the error raised is this one; rows a give-back that cannot get the
             # lock leaves claimed go back at this process's next take, or when it dies)
             with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
@@ -315,12 +318,13 @@ class Queue:
         finally:
             _TAKING.discard(token)
 
-    def _deliver(self, out: dict[str, np.ndarray], k: int, pid: int, token: int, start: float,
-                 deadline: float) -> dict[str, np.ndarray]:
-        """Step 3 of a take: deliver the ``k`` rows copied into ``out``, with Ctrl-C held off
+    def _deliver(self, got: takes.Rows, pid: int, token: int, start: float, deadline: float) -> takes.Rows:
+        """Step 3 of a take: deliver the rows copied (``got``: them, their lanes and
+        sequence numbers), with Ctrl-C held off
         (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
         the rows back; one that lands after it keeps them for this handle's next take
         (:meth:`take`): either way none is lost."""
+        k = len(got[1])
         d = Deferred()
         delivered = False
         try:
@@ -342,10 +346,10 @@ class Queue:
             d.__exit__()
         except BaseException:
             if delivered:  # (the rows are ours alone now: kept for the next take)
-                self._kept.append(out)
+                self._kept.append(got)
             d.__exit__()
             raise
-        return out
+        return got
 
     @staticmethod
     def _mine(s: Words, pid: int, token: int) -> np.ndarray:

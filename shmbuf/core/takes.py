@@ -201,15 +201,32 @@ def delivered(s: Any, lc: int, stamps: np.ndarray) -> np.ndarray:
     return out
 
 
-def from_kept(kept: list[dict[str, np.ndarray]], n: int) -> dict[str, np.ndarray]:
-    """Up to ``n`` rows of ``kept`` (batches a take delivered as a Ctrl-C landed, not
+Rows = tuple  # (batch: dict of arrays, lanes, sequence numbers): rows a take delivered
+
+
+def from_kept(kept: list[Rows], n: int) -> Rows:
+    """Up to ``n`` rows of ``kept`` (rows takes delivered as a Ctrl-C landed, not
     empty), taken out of it, oldest first."""
-    rows = {k: np.concatenate([b[k] for b in kept]) for k in kept[0]}
-    have = len(next(iter(rows.values())))
+    rows = merged(*kept)
     del kept[:]
-    if have > n:
-        kept.append({k: a[n:] for k, a in rows.items()})
-    return {k: a[:n] for k, a in rows.items()}
+    if len(rows[1]) > n:
+        kept.append(({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:]))
+    return {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
+
+
+def merged(*parts: Rows) -> Rows:
+    """The rows of ``parts`` in one batch, in their order but for each lane's rows,
+    which take that lane's places in the batch in the order of their sequence numbers
+    (rows given back by a taker that died may be older than rows a Ctrl-C kept)."""
+    if len(parts) == 1:
+        return parts[0]
+    batch = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+    lanes, seqs = (np.concatenate([p[i] for p in parts]) for i in (1, 2))
+    order = np.arange(len(lanes))
+    for lane in np.unique(lanes).tolist():
+        at = np.flatnonzero(lanes == lane)
+        order[at] = at[np.argsort(seqs[at], kind="stable")]
+    return {k: a[order] for k, a in batch.items()}, lanes[order], seqs[order]
 
 
 class Taken(Sampler):

@@ -188,6 +188,26 @@ def test_rows_kept_after_a_sigint_come_first_and_a_take_still_gets_up_to_n(name,
         assert (s["rows_taken"], len(q)) == (10, 0)
 
 
+def test_rows_given_back_older_than_the_kept_ones_come_before_them(name, monkeypatch, tmp_path):
+    """A taker holds rows 0-1 (stopped at "claimed"); this handle takes 2-3, kept by a
+    SIGINT after the commit; the taker is SIGKILLed (0-1 given back). The next take
+    returns 0, 1, 2, 3: each lane's rows in their order within a take."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 6))
+        flag = str(tmp_path / "flag")
+        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 2,
+                                                 "claimed", flag))
+        p.start()
+        try:
+            wait_for_file(flag, p, "the taker to stop at claimed")
+            _kept(q, monkeypatch, 2)
+        finally:
+            p.kill()
+            p.join(30)
+        assert q.take(5, partial=True)["i"].tolist() == [0, 1, 2, 3, 4]
+        assert q.take(1)["i"].tolist() == [5] and q.stats()["rows_taken"] == 6
+
+
 OPS = {  # an operation that holds the header lock, run on an attached handle of a queue
     "queue clear": lambda q: q.clear(),
     "claim_lane": lambda q: q.claim_lane(),
