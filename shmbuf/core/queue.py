@@ -66,8 +66,9 @@ from shmbuf.core.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE
 REGION = "queue"
 HOOK: Callable[[str, Any], None] | None = None
 """Test hook, called as ``HOOK(point, rows)`` in a take at "claimed" (rows claimed, lock
-released, nothing copied; rows None), "copied" (the rows copied, not yet delivered) and
-"delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed),
+released, nothing copied; rows None), "copied" (the rows copied, not yet delivered),
+"delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed) and
+"delivered" (the rows delivered, not yet returned),
 and in every change at "commit" (journal committed, words not yet written). Never set
 outside tests."""
 GIVE_BACK = True
@@ -245,37 +246,45 @@ class Queue:
         kept = sum(len(b[1]) for b in self._kept)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
 
-    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
+    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None = None) -> dict[str, np.ndarray]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
-        bound)``: rows whose ``field`` is below ``bound`` are passed over, counted as
-        stale, and never delivered (see :func:`shmbuf.core.takes.usable`).
+        bound, newest)``: rows whose ``field`` is below ``bound`` are passed over, counted
+        as stale, and never delivered (see :func:`shmbuf.core.takes.usable`); the rows
+        delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
 
         Rows kept for this handle (see :meth:`_deliver`) are taken first; with fewer
         than ``n`` of them, the take goes on for the rest: a partial one takes what is
         there then, without waiting (the kept rows alone if nothing is); a full one waits
         for the rest as usual and, if they do not come, raises with the kept rows kept.
         Each lane's rows keep their order in the batch (rows given back by a taker that
-        died meanwhile may be older than the kept ones: see :func:`takes.merged`)."""
-        if not self._kept:
-            return self._take(n, partial, timeout, skip)[0]
-        kept = takes.from_kept(self._kept, n)
-        have = len(kept[1])
-        if have == n:
-            return kept[0]
+        died meanwhile may be older than the kept ones: see :func:`takes.merged`). An
+        exception (Ctrl-C) that lands once rows are delivered keeps them all for the
+        next take: from the commit of their delivery to the return, nothing is lost."""
+        kept = more = None
         try:
-            more = self._take(n - have, partial, 0.0 if partial else timeout, skip)
-        except SampleTimeout:
-            if partial:
-                return kept[0]
-            self._kept.insert(0, kept)
+            if self._kept:
+                kept = takes.from_kept(self._kept, n)  # (the kept rows leave the list as it returns)
+                if len(kept[1]) == n:
+                    return kept[0]
+            try:
+                more = self._take(n if kept is None else n - len(kept[1]), partial,
+                                  0.0 if kept is not None and partial else timeout, skip)
+            except SampleTimeout:
+                if kept is not None and partial:
+                    return kept[0]
+                raise
+            if HOOK is not None:
+                HOOK("delivered", None)
+            return more[0] if kept is None else takes.merged(kept, more)[0]
+        except BaseException:  # (rows delivered to this call and not returned: kept, in order)
+            if more is not None:
+                self._kept.insert(0, more)
+            if kept is not None:
+                self._kept.insert(0, kept)
             raise
-        except BaseException:
-            self._kept.insert(0, kept)  # (before rows a Ctrl-C after this take's commit kept)
-            raise
-        return takes.merged(kept, more)[0]
 
-    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None) -> takes.Rows:
+    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None) -> takes.Rows:
         """A take from the queue's words (the rows kept for this handle aside): the rows,
         and their lanes and sequence numbers."""
         token = next(_TOKENS)
@@ -309,21 +318,24 @@ class Queue:
             out = self._copy(lanes, seqs, deadline, timeout)
             if HOOK is not None:
                 HOOK("copied", out)
-            return self._deliver((out, lanes, seqs), pid, token, start, deadline)
+            return self._deliver((out, lanes, seqs), pid, token, start, deadline, skip)  # (it ends our take)
         except BaseException:  # (the error raised is this one; rows a give-back that cannot get the
             # lock leaves claimed go back at this process's next take, or when it dies)
-            with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                self._give_back(s, self._mine(s, pid, token))
+            try:
+                with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+                    self._give_back(s, self._mine(s, pid, token))
+            finally:
+                _TAKING.discard(token)
             raise
-        finally:
-            _TAKING.discard(token)
 
-    def _deliver(self, got: takes.Rows, pid: int, token: int, start: float, deadline: float) -> takes.Rows:
+    def _deliver(self, got: takes.Rows, pid: int, token: int, start: float, deadline: float,
+                 skip: tuple[str, int, int] | None) -> takes.Rows:
         """Step 3 of a take: deliver the rows copied (``got``: them, their lanes and
-        sequence numbers), with Ctrl-C held off
-        (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
-        the rows back; one that lands after it keeps them for this handle's next take
-        (:meth:`take`): either way none is lost."""
+        sequence numbers), with Ctrl-C held off (:mod:`shmbuf.core.interrupts`), and end
+        the take (``token`` is no longer in flight). An interrupt that landed before the
+        commit gives the rows back; one that lands after it keeps them for this handle's
+        next take (:meth:`take`): either way none is lost. From here to the return of
+        :meth:`take`, no call lets an interrupt in but the ones :meth:`take` catches."""
         k = len(got[1])
         d = Deferred()
         delivered = False
@@ -341,8 +353,11 @@ class Queue:
                     s.head[H_TAKES] += 1
                     s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                     delivered = True
+            _TAKING.discard(token)
             if delivered:
                 self.ring.counters.sampled(k)
+                if skip is not None:
+                    self.ring.counters.stale(skip[2], got[0][skip[0]])
             d.__exit__()
         except BaseException:
             if delivered:  # (the rows are ours alone now: kept for the next take)

@@ -24,9 +24,9 @@ E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
 FREE, TAKING, RETURNED = 0, 1, 2
 
 
-def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Which rows ``seq`` of ``lane`` are published, and which of those a take with
-    ``skip`` delivers: ``skip=(field, bound)`` passes over the rows whose ``field`` is
+    ``skip`` delivers: ``skip=(field, bound, newest)`` passes over the rows whose ``field`` is
     below ``bound`` (a take's ``max_staleness``: they are counted as stale and never
     delivered). The values are read raw: rows not yet taken never change."""
     slots = lane * ring.lane_capacity + seq % ring.lane_capacity
@@ -35,7 +35,7 @@ def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int] | None) 
 
 
 def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
-           token: int, skip: tuple[str, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+           token: int, skip: tuple[str, int, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Choose and claim the rows of a take in ``s``; None if there are not enough
     yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
     front of lanes are skipped)."""
@@ -125,7 +125,7 @@ def waiting(ring: Any, t: np.ndarray, which: Any) -> int:
     return n
 
 
-def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None, taken: int = 0) -> None:
+def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int, int] | None, taken: int = 0) -> None:
     """Move ``lane``'s ``next`` to ``to``, counting the rows passed over that a take did
     not claim (``taken`` of them were): stale rows (published, below ``skip``'s bound)
     and dead writers' rows (unpublished)."""
@@ -138,7 +138,7 @@ def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None,
 
 
 def fresh(ring: Any, s: Any, want: int,
-          skip: tuple[str, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+          skip: tuple[str, int, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
     """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
     end, rows)``, oldest first across lanes (see the module); and per lane whose
     first rows are dead writers' rows, the first row after them."""
@@ -208,10 +208,10 @@ def from_kept(kept: list[Rows], n: int) -> Rows:
     """Up to ``n`` rows of ``kept`` (rows takes delivered as a Ctrl-C landed, not
     empty), taken out of it, oldest first."""
     rows = merged(*kept)
-    del kept[:]
-    if len(rows[1]) > n:
-        kept.append(({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:]))
-    return {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
+    rest = [({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:])] if len(rows[1]) > n else []
+    out = {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
+    kept[:] = rest  # (last, with no call after it: an interrupt leaves kept whole, or out returned)
+    return out
 
 
 def merged(*parts: Rows) -> Rows:

@@ -147,7 +147,9 @@ def storm(name: str, tmp_path, rounds: int = len(CHOSEN)) -> dict:
             "state_rows": state_rows, "plain_rows": sorted(plain.tolist()), "last": last,
             "stale_written": sum(len(owed[w]) for w in STALE), "rows_stale": stats["rows_stale"],
             "rows_skipped": stats["rows_skipped"], "delivered": len(delivered), "fresh": len(fresh),
-            "given_back": stats["rows_given_back"]}
+            "given_back": stats["rows_given_back"],
+            "where": {int(k): [(t, tag) for t, log in enumerate(logs) for tag, v in log if k in v]
+                      for k in np.setdiff1d(missing, unsure)[:5]}}
 
 
 def test_storm_lag_limited_takers_deliver_no_stale_row_and_every_fresh_one_once(name, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 import shmbuf
 from helpers import QUEUE_FIELDS, queue_rows, queue_taker, wait_for_file
-from shmbuf.core import durable
+from shmbuf.core import durable, takes
 from shmbuf.core import queue as core_queue
 from shmbuf.core.layout import CTRL_BOOT
 
@@ -206,6 +206,34 @@ def test_rows_given_back_older_than_the_kept_ones_come_before_them(name, monkeyp
             p.join(30)
         assert q.take(5, partial=True)["i"].tolist() == [0, 1, 2, 3, 4]
         assert q.take(1)["i"].tolist() == [5] and q.stats()["rows_taken"] == 6
+
+
+@pytest.mark.parametrize("kept", [0, 2])
+def test_a_sigint_between_the_delivery_and_the_return_loses_no_row(name, monkeypatch, kept):
+    """A take of 4 (after 0 or 2 rows kept by a SIGINT after their delivery) gets a real
+    SIGINT once it delivered its rows, before it returns them ("delivered"), or as it
+    takes the kept rows out of the list they wait in: KeyboardInterrupt, and the next
+    take returns all of them, in order."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 8))
+        if kept:
+            _kept(q, monkeypatch, kept)
+        monkeypatch.setattr(core_queue, "HOOK", _sigint_at("delivered"))
+        with pytest.raises(KeyboardInterrupt):
+            q.take(4)
+        if kept:
+            real = takes.from_kept
+
+            def interrupted(*args):
+                monkeypatch.setattr(takes, "from_kept", real)
+                os.kill(os.getpid(), signal.SIGINT)  # (raised as this call returns)
+                return real(*args)
+            monkeypatch.setattr(takes, "from_kept", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                q.take(1)
+        monkeypatch.setattr(core_queue, "HOOK", None)
+        assert q.take(8, partial=True)["i"].tolist() == list(range(8))
+        assert q.stats()["rows_taken"] == 8 and len(q) == 0
 
 
 OPS = {  # an operation that holds the header lock, run on an attached handle of a queue
