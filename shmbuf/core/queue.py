@@ -20,12 +20,9 @@ backing off, until takers free room. A region of the segment holds::
    died, and with a take's ``skip`` its stale rows, are passed over), merged across
    lanes by the monotonic time each write began.
    The chosen rows of a lane are always a prefix of its rows. ``next`` moves past
-   them and the rows passed over with them; an entry of ours spans from the first row
-   we deliver of a range to the last, and the stale rows between those are unpublished
-   (stamp 0, as a dead writer leaves its rows), so that a give-back holds only rows to
-   deliver. Until the change commits, nothing changed but those stamps (a take killed
-   in between leaves them as a dead writer's rows: never delivered, counted as skipped,
-   or in a given-back range not counted).
+   them (and the rows passed over); an entry of ours spans our rows of a range, the
+   stale ones between them unpublished (:func:`~shmbuf.core.takes.unpublish`); until
+   the change commits, nothing else changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
@@ -136,7 +133,7 @@ class Queue:
         self.journal = words[self.n:]
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
-        self._kept: list[takes.Rows] = []  # rows delivered as a Ctrl-C landed (_deliver)
+        self._kept = takes.Kept()  # rows delivered to this handle's takes, not returned (a Ctrl-C)
 
     # -- changes ---------------------------------------------------------------------
 
@@ -187,17 +184,7 @@ class Queue:
 
     # -- writing ---------------------------------------------------------------------
 
-    def stamp(self, data: Any, single: bool) -> dict[str, Any]:
-        """``data`` with the hidden field: the time this write began."""
-        data = dict(data)
-        data.pop(FIELD, None)
-        now = time.monotonic_ns()
-        if single:
-            data[FIELD] = now
-        else:
-            rows = next(iter(data.values()), None)
-            data[FIELD] = np.full(len(rows) if hasattr(rows, "__len__") else 1, now, np.int64)
-        return data
+    stamp = staticmethod(takes.stamp)
 
     def put(self, lane: int, n: int, arrays: list[np.ndarray], timeout: float) -> None:
         """Write ``n`` rows into ``lane``, waiting (backing off) while it is full."""
@@ -213,22 +200,11 @@ class Queue:
                     continue
             except QueueFull:
                 if time.monotonic() >= deadline:
-                    raise WriteTimeout(self._full(lane, n, timeout)) from None
+                    raise WriteTimeout(takes.full(self.ring, self.table.copy(), lane, n, timeout)) from None
                 delay = _backoff(delay)
         if delay:  # (counted if the lock comes within the call's time: the rows are in)
             with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
-
-    def _full(self, lane: int, n: int, timeout: float) -> str:
-        lt = self.ring.lane_table
-        waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
-        t = self.table.copy()
-        takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
-        who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
-               "no take is in flight: nobody took rows from it")
-        return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
-                f"(it holds {waiting} rows not yet delivered, of {self.ring.lane_capacity}; {who}). "
-                "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
 
     # -- taking ----------------------------------------------------------------------
 
@@ -243,8 +219,7 @@ class Queue:
         dead = [i for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
                 if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME]))]
         back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
-        kept = sum(len(b[1]) for b in self._kept)
-        return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
+        return int((lt[:, LANE_HEAD] - nxt).sum()) + back + len(self._kept)
 
     def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None = None) -> dict[str, np.ndarray]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
@@ -253,18 +228,14 @@ class Queue:
         as stale, and never delivered (see :func:`shmbuf.core.takes.usable`); the rows
         delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
 
-        Rows kept for this handle (see :meth:`_deliver`) are taken first; with fewer
-        than ``n`` of them, the take goes on for the rest: a partial one takes what is
-        there then, without waiting (the kept rows alone if nothing is); a full one waits
-        for the rest as usual and, if they do not come, raises with the kept rows kept.
-        Each lane's rows keep their order in the batch (rows given back by a taker that
-        died meanwhile may be older than the kept ones: see :func:`takes.merged`). An
-        exception (Ctrl-C) that lands once rows are delivered keeps them all for the
-        next take: from the commit of their delivery to the return, nothing is lost."""
+        Rows kept for this handle come first, then, if fewer than ``n``, a take for
+        the rest (partial: of what is there, without waiting), each lane's rows in order
+        (:class:`~shmbuf.core.takes.Kept`). An exception (Ctrl-C) after rows were
+        delivered to this call keeps them all for the next take."""
         kept = more = None
         try:
             if self._kept:
-                kept = takes.from_kept(self._kept, n)  # (the kept rows leave the list as it returns)
+                kept = self._kept.out(n)
                 if len(kept[1]) == n:
                     return kept[0]
             try:
@@ -278,10 +249,7 @@ class Queue:
                 HOOK("delivered", None)
             return more[0] if kept is None else takes.merged(kept, more)[0]
         except BaseException:  # (rows delivered to this call and not returned: kept, in order)
-            if more is not None:
-                self._kept.insert(0, more)
-            if kept is not None:
-                self._kept.insert(0, kept)
+            self._kept.back(kept, more)
             raise
 
     def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None) -> takes.Rows:
@@ -331,11 +299,9 @@ class Queue:
     def _deliver(self, got: takes.Rows, pid: int, token: int, start: float, deadline: float,
                  skip: tuple[str, int, int] | None) -> takes.Rows:
         """Step 3 of a take: deliver the rows copied (``got``: them, their lanes and
-        sequence numbers), with Ctrl-C held off (:mod:`shmbuf.core.interrupts`), and end
-        the take (``token`` is no longer in flight). An interrupt that landed before the
-        commit gives the rows back; one that lands after it keeps them for this handle's
-        next take (:meth:`take`): either way none is lost. From here to the return of
-        :meth:`take`, no call lets an interrupt in but the ones :meth:`take` catches."""
+        sequence numbers) and end the take, with Ctrl-C held off
+        (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
+        the rows back; one that lands after it keeps them for this handle's next take."""
         k = len(got[1])
         d = Deferred()
         delivered = False
@@ -361,7 +327,7 @@ class Queue:
             d.__exit__()
         except BaseException:
             if delivered:  # (the rows are ours alone now: kept for the next take)
-                self._kept.append(got)
+                self._kept.back(got)
             d.__exit__()
             raise
         return got

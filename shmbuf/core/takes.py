@@ -2,11 +2,15 @@
 take): rows given back first, oldest first; then per lane the rows from ``next`` up to
 the first row a live writer still holds (rows of writers that died are skipped), merged
 across lanes by the time their writes began, each lane's share a prefix of its rows.
-Both functions work on a copy of the queue's words (:class:`~shmbuf.core.queue.Words`)
-that the caller commits."""
+:func:`claim` and :func:`skipped` work on a copy of the queue's words
+(:class:`~shmbuf.core.queue.Words`) that the caller commits. Also here: the rows a take
+delivered and its handle keeps (:class:`Kept`), the rows a give-back holds
+(:func:`waiting`), the hidden field of a write (:func:`stamp`), and the message of a
+write that found no room (:func:`full`)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -204,14 +208,53 @@ def delivered(s: Any, lc: int, stamps: np.ndarray) -> np.ndarray:
 Rows = tuple  # (batch: dict of arrays, lanes, sequence numbers): rows a take delivered
 
 
-def from_kept(kept: list[Rows], n: int) -> Rows:
-    """Up to ``n`` rows of ``kept`` (rows takes delivered as a Ctrl-C landed, not
-    empty), taken out of it, oldest first."""
-    rows = merged(*kept)
-    rest = [({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:])] if len(rows[1]) > n else []
-    out = {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
-    kept[:] = rest  # (last, with no call after it: an interrupt leaves kept whole, or out returned)
-    return out
+def stamp(data: Any, single: bool) -> dict[str, Any]:
+    """``data`` with the hidden field: the time this write began."""
+    data = dict(data)
+    data.pop(FIELD, None)
+    now = time.monotonic_ns()
+    if single:
+        data[FIELD] = now
+    else:
+        rows = next(iter(data.values()), None)
+        data[FIELD] = np.full(len(rows) if hasattr(rows, "__len__") else 1, now, np.int64)
+    return data
+
+
+def full(ring: Any, t: np.ndarray, lane: int, n: int, timeout: float) -> str:
+    """The message of a write of ``n`` rows that did not fit into ``lane`` (``t``: the
+    take table): who holds its oldest rows."""
+    lt = ring.lane_table
+    waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
+    takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
+    who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
+           "no take is in flight: nobody took rows from it")
+    return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
+            f"(it holds {waiting} rows not yet delivered, of {ring.lane_capacity}; {who}). "
+            "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
+
+
+class Kept:
+    """Rows delivered to a handle's takes that no take returned yet (a Ctrl-C landed
+    after their delivery), oldest first: the next take returns them first."""
+
+    def __init__(self) -> None:
+        self.parts: list[Rows] = []
+
+    def __len__(self) -> int:
+        return sum(len(p[1]) for p in self.parts)
+
+    def back(self, *parts: Rows | None) -> None:
+        """Keep ``parts`` (None: none), before the rows kept already."""
+        self.parts[:0] = [p for p in parts if p is not None]
+
+    def out(self, n: int) -> Rows:
+        """Up to ``n`` rows (there are some), taken out, oldest first."""
+        rows = merged(*self.parts)
+        rest = [({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:])] if len(rows[1]) > n else []
+        out = {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
+        self.parts[:] = rest  # (last, with no call after it: an interrupt leaves them whole, or out returned)
+        return out
 
 
 def merged(*parts: Rows) -> Rows:

@@ -222,13 +222,13 @@ def test_a_sigint_between_the_delivery_and_the_return_loses_no_row(name, monkeyp
         with pytest.raises(KeyboardInterrupt):
             q.take(4)
         if kept:
-            real = takes.from_kept
+            real = takes.merged  # (called as the kept rows are taken out, before they leave their list)
 
             def interrupted(*args):
-                monkeypatch.setattr(takes, "from_kept", real)
+                monkeypatch.setattr(takes, "merged", real)
                 os.kill(os.getpid(), signal.SIGINT)  # (raised as this call returns)
                 return real(*args)
-            monkeypatch.setattr(takes, "from_kept", interrupted)
+            monkeypatch.setattr(takes, "merged", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 q.take(1)
         monkeypatch.setattr(core_queue, "HOOK", None)
