@@ -30,9 +30,9 @@ FREE, TAKING, RETURNED = 0, 1, 2
 
 def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Which rows ``seq`` of ``lane`` are published, and which of those a take with
-    ``skip`` delivers: ``skip=(field, bound, newest)`` passes over the rows whose ``field`` is
-    below ``bound`` (a take's ``max_staleness``: they are counted as stale and never
-    delivered). The values are read raw: rows not yet taken never change."""
+    ``skip`` delivers: ``skip=(field, bound, newest)`` passes over the rows whose
+    ``field`` is below ``bound`` (a take's ``max_staleness``: they are counted as stale
+    and never delivered). The values are read raw: rows not yet taken never change."""
     slots = lane * ring.lane_capacity + seq % ring.lane_capacity
     pub = ring.stamps[slots] == published(seq)
     return pub, pub if skip is None else pub & (ring.arrays[skip[0]][slots] >= skip[1])
@@ -71,7 +71,7 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
             skipped(ring, s, lane, to, skip)
         return None
     s.head[H_STALE] += sum(stale)
-    between = []  # (lane, rows) of the entries with rows passed over between their first and last
+    between = []  # (lane, first row, rows) of our entries with rows passed over inside them
     for e, lane, start, end, rows in plan + fresh_:
         if e >= 0:  # a given-back range: its rows up to end are used up by this take
             rest = int(t[e, E_START] + t[e, E_COUNT]) - end
@@ -109,9 +109,9 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
 def unpublish(ring: Any, lane: int, seq: np.ndarray, rows: np.ndarray) -> None:
     """Unpublish the rows ``seq`` of ``lane`` but ``rows``: the stale rows a take passed
     over between the rows it claims (stamp 0, as a dead writer leaves its rows; rows of
-    writers that died there stay unpublished). Should
-    its entry be given back, no later take delivers them nor does a snapshot keep them,
-    and they are counted as stale only once, by the take that passed them over."""
+    writers that died there stay unpublished). Should its entry be given back, no later
+    take delivers them nor does a snapshot keep them, and they are counted as stale only
+    once, by the take that passed them over."""
     seq = np.setdiff1d(seq, rows)
     ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] = 0
 
