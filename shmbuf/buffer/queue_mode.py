@@ -82,7 +82,5 @@ class Queues:
             return queue.take(n, partial, self.engine.seconds(timeout))
         engine = self.engine
         bound, newest = self._versions.bound(engine, engine.window(), min_version, max_staleness, version)
-        got = queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound))
-        engine.counters.stale(newest, got[FIELD])
-        return got
+        return queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound, newest))  # (counts staleness)
 

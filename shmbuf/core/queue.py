@@ -19,8 +19,10 @@ backing off, until takers free room. A region of the segment holds::
    from ``next`` up to the first row a live writer still holds (rows of writers that
    died, and with a take's ``skip`` its stale rows, are passed over), merged across
    lanes by the monotonic time each write began.
-   The chosen rows of a lane are always a prefix of its rows. Each range becomes an
-   entry of ours and ``next`` moves past it; until it does, nothing changed.
+   The chosen rows of a lane are always a prefix of its rows. ``next`` moves past
+   them (and the rows passed over); an entry of ours spans our rows of a range, the
+   stale ones between them unpublished (:func:`~shmbuf.core.takes.unpublish`); until
+   the change commits, nothing else changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
@@ -31,7 +33,8 @@ backing off, until takers free room. A region of the segment holds::
 A taker SIGKILLed before step 3's commit leaves entries with a dead pid: the next take
 gives them back and delivers them before newer rows. An exception (Ctrl-C) before the
 commit gives them back at once; a Ctrl-C that lands after it is raised once step 3 is
-done, and the rows, already delivered, are kept for this handle's next take. A writer
+done, and the rows, already delivered, are kept for this handle's next take, which
+returns them first and goes on past them. A writer
 killed mid-write leaves rows that are never published: takes skip them once no live
 writer holds them.
 """
@@ -60,8 +63,9 @@ from shmbuf.core.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE
 REGION = "queue"
 HOOK: Callable[[str, Any], None] | None = None
 """Test hook, called as ``HOOK(point, rows)`` in a take at "claimed" (rows claimed, lock
-released, nothing copied; rows None), "copied" (the rows copied, not yet delivered) and
-"delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed),
+released, nothing copied; rows None), "copied" (the rows copied, not yet delivered),
+"delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed) and
+"delivered" (the rows delivered, not yet returned),
 and in every change at "commit" (journal committed, words not yet written). Never set
 outside tests."""
 GIVE_BACK = True
@@ -129,7 +133,7 @@ class Queue:
         self.journal = words[self.n:]
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
-        self._kept: list[dict[str, np.ndarray]] = []  # rows delivered as a Ctrl-C landed (_deliver)
+        self._kept = takes.Kept()  # rows delivered to this handle's takes, not returned (a Ctrl-C)
 
     # -- changes ---------------------------------------------------------------------
 
@@ -180,17 +184,7 @@ class Queue:
 
     # -- writing ---------------------------------------------------------------------
 
-    def stamp(self, data: Any, single: bool) -> dict[str, Any]:
-        """``data`` with the hidden field: the time this write began."""
-        data = dict(data)
-        data.pop(FIELD, None)
-        now = time.monotonic_ns()
-        if single:
-            data[FIELD] = now
-        else:
-            rows = next(iter(data.values()), None)
-            data[FIELD] = np.full(len(rows) if hasattr(rows, "__len__") else 1, now, np.int64)
-        return data
+    stamp = staticmethod(takes.stamp)
 
     def put(self, lane: int, n: int, arrays: list[np.ndarray], timeout: float) -> None:
         """Write ``n`` rows into ``lane``, waiting (backing off) while it is full."""
@@ -206,7 +200,7 @@ class Queue:
                     continue
             except QueueFull:
                 if time.monotonic() >= deadline:
-                    raise WriteTimeout(self._full(lane, n, timeout)) from None
+                    raise WriteTimeout(takes.full(self.ring, self.table.copy(), lane, n, timeout)) from None
                 delay = _backoff(delay)
         if delay:  # (counted if the lock comes within the call's time: the rows are in)
             with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
@@ -218,19 +212,8 @@ class Queue:
         deadline, delay = time.monotonic() + timeout, 0.0
         while len(short := np.flatnonzero(lt[:, LANE_HEAD] + need > lt[:, LANE_BASE] + self.ring.lane_capacity)):
             if time.monotonic() >= deadline:
-                raise WriteTimeout(self._full(int(short[0]), int(need[short[0]]), timeout))
+                raise WriteTimeout(takes.full(self.ring, self.table.copy(), int(short[0]), int(need[short[0]]), timeout))
             delay = _backoff(delay)
-
-    def _full(self, lane: int, n: int, timeout: float) -> str:
-        lt = self.ring.lane_table
-        waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
-        t = self.table.copy()
-        takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
-        who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
-               "no take is in flight: nobody took rows from it")
-        return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
-                f"(it holds {waiting} rows not yet delivered, of {self.ring.lane_capacity}; {who}). "
-                "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
 
     # -- taking ----------------------------------------------------------------------
 
@@ -240,22 +223,47 @@ class Queue:
         lt = self.ring.lane_table
         nxt = np.clip(self.next, lt[:, LANE_BASE], lt[:, LANE_HEAD])
         t = self.table.copy()
-        back = int(t[t[:, E_STATE] == RETURNED, E_COUNT].sum())
         alive = procs.Liveness()  # (a dead taker's rows are given back at the next change)
         tf = t.view(np.float64)
-        back += sum(int(t[i, E_COUNT]) for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
-                    if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME])))
-        kept = sum(len(next(iter(b.values()))) for b in self._kept)
-        return int((lt[:, LANE_HEAD] - nxt).sum()) + back + kept
+        dead = [i for i in np.flatnonzero(t[:, E_STATE] == TAKING).tolist()
+                if not alive(int(t[i, E_PID]), float(tf[i, E_CTIME]))]
+        back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
+        return int((lt[:, LANE_HEAD] - nxt).sum()) + back + len(self._kept)
 
-    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int] | None = None) -> dict[str, np.ndarray]:
+    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None = None) -> dict[str, np.ndarray]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
-        bound)``: rows whose ``field`` is below ``bound`` are passed over, counted as
-        stale, and never delivered (see :func:`shmbuf.core.takes.usable`)."""
-        kept = self._kept_rows(n, partial)
-        if kept is not None:
-            return kept
+        bound, newest)``: rows whose ``field`` is below ``bound`` are passed over, counted
+        as stale, and never delivered (see :func:`shmbuf.core.takes.usable`); the rows
+        delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
+
+        Rows kept for this handle come first, then, if fewer than ``n``, a take for
+        the rest (partial: of what is there, without waiting), each lane's rows in order
+        (:class:`~shmbuf.core.takes.Kept`). An exception (Ctrl-C) after rows were
+        delivered to this call keeps them all for the next take."""
+        kept = more = None
+        try:
+            if self._kept:
+                kept = self._kept.out(n)
+                if len(kept[1]) == n:
+                    return kept[0]
+            try:
+                more = self._take(n if kept is None else n - len(kept[1]), partial,
+                                  0.0 if kept is not None and partial else timeout, skip)
+            except SampleTimeout:
+                if kept is not None and partial:
+                    return kept[0]
+                raise
+            if HOOK is not None:
+                HOOK("delivered", None)
+            return more[0] if kept is None else takes.merged(kept, more)[0]
+        except BaseException:  # (rows delivered to this call and not returned: kept, in order)
+            self._kept.back(kept, more)
+            raise
+
+    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None) -> takes.Rows:
+        """A take from the queue's words (the rows kept for this handle aside): the rows,
+        and their lanes and sequence numbers."""
         token = next(_TOKENS)
         pid, ctime = procs.identity()
         start = time.monotonic()
@@ -284,24 +292,28 @@ class Queue:
             lanes, seqs = got
             if HOOK is not None:
                 HOOK("claimed", None)
-            out = self._copy(lanes, seqs, deadline, timeout)
+            # (through the read path: held rows cannot change, so its first copy passes)
+            out = read(takes.Taken(self.ring, lanes, seqs), len(seqs), timeout,
+                       deadline=max(deadline, time.monotonic() + LOCK_FLOOR))
             if HOOK is not None:
                 HOOK("copied", out)
-            return self._deliver(out, len(seqs), pid, token, start, deadline)
+            return self._deliver((out, lanes, seqs), pid, token, start, deadline, skip)  # (it ends our take)
         except BaseException:  # (the error raised is this one; rows a give-back that cannot get the
             # lock leaves claimed go back at this process's next take, or when it dies)
-            with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                self._give_back(s, self._mine(s, pid, token))
+            try:
+                with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
+                    self._give_back(s, self._mine(s, pid, token))
+            finally:
+                _TAKING.discard(token)
             raise
-        finally:
-            _TAKING.discard(token)
 
-    def _deliver(self, out: dict[str, np.ndarray], k: int, pid: int, token: int, start: float,
-                 deadline: float) -> dict[str, np.ndarray]:
-        """Step 3 of a take: deliver the ``k`` rows copied into ``out``, with Ctrl-C held off
+    def _deliver(self, got: takes.Rows, pid: int, token: int, start: float, deadline: float,
+                 skip: tuple[str, int, int] | None) -> takes.Rows:
+        """Step 3 of a take: deliver the rows copied (``got``: them, their lanes and
+        sequence numbers) and end the take, with Ctrl-C held off
         (:mod:`shmbuf.core.interrupts`). An interrupt that landed before the commit gives
-        the rows back; one that lands after it keeps them for this handle's next take
-        (:meth:`_kept_rows`): either way none is lost."""
+        the rows back; one that lands after it keeps them for this handle's next take."""
+        k = len(got[1])
         d = Deferred()
         delivered = False
         try:
@@ -318,33 +330,31 @@ class Queue:
                     s.head[H_TAKES] += 1
                     s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                     delivered = True
+            _TAKING.discard(token)
             if delivered:
                 self.ring.counters.sampled(k)
+                if skip is not None:
+                    self.ring.counters.stale(skip[2], got[0][skip[0]])
             d.__exit__()
         except BaseException:
             if delivered:  # (the rows are ours alone now: kept for the next take)
-                self._kept.append(out)
+                self._kept.back(got)
             d.__exit__()
             raise
-        return out
-
-    def _kept_rows(self, n: int, partial: bool) -> dict[str, np.ndarray] | None:
-        """Rows this handle's take delivered as a Ctrl-C landed (see :meth:`_deliver`),
-        returned first by the next take (see :func:`shmbuf.core.takes.from_kept`)."""
-        return takes.from_kept(self._kept, n, partial) if self._kept else None
+        return got
 
     @staticmethod
     def _mine(s: Words, pid: int, token: int) -> np.ndarray:
         t = s.table
         return np.flatnonzero((t[:, E_STATE] == TAKING) & (t[:, E_PID] == pid) & (t[:, E_TOKEN] == token))
 
-    @staticmethod
-    def _give_back(s: Words, which: np.ndarray) -> None:
-        """Entries whose taker will never return them: given back."""
+    def _give_back(self, s: Words, which: np.ndarray) -> None:
+        """Entries whose taker will never return them: given back (counted: the rows
+        in them a later take may deliver)."""
         if len(which):
             if GIVE_BACK:
                 s.table[which, E_STATE] = RETURNED
-                s.head[H_RETURNED] += int(s.table[which, E_COUNT].sum())
+                s.head[H_RETURNED] += takes.waiting(self.ring, s.table, which)
             else:
                 s.table[which, E_STATE] = FREE
 
@@ -370,12 +380,6 @@ class Queue:
                 if (int(t[i, E_TOKEN]) not in _TAKING if int(t[i, E_PID]) == me
                     else not alive(int(t[i, E_PID]), float(s.table_f[i, E_CTIME])))]
         self._give_back(s, np.array(gone, np.int64))
-
-    def _copy(self, lanes: np.ndarray, seqs: np.ndarray, deadline: float, timeout: float) -> dict[str, np.ndarray]:
-        """The rows, through the read path (they cannot change while we hold them: a
-        failed check is copied again until the deadline)."""
-        return read(takes.Taken(self.ring, lanes, seqs), len(seqs), timeout,
-                    deadline=max(deadline, time.monotonic() + 1.0))
 
     # -- whole-queue operations ------------------------------------------------------
 

@@ -29,6 +29,7 @@ from shmbuf.core import durable, sampling
 from shmbuf.core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from shmbuf.core.layout import published
 from shmbuf.core.ring import Ring
+from shmbuf.core.parts import TIMES
 
 FORMAT = "shmbuf.Buffer"
 VERSION = 1
@@ -190,6 +191,7 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("state_dict['stamps'] holds stamps that name no row of their slot "
                          "(corrupt or edited)")
     stamps = np.where(_in_window(stamps, heads, bases, lc), stamps, 0)
+    kept = np.flatnonzero(stamps)  # (the slots of the rows restored)
     stamps, heads, bases, source, delta = _contiguous(stamps, heads, bases, lc)
     data = state["data"]
     if not isinstance(data, Mapping) or set(data) != set(fields):
@@ -202,6 +204,13 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"state_dict['data'][{name!r}] must have shape "
                              f"{(layout.capacity,) + shape} and dtype {dtype}, got {a.shape} {a.dtype}")
         arrays[name] = a
+    if TIMES in arrays:  # (a buffer created with max_times_sampled=: counts from 0)
+        low = np.asarray(arrays[TIMES][kept])
+        if (low < 0).any():
+            raise ValueError(f"state_dict['data'][{TIMES!r}] holds counts below 0 ({int((low < 0).sum())} "
+                             f"row(s), the least {int(low.min())}): each is how many samples returned its row, "
+                             "from 0, and would let the row out more than max_times_sampled times; restore "
+                             "an unedited state_dict() or save")
     rng = np.random.default_rng()
     try:
         rng.bit_generator.state = state["rng"]

@@ -2,11 +2,15 @@
 take): rows given back first, oldest first; then per lane the rows from ``next`` up to
 the first row a live writer still holds (rows of writers that died are skipped), merged
 across lanes by the time their writes began, each lane's share a prefix of its rows.
-Both functions work on a copy of the queue's words (:class:`~shmbuf.core.queue.Words`)
-that the caller commits."""
+:func:`claim` and :func:`skipped` work on a copy of the queue's words
+(:class:`~shmbuf.core.queue.Words`) that the caller commits. Also here: the rows a take
+delivered and its handle keeps (:class:`Kept`), the rows a give-back holds
+(:func:`waiting`), the hidden field of a write (:func:`stamp`), and the message of a
+write that found no room (:func:`full`)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -24,18 +28,18 @@ E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
 FREE, TAKING, RETURNED = 0, 1, 2
 
 
-def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Which rows ``seq`` of ``lane`` are published, and which of those a take with
-    ``skip`` delivers: ``skip=(field, bound)`` passes over the rows whose ``field`` is
-    below ``bound`` (a take's ``max_staleness``: they are counted as stale and never
-    delivered). The values are read raw: rows not yet taken never change."""
+    ``skip`` delivers: ``skip=(field, bound, newest)`` passes over the rows whose
+    ``field`` is below ``bound`` (a take's ``max_staleness``: they are counted as stale
+    and never delivered). The values are read raw: rows not yet taken never change."""
     slots = lane * ring.lane_capacity + seq % ring.lane_capacity
     pub = ring.stamps[slots] == published(seq)
     return pub, pub if skip is None else pub & (ring.arrays[skip[0]][slots] >= skip[1])
 
 
 def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
-           token: int, skip: tuple[str, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+           token: int, skip: tuple[str, int, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Choose and claim the rows of a take in ``s``; None if there are not enough
     yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
     front of lanes are skipped)."""
@@ -67,23 +71,33 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
             skipped(ring, s, lane, to, skip)
         return None
     s.head[H_STALE] += sum(stale)
+    between = []  # (lane, first row, rows) of our entries with rows passed over inside them
     for e, lane, start, end, rows in plan + fresh_:
-        if e >= 0 and end < start + int(t[e, E_COUNT]):  # split: the rest stays given back
-            t[e, E_START], t[e, E_COUNT] = end, int(t[e, E_START] + t[e, E_COUNT]) - end
-            e = -1
-        if e < 0:
-            free = np.flatnonzero(t[:, E_STATE] == FREE)
-            if not len(free):
-                raise RuntimeError(f"more than {len(t)} takes are in flight at once on this queue; "
-                                   "use fewer taker threads/processes")
-            e = int(free[0])
-            t[e, E_LANE], t[e, E_START], t[e, E_COUNT] = lane, start, end - start
-            t[e, E_TIME] = int(ring.arrays[FIELD][lane * lc + start % lc]) if len(rows) else 0
+        if e >= 0:  # a given-back range: its rows up to end are used up by this take
+            rest = int(t[e, E_START] + t[e, E_COUNT]) - end
+            if rest:
+                t[e, E_START], t[e, E_COUNT] = end, rest
+            else:
+                t[e, E_STATE] = FREE
+        if not len(rows):
+            continue
+        first, last = int(rows[0]), int(rows[-1])  # our entry: the rows we deliver, and those between
+        free = np.flatnonzero(t[:, E_STATE] == FREE)
+        if not len(free):
+            raise RuntimeError(f"more than {len(t)} takes are in flight at once on this queue; "
+                               "use fewer taker threads/processes")
+        e = int(free[0])
+        t[e, E_LANE], t[e, E_START], t[e, E_COUNT] = lane, first, last + 1 - first
+        t[e, E_TIME] = int(ring.arrays[FIELD][lane * lc + first % lc])
         t[e, E_PID], t[e, E_TOKEN] = pid, token
         s.table_f[e, E_CTIME] = ctime
         t[e, E_STATE] = TAKING
+        if last + 1 - first > len(rows):
+            between.append((lane, first, rows))
     for _, lane, _, end, rows in fresh_:
         skipped(ring, s, lane, end, skip, len(rows))
+    for lane, first, rows in between:  # (last: what counted them saw them published)
+        unpublish(ring, lane, np.arange(first, int(rows[-1]) + 1), rows)
     parts = []
     for part in (plan, fresh_):  # given back first, then the fresh rows oldest first
         lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
@@ -92,7 +106,30 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         parts.append((lane[order], seq[order]))
     return np.concatenate([parts[0][0], parts[1][0]]), np.concatenate([parts[0][1], parts[1][1]])
 
-def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None, taken: int = 0) -> None:
+def unpublish(ring: Any, lane: int, seq: np.ndarray, rows: np.ndarray) -> None:
+    """Unpublish the rows ``seq`` of ``lane`` but ``rows``: the stale rows a take passed
+    over between the rows it claims (stamp 0, as a dead writer leaves its rows; rows of
+    writers that died there stay unpublished). Should its entry be given back, no later
+    take delivers them nor does a snapshot keep them, and they are counted as stale only
+    once, by the take that passed them over."""
+    seq = np.setdiff1d(seq, rows)
+    ring.stamps[lane * ring.lane_capacity + seq % ring.lane_capacity] = 0
+
+
+def waiting(ring: Any, t: np.ndarray, which: Any) -> int:
+    """How many rows the entries ``which`` of the take table ``t`` hold that a take may
+    still deliver: their published rows (a given-back range may hold rows of writers
+    that died and stale rows passed over, unpublished). Entries that cannot be right
+    (a table read without the lock) count none."""
+    lanes, n = len(ring.lane_table), 0
+    for e in np.asarray(which, np.int64).tolist():
+        lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+        if 0 <= lane < lanes and 0 <= count <= ring.lane_capacity:
+            n += int(usable(ring, lane, np.arange(start, start + count), None)[0].sum())
+    return n
+
+
+def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int, int] | None, taken: int = 0) -> None:
     """Move ``lane``'s ``next`` to ``to``, counting the rows passed over that a take did
     not claim (``taken`` of them were): stale rows (published, below ``skip``'s bound)
     and dead writers' rows (unpublished)."""
@@ -105,7 +142,7 @@ def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int] | None,
 
 
 def fresh(ring: Any, s: Any, want: int,
-          skip: tuple[str, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+          skip: tuple[str, int, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
     """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
     end, rows)``, oldest first across lanes (see the module); and per lane whose
     first rows are dead writers' rows, the first row after them."""
@@ -168,18 +205,71 @@ def delivered(s: Any, lc: int, stamps: np.ndarray) -> np.ndarray:
     return out
 
 
-def from_kept(kept: list[dict[str, np.ndarray]], n: int, partial: bool) -> dict[str, np.ndarray] | None:
-    """Up to ``n`` rows of ``kept`` (batches a take delivered as a Ctrl-C landed), taken
-    out of it, oldest first; None if it holds fewer than ``n`` and not ``partial`` (a full
-    take then waits for the rest as usual, and they stay for a later one)."""
-    rows = {k: np.concatenate([b[k] for b in kept]) for k in kept[0]}
-    have = len(next(iter(rows.values())))
-    if have < n and not partial:
-        return None
-    del kept[:]
-    if have > n:
-        kept.append({k: a[n:] for k, a in rows.items()})
-    return {k: a[:n] for k, a in rows.items()}
+Rows = tuple  # (batch: dict of arrays, lanes, sequence numbers): rows a take delivered
+
+
+def stamp(data: Any, single: bool) -> dict[str, Any]:
+    """``data`` with the hidden field: the time this write began."""
+    data = dict(data)
+    data.pop(FIELD, None)
+    now = time.monotonic_ns()
+    if single:
+        data[FIELD] = now
+    else:
+        rows = next(iter(data.values()), None)
+        data[FIELD] = np.full(len(rows) if hasattr(rows, "__len__") else 1, now, np.int64)
+    return data
+
+
+def full(ring: Any, t: np.ndarray, lane: int, n: int, timeout: float) -> str:
+    """The message of a write of ``n`` rows that did not fit into ``lane`` (``t``: the
+    take table): who holds its oldest rows."""
+    lt = ring.lane_table
+    waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
+    takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
+    who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
+           "no take is in flight: nobody took rows from it")
+    return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
+            f"(it holds {waiting} rows not yet delivered, of {ring.lane_capacity}; {who}). "
+            "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
+
+
+class Kept:
+    """Rows delivered to a handle's takes that no take returned yet (a Ctrl-C landed
+    after their delivery), oldest first: the next take returns them first."""
+
+    def __init__(self) -> None:
+        self.parts: list[Rows] = []
+
+    def __len__(self) -> int:
+        return sum(len(p[1]) for p in self.parts)
+
+    def back(self, *parts: Rows | None) -> None:
+        """Keep ``parts`` (None: none), before the rows kept already."""
+        self.parts[:0] = [p for p in parts if p is not None]
+
+    def out(self, n: int) -> Rows:
+        """Up to ``n`` rows (there are some), taken out, oldest first."""
+        rows = merged(*self.parts)
+        rest = [({k: a[n:] for k, a in rows[0].items()}, rows[1][n:], rows[2][n:])] if len(rows[1]) > n else []
+        out = {k: a[:n] for k, a in rows[0].items()}, rows[1][:n], rows[2][:n]
+        self.parts[:] = rest  # (last, with no call after it: an interrupt leaves them whole, or out returned)
+        return out
+
+
+def merged(*parts: Rows) -> Rows:
+    """The rows of ``parts`` in one batch, in their order but for each lane's rows,
+    which take that lane's places in the batch in the order of their sequence numbers
+    (rows given back by a taker that died may be older than rows a Ctrl-C kept)."""
+    if len(parts) == 1:
+        return parts[0]
+    batch = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+    lanes, seqs = (np.concatenate([p[i] for p in parts]) for i in (1, 2))
+    order = np.arange(len(lanes))
+    for lane in np.unique(lanes).tolist():
+        at = np.flatnonzero(lanes == lane)
+        order[at] = at[np.argsort(seqs[at], kind="stable")]
+    return {k: a[order] for k, a in batch.items()}, lanes[order], seqs[order]
 
 
 class Taken(Sampler):

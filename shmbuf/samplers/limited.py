@@ -51,7 +51,8 @@ from shmbuf.samplers.uniform import Uniform
 LOCK_FLOOR = 0.05  # seconds a count waits for the header lock, even at its deadline
 HOOK: Callable[[str], None] | None = None
 """Test hook, called as ``HOOK(point)`` in a count: "counted" (under the lock, the counts
-written) and "released" (the lock released, nothing copied yet)."""
+written) and "released" (the lock released, nothing copied yet); and in a give-back at
+"giving back" (under the lock, the rows still in their slots found, not yet counted down)."""
 
 
 def plan(k: Any, fields: Any, meta: Mapping[str, Any] | None, ordinary: bool) -> tuple[Any, Any]:
@@ -104,16 +105,26 @@ class Counts(Sampler):
 
     def give_back(self) -> None:
         """Count down the rows this call counted (it returns none), those still in
-        their slots (a store of the row's own count less one: if a writer takes the slot
-        meanwhile, the new row is left with a count too high, never too low)."""
+        their slots, and only those: under the lock (no other sampler counts
+        meanwhile), each counted row's slot is checked to still hold that row (its
+        stamp), counted down, then checked again. Writers take no lock, so one may
+        overwrite a slot between the two checks and the count down may land on its new
+        row (written with 0 before or after it): such a slot is counted up again,
+        which leaves the new row counted too high (returned fewer times), never too low.
+        (A writer stamps a slot odd before it writes the row's count, so a count down
+        that read the new row's count sees the new stamp in the second check.)"""
         if not self.kept:
             return
         lane, seq = (np.concatenate(a) for a in zip(*self.kept))
-        slot = lane * self.lc + seq % self.lc
         try:
             with self.engine.lock.hold(max(LOCK_FLOOR, self.deadline - time.monotonic())):
                 here = self.engine.published(lane, seq)
-                np.subtract.at(self.times, slot[here], 1)
+                lane, seq = lane[here], seq[here]
+                slot = lane * self.lc + seq % self.lc
+                if HOOK is not None:
+                    HOOK("giving back")
+                np.subtract.at(self.times, slot, 1)
+                np.add.at(self.times, slot[~self.engine.published(lane, seq)], 1)  # (overwritten meanwhile)
         except LockTimeout:
             pass  # (they stay counted: returned fewer times, never more)
 

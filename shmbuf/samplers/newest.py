@@ -10,7 +10,10 @@ out (the next older one comes in its place), as is a row reserved by a writer th
 died: like every sampler's, its rows are read through the checked gather, never torn
 and never unpublished.
 
-``ValueError`` if the buffer holds fewer than ``n`` published rows.
+``ValueError`` if the buffer holds fewer than ``n`` rows (``len``), or fewer than ``n``
+published and no live writer is writing the others (rows reserved by writers that
+died never come). If live writers are still writing rows the sample needs, it waits
+for them up to its timeout, then raises ``SampleTimeout`` saying so.
 
 Examples:
     >>> import numpy as np, shmbuf
@@ -46,7 +49,7 @@ class Newest(Uniform, read.Sampler):
         if beta is not None:
             raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
         out, arrays = self.outputs.prepare(out, (n,))
-        self.n, self.first, self.taken, self.failed, self.verdict = n, None, set(), set(), False
+        self.n, self.first, self.taken, self.failed, self.verdict, self.hint = n, None, set(), set(), False, ""
         got = self.engine.read(self, n, n, timeout)
         rank = np.argsort(got["_rank"], kind="stable")
         for a, name in zip(arrays, self.outputs.names):
@@ -78,6 +81,9 @@ class Newest(Uniform, read.Sampler):
             if len(new) < m:  # nothing new enough: wait for the live writers, or give the verdict
                 self.verdict = not self.engine.writing()  # (no live writer: the next gather is final)
                 if not self.verdict:
+                    self.hint = (f": the buffer holds {len(pairs)} rows, {int(self.engine.published(lanes, seqs).sum())} of "
+                                 "them published; "
+                                 "live writers are still writing the others (the sample waited for them)")
                     time.sleep(0.0005)
         lanes, seqs = (a[self.used:self.used + m] for a in self.order)
         self.used += m

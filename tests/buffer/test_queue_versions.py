@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shmbuf
+from shmbuf.core import queue as core_queue
 
 from helpers import (QUEUE_FIELDS, lagged_taker, queue_rows, queue_taker, read_log, stop_and_join, wait_for_file,
                      versioned_writer)
@@ -89,6 +90,62 @@ def test_a_dead_takers_stale_rows_are_passed_over_and_its_fresh_ones_delivered_o
         assert b["i"].tolist() == [1, 2, 3, 4, 5] and b["version"].tolist() == [2, 2, 2, 3, 3]
         stats = q.stats()
         assert (stats["rows_given_back"], stats["rows_stale"], len(q)) == (4, 1, 0)
+        with pytest.raises(shmbuf.SampleTimeout):
+            q.take(1, timeout=0.05)
+
+
+def interleaved(q, other):
+    """Rows i = 0 .. 6 into lane 0, shared by two handles (versions never go backwards
+    per handle): versions 1, 2, 2, 1, 1, 2, 1. With min_version=2 the rows to deliver
+    are 1, 2 and 5; 0 is stale before them, 3 and 4 between them, 6 after them."""
+    q.extend(queue_rows(0, 0, 1), version=1)
+    q.extend(queue_rows(0, 1, 3), version=2)
+    other.extend(queue_rows(0, 3, 5), version=1)
+    q.extend(queue_rows(0, 5, 6), version=2)
+    other.extend(queue_rows(0, 6, 7), version=1)
+
+
+def _sigint_at(point):
+    def hook(where, rows):
+        if where == point:
+            core_queue.HOOK = None
+            os.kill(os.getpid(), signal.SIGINT)  # (a real Ctrl-C, raised inside the take)
+    return hook
+
+
+@pytest.mark.parametrize("end", ["sigkill", "sigint"])
+@pytest.mark.parametrize("point", ["claimed", "copied"])
+def test_a_lag_limited_taker_that_dies_or_is_interrupted_gives_back_no_stale_row(name, tmp_path, point, end):
+    """A take with min_version=2 claims rows 1, 2 and 5 (passing over 0, 3, 4 and 6 as
+    stale) and is SIGKILLed, or gets a real SIGINT, at ``point``: it gives back 1, 2
+    and 5 only. A plain take then delivers exactly those, a state dict keeps exactly
+    those, and the 4 stale rows are counted once."""
+    with queue(name, 32, fields=QUEUE_FIELDS) as q, shmbuf.Buffer.attach(name) as other:
+        interleaved(q, other)
+        if end == "sigint":
+            core_queue.HOOK = _sigint_at(point)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    q.take(3, min_version=2)
+            finally:
+                core_queue.HOOK = None
+        else:
+            flag = str(tmp_path / "flag")
+            p = CTX.Process(target=lagged_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 3,
+                                                       2, point, flag))
+            p.start()
+            wait_for_file(flag, p, f"the taker to stop at {point}")
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(30)
+        assert q.stats()["rows_stale"] == 4 and len(q) == 3
+        state = q.state_dict()
+        with queue(name + "-state", 32, fields=QUEUE_FIELDS) as restored:
+            restored.load_state_dict(state)
+            assert len(restored) == 3 and restored.take(7, partial=True)["i"].tolist() == [1, 2, 5]
+        b = q.take(7, partial=True)
+        assert b["i"].tolist() == [1, 2, 5] and b["version"].tolist() == [2, 2, 2]
+        stats = q.stats()
+        assert (stats["rows_stale"], stats["rows_given_back"], stats["rows_taken"], len(q)) == (4, 3, 3, 0)
         with pytest.raises(shmbuf.SampleTimeout):
             q.take(1, timeout=0.05)
 

@@ -15,7 +15,7 @@ import pytest
 
 import shmbuf
 from helpers import QUEUE_FIELDS, queue_rows, queue_taker, wait_for_file
-from shmbuf.core import durable
+from shmbuf.core import durable, takes
 from shmbuf.core import queue as core_queue
 from shmbuf.core.layout import CTRL_BOOT
 
@@ -154,6 +154,86 @@ def test_a_sigint_after_the_delivery_committed_keeps_the_rows_for_the_next_take(
             assert other.take(6, partial=True)["i"].tolist() == [4, 5]
         assert q.take(2)["i"].tolist() == [0, 1] and q.take(9, partial=True)["i"].tolist() == [2, 3]
         assert q.stats()["rows_taken"] == 6
+
+
+def _kept(q, monkeypatch, n):
+    """Take ``n`` rows with a real SIGINT right after the delivery's commit: they are
+    kept for this handle's next take."""
+    monkeypatch.setattr(core_queue, "HOOK", _sigint_at("commit", 2))
+    with pytest.raises(KeyboardInterrupt):
+        q.take(n)
+    monkeypatch.setattr(core_queue, "HOOK", None)
+
+
+@pytest.mark.timeout(60)
+def test_rows_kept_after_a_sigint_come_first_and_a_take_still_gets_up_to_n(name, monkeypatch):
+    """Rows kept for this handle's next take are its first rows, and the take goes on
+    past them: with partial=True up to n when more are there ("fewer if fewer are
+    there": at once, without waiting for more), a full take completes them with the
+    queue's next rows, or, if those do not come in time, raises and keeps them."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 8))
+        _kept(q, monkeypatch, 2)
+        assert q.take(5, partial=True)["i"].tolist() == [0, 1, 2, 3, 4]
+        _kept(q, monkeypatch, 1)
+        assert q.take(2)["i"].tolist() == [5, 6]
+        _kept(q, monkeypatch, 1)
+        assert q.take(3, partial=True, timeout=120)["i"].tolist() == [7]  # (all there is: at once)
+        q.extend(queue_rows(0, 8, 10))
+        _kept(q, monkeypatch, 2)
+        with pytest.raises(shmbuf.SampleTimeout, match="could not take 1 row"):
+            q.take(3, timeout=0.05)
+        assert q.take(1)["i"].tolist() == [8] and q.take(1)["i"].tolist() == [9]
+        s = q.stats()
+        assert (s["rows_taken"], len(q)) == (10, 0)
+
+
+def test_rows_given_back_older_than_the_kept_ones_come_before_them(name, monkeypatch, tmp_path):
+    """A taker holds rows 0-1 (stopped at "claimed"); this handle takes 2-3, kept by a
+    SIGINT after the commit; the taker is SIGKILLed (0-1 given back). The next take
+    returns 0, 1, 2, 3: each lane's rows in their order within a take."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 6))
+        flag = str(tmp_path / "flag")
+        p = CTX.Process(target=queue_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 2,
+                                                 "claimed", flag))
+        p.start()
+        try:
+            wait_for_file(flag, p, "the taker to stop at claimed")
+            _kept(q, monkeypatch, 2)
+        finally:
+            p.kill()
+            p.join(30)
+        assert q.take(5, partial=True)["i"].tolist() == [0, 1, 2, 3, 4]
+        assert q.take(1)["i"].tolist() == [5] and q.stats()["rows_taken"] == 6
+
+
+@pytest.mark.parametrize("kept", [0, 2])
+def test_a_sigint_between_the_delivery_and_the_return_loses_no_row(name, monkeypatch, kept):
+    """A take of 4 (after 0 or 2 rows kept by a SIGINT after their delivery) gets a real
+    SIGINT once it delivered its rows, before it returns them ("delivered"), or as it
+    takes the kept rows out of the list they wait in: KeyboardInterrupt, and the next
+    take returns all of them, in order."""
+    with make(name, 16) as q:
+        q.extend(queue_rows(0, 0, 8))
+        if kept:
+            _kept(q, monkeypatch, kept)
+        monkeypatch.setattr(core_queue, "HOOK", _sigint_at("delivered"))
+        with pytest.raises(KeyboardInterrupt):
+            q.take(4)
+        if kept:
+            real = takes.merged  # (called as the kept rows are taken out, before they leave their list)
+
+            def interrupted(*args):
+                monkeypatch.setattr(takes, "merged", real)
+                os.kill(os.getpid(), signal.SIGINT)  # (raised as this call returns)
+                return real(*args)
+            monkeypatch.setattr(takes, "merged", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                q.take(1)
+        monkeypatch.setattr(core_queue, "HOOK", None)
+        assert q.take(8, partial=True)["i"].tolist() == list(range(8))
+        assert q.stats()["rows_taken"] == 8 and len(q) == 0
 
 
 OPS = {  # an operation that holds the header lock, run on an attached handle of a queue

@@ -7,6 +7,7 @@ Code that runs in child processes lives here, importable by name.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -16,7 +17,8 @@ from shmbuf.samplers import limited
 
 from .storm import STORM, storm_rows, storm_torn
 
-__all__ = ["COUNTED", "counted_buffer", "counting_sampler", "count_and_stop", "returned_keys", "write_keys"]
+__all__ = ["COUNTED", "counted_buffer", "counting_sampler", "count_and_stop", "limited_sampler", "limited_writer",
+           "returned_keys", "write_keys"]
 
 COUNTED = STORM
 
@@ -84,3 +86,64 @@ def returned_keys(paths) -> tuple[dict[int, int], int]:
                 for key in line.split():
                     counts[int(key)] = counts.get(int(key), 0) + 1
     return counts, torn
+
+
+def limited_writer(name: str, writer: int, chunk: int, stop: str, done: str, pause: str) -> None:
+    """Write storm rows (writer, 0, 1, ...) in chunks of ``chunk`` into lane ``writer``
+    (claimed: its writes take no lock) until ``stop`` exists; then touch ``done``. While
+    ``pause`` exists it writes nothing, and says so by touching ``done``."""
+    buf = shmbuf.Buffer.attach(name, timeout=60)
+    buf.claim_lane(writer)
+    seq = 0
+    while not os.path.exists(stop):
+        if os.path.exists(pause):
+            open(done, "w").close()
+            while os.path.exists(pause) and not os.path.exists(stop):
+                time.sleep(0.005)
+            continue
+        buf.extend(storm_rows(writer, np.arange(seq, seq + chunk)), timeout=60)
+        seq += chunk
+    open(done, "w").close()
+    buf.close()
+
+
+def limited_sampler(name: str, log: str, stop: str, batch: int, hang: str = "", flag: str = "",
+                    go: str = "") -> None:
+    """Sample ``batch`` rows at a time until ``stop`` exists; after each sample, log the
+    keys it returned (one os.write) and "T" for each torn row. A SIGINT raises
+    KeyboardInterrupt only inside ``sample`` (a notebook that catches Ctrl-C and goes
+    on): that sample gives its counts back and the loop goes on.
+
+    ``hang``: stop at that point of the first sample's count ("counted", "released",
+    "giving back": for the last, the sample is ended first by a KeyboardInterrupt raised
+    at "released"), touching ``flag``, until ``go`` exists (never, without ``go``); a
+    SIGINT there (outside the lock) ends the sample."""
+    inside = [False]
+
+    def on_sigint(signum, frame):
+        if inside[0]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    buf = shmbuf.Buffer.attach(name, timeout=60, seed=os.getpid())
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if hang:
+        def hook(where: str) -> None:
+            if hang == "giving back" and where == "released":
+                raise KeyboardInterrupt
+            if where == hang:
+                limited.HOOK = None
+                open(flag, "w").close()
+                while not (go and os.path.exists(go)):
+                    time.sleep(0.005)
+        limited.HOOK = hook
+    while not os.path.exists(stop):
+        try:
+            inside[0] = True
+            b = buf.sample(batch, timeout=0.2)
+            inside[0] = False
+        except (shmbuf.SampleTimeout, shmbuf.LockTimeout, KeyboardInterrupt):
+            inside[0] = False
+            continue
+        torn = storm_torn(b)
+        os.write(fd, (("T\n" * torn) + " ".join(map(str, b["a"][:, 0].tolist())) + "\n").encode())

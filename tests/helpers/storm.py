@@ -205,6 +205,22 @@ def write_rows_then_hang(name: str, rows: int, flag: str) -> None:
     hang_at("writing", flag)
     buf.add({"x": rows})
 
+def write_and_wait(name: str, rows: int, flag: str, go: str) -> None:
+    """Write ``rows`` rows (x = 100, 101, ...) to the buffer ``name``, stopping inside the
+    write (at "writing": reserved, not published) until ``go`` exists, touching ``flag``
+    there; then finish it."""
+    def hook(where: str) -> None:
+        if where == "writing":
+            ring.set_hook(None)
+            open(flag, "w").close()
+            while not os.path.exists(go):
+                time.sleep(0.01)
+    buf = shmbuf.Buffer.attach(name)
+    ring.set_hook(hook)
+    buf.extend({"x": np.arange(100, 100 + rows)})
+    buf.close()
+
+
 def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int = 4, tag: str = ""):
     """A spawned writer stopped for good at ``point`` of writing ``rows`` rows (see
     :func:`write_and_hang`); returns once it is there."""
@@ -217,4 +233,4 @@ def start_hanging_writer(name: str, point: str, tmp_path, lane=None, rows: int =
     return proc
 
 
-__all__ = ['start_hanging_writer', 'writers_and_samplers', 'STORM', 'add_through_interrupts', 'break_stamp_check', 'claim_and_exit', 'patch_schema_doc', 'rate_writer', 'report_rows', 'storm_rows', 'storm_sampler', 'storm_torn', 'storm_writer', 'write_and_hang', 'write_range', 'write_rows_then_hang']
+__all__ = ['start_hanging_writer', 'writers_and_samplers', 'STORM', 'add_through_interrupts', 'break_stamp_check', 'claim_and_exit', 'patch_schema_doc', 'rate_writer', 'report_rows', 'storm_rows', 'storm_sampler', 'storm_torn', 'storm_writer', 'write_and_hang', 'write_and_wait', 'write_range', 'write_rows_then_hang']

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import shmbuf
+from shmbuf.core import segment
 from shmbuf.samplers import limited
 
 from helpers import (count_and_stop, counted_buffer, counting_sampler, returned_keys, stop_and_join, storm_torn,
@@ -94,6 +95,34 @@ def test_overwritten_rows_start_again_and_are_never_returned_uncounted(name, hoo
             buf.sample(1, timeout=0.05)
 
 
+@pytest.mark.parametrize("end", ["interrupt", "timeout"])
+def test_a_give_back_never_lands_on_the_row_that_took_the_slot(name, hook, end):
+    """A sample that ends without returning (a Ctrl-C after its count, or its timeout)
+    gives its counts back; a writer overwrites every slot just as it does (the hook, at
+    "giving back": the lock held, the counted rows found still in their slots). The
+    new rows are each returned once (k=1), never twice: no count goes below 0."""
+    with counted(name, 4, k=1) as buf:
+        buf.claim_lane()  # (its writes take no lock: they go on while the give-back holds it)
+        buf.extend({"x": np.arange(4)})
+
+        def overwrite(where):
+            if where == "released" and end == "interrupt":
+                raise KeyboardInterrupt
+            if where == "giving back":
+                hook(None)
+                buf.extend({"x": np.arange(10, 14)})
+
+        hook(overwrite)
+        with pytest.raises(KeyboardInterrupt if end == "interrupt" else shmbuf.SampleTimeout):
+            buf.sample(2 if end == "interrupt" else 5, timeout=0.2)
+        hook(None)
+        assert buf.engine.view("times_sampled")[:4].min() >= 0
+        b = buf.sample(4)
+        assert sorted(b["x"].tolist()) == [10, 11, 12, 13] and b["times_sampled"].tolist() == [1, 1, 1, 1]
+        with pytest.raises(shmbuf.SampleTimeout, match=r"every row the buffer holds \(4\) was sampled"):
+            buf.sample(1, timeout=0.05)
+
+
 def test_counts_travel_with_saves_and_state_dicts(name, tmp_path):
     with counted(name, 8, k=1) as buf:
         buf.extend({"x": np.arange(4)})
@@ -108,6 +137,30 @@ def test_counts_travel_with_saves_and_state_dicts(name, tmp_path):
         with shmbuf.Buffer.attach(name) as other:
             other.load_state_dict(state)
             assert other.sample(1)["x"].tolist() == list({0, 1, 2, 3} - first)
+
+
+def test_a_state_or_save_with_negative_counts_is_refused_and_changes_nothing(name, tmp_path):
+    """A hostile state dict (or save) whose counts are below 0 would let a row out more
+    than k times: refused with a ValueError that says so, the buffer as it was."""
+    with counted(name, 8, k=1) as buf:
+        buf.extend({"x": np.arange(4)})
+        state = buf.state_dict()
+        bad = {**state, "data": {**state["data"], "times_sampled": state["data"]["times_sampled"].copy()}}
+        bad["data"]["times_sampled"][2] = -3
+        with shmbuf.Buffer.attach(name) as other:
+            other.sample(1)
+            before = (other.engine.view("times_sampled").copy(), other.engine.rng.bit_generator.state)
+            with pytest.raises(ValueError, match=r"state_dict\['data'\]\['times_sampled'\] holds counts below 0 "
+                                                 r"\(1 row\(s\), the least -3\)"):
+                other.load_state_dict(bad)
+            assert (other.engine.view("times_sampled") == before[0]).all()
+            assert other.engine.rng.bit_generator.state == before[1]
+            assert len(other) == 4 and len(other.sample(3)["x"]) == 3
+        buf.save(tmp_path / "save")
+        np.save(tmp_path / "save" / "field-001.npy", bad["data"]["times_sampled"])  # (fields in order: x, times_sampled)
+        with pytest.raises(ValueError, match="holds counts below 0"):
+            shmbuf.Buffer.load(tmp_path / "save", name=name + "-back")
+        assert not [n for n in segment.list_names() if n.startswith(name + "-back")]
 
 
 def test_other_reads_and_bad_input_are_clear_errors_that_change_nothing(name):

@@ -13,7 +13,7 @@ import shmbuf
 from shmbuf.core.layout import published
 from shmbuf.samplers.newest import newest_first
 
-from helpers import STORM, start_hanging_writer, storm_rows, writers_and_samplers
+from helpers import STORM, start_hanging_writer, storm_rows, wait_for_file, write_and_wait, writers_and_samplers
 
 GARBAGE = -7
 
@@ -91,6 +91,46 @@ def test_a_live_writer_stopped_mid_write_is_waited_for_by_no_one(name, tmp_path)
         finally:
             proc.kill()
             proc.join(30)
+
+
+def test_rows_only_live_writers_can_complete_are_waited_for_up_to_the_timeout(name, tmp_path):
+    """4 rows published, 3 reserved by a live writer stopped inside its copy (len 7): a
+    sample of 5 to 7 rows cannot be made of published rows alone. It waits for the
+    writer up to its timeout and says so (SampleTimeout), never a ValueError (the call
+    is valid: the rows are held, and come as soon as the writer goes on). Once the
+    writer finishes, the same sample returns the newest rows; a writer that died
+    instead leaves rows that never come: ValueError at once."""
+    ctx = mp.get_context("spawn")
+    with newest(name, 16) as buf:
+        buf.extend({"x": np.arange(4)})
+        flag, go = str(tmp_path / "flag"), str(tmp_path / "go")
+        proc = ctx.Process(target=write_and_wait, args=(name, 3, flag, go))
+        proc.start()
+        try:
+            wait_for_file(flag, proc, "the writer to stop inside its copy")
+            assert len(buf) == 7 and buf.sample(4)["x"].tolist() == [3, 2, 1, 0]
+            for n in (5, 7):
+                with pytest.raises(shmbuf.SampleTimeout, match=rf"could not copy {n - 4} intact newest rows within "
+                                   r"0.2 s: the buffer holds 7 rows, 4 of them published; live writers are still "
+                                   r"writing the others \(the sample waited for them\)"):
+                    buf.sample(n, timeout=0.2)
+            with pytest.raises(ValueError, match="cannot sample the 8 newest rows: the buffer holds 7"):
+                buf.sample(8)
+            open(go, "w").close()
+            assert buf.sample(7, timeout=60)["x"].tolist() == [102, 101, 100, 3, 2, 1, 0]
+            proc.join(60)
+            assert proc.exitcode == 0
+        finally:
+            proc.kill()
+            proc.join(30)
+    with newest(name + "-dead", 16) as buf:
+        buf.extend({"x": np.arange(4)})
+        proc = start_hanging_writer(name + "-dead", "writing", tmp_path, rows=3)
+        proc.kill()
+        proc.join(30)
+        with pytest.raises(ValueError, match="cannot sample the 5 newest rows: only 4 of the rows the buffer holds "
+                                             "are published"):
+            buf.sample(5, timeout=60)
 
 
 def test_every_handle_of_the_buffer_and_its_saves_sample_newest_first(name, tmp_path):
