@@ -66,12 +66,12 @@ class ReplayBuffer(SB3ReplayBuffer):
         if self._episodic:
             core = EpisodeBuffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name,
                                         seed=seed, timeout=timeout, observations=self._obs_names(OBS),
-                                        reward="rewards", meta=meta, her=her, rate=rate)
+                                        reward="rewards", _library=meta, her=her, rate=rate)
         else:
             fields.update({k.replace(OBS, NEXT, 1): v for k, v in fields.items() if k.startswith(OBS)})
             fields.update(dones=((), np.float32), timeouts=((), np.float32))
             core = Buffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name, seed=seed,
-                                 timeout=timeout, meta=meta, rate=rate)
+                                 timeout=timeout, _library=meta, rate=rate)
         self._open(core)
 
     def _setup(self, observation_space: spaces.Space, action_space: spaces.Space, device: Any, n_envs: int,
@@ -141,7 +141,7 @@ class ReplayBuffer(SB3ReplayBuffer):
             >>> other.close(); rb.close()
         """
         core = Buffer.attach(name, seed=seed, timeout=timeout)
-        meta = core.meta
+        meta = core.engine.layout.meta
         try:
             if meta.get("kind") != KIND:
                 raise ValueError(f"buffer {name!r} is not an SB3 replay buffer (it holds {meta.get('kind')!r})")
@@ -416,7 +416,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if multiprocessing.context.get_spawning_popen() is not None:  # to a process being started: by name
             return (_attach, (self.name, {"device": str(self.device), "n_envs": self.n_envs}))
-        meta = self._plain().meta
+        meta = self._plain().engine.layout.meta
         return (_restore, (type(self), self.buffer_size * self._plain().lanes, meta["observation_space"],
                            meta["action_space"], self.config(), self._plain().state_dict()))
 
