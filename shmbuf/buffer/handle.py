@@ -93,7 +93,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                rate: RateLimit | None = None, priority: float | None = None,
                mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT,
                versions: bool = False, max_times_sampled: int | None = None,
-               _library: Mapping[str, Any] | None = None) -> "Buffer":
+               _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -147,7 +147,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         # _library: what the layers built on Buffer (EpisodeBuffer, the compat facades, a
         # loaded save) describe themselves with, kept beside the capabilities' settings in
         # the layout's meta and read back from engine.layout.meta; the user's meta= goes
-        # under its own key, USER (see shmbuf.core.layout). Not for users.
+        # under its own key, USER (see shmbuf.core.layout); _regions: {name: bytes} of the
+        # blocks they keep in the segment (engine.layout.regions). Not for users.
         user = json.loads(json.dumps(check_meta(meta)))  # (a copy: stored as given, never read)
         meta = dict(_library or {})
         if path is not None and name is not None:
@@ -182,6 +183,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             fields = {**fields, _priority.FIELD: ((), np.float64)}
             regions[_priority.REGION] = _priority.region_bytes(count(capacity, "capacity", 1),
                                                                count(lanes, "lanes", 1))
+        for key, size in (_regions or {}).items():
+            if key in regions:
+                raise ValueError(f"region {key!r} is a capability's own")
+            regions[key] = size
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
                              procs.identity(), time.time(), {**meta, USER: user}, regions)
         seg = store.create(name, layout.total_size)
