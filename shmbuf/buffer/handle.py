@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -22,7 +23,7 @@ from shmbuf.buffer.reads import Reads
 from shmbuf.samplers import limited
 from shmbuf.buffer import versions as versions_part
 from shmbuf.buffer.snapshots import Snapshots
-from shmbuf.core.layout import FLAG_PERSIST, Layout
+from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, check_meta
 from shmbuf.core.ratelimit import RateLimit
 from shmbuf.core.segment import Segment
 
@@ -91,7 +92,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
                mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT,
-               versions: bool = False, max_times_sampled: int | None = None) -> "Buffer":
+               versions: bool = False, max_times_sampled: int | None = None,
+               _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -104,8 +106,9 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                 :meth:`close`, on exit, and (via the resource tracker) if it crashes. If
                 True the buffer outlives it until someone calls :meth:`unlink`.
             timeout: default timeout of this handle's blocking calls, in seconds.
-            meta: a JSON object kept with the schema, read back by every handle as
-                :attr:`meta` (the capabilities built on Buffer describe themselves there).
+            meta: a JSON object of yours, kept with the schema and returned exactly as
+                given by :attr:`meta` on every handle. The library never reads it: its
+                own settings live apart (a key such as ``"sampler"`` changes nothing).
             rate: a :class:`~shmbuf.RateLimit` that every handle's samples and inserts
                 then keep to (samples per insert, across all processes).
             priority: the exponent ``a`` of prioritized replay (0.6 is usual): samples are
@@ -141,6 +144,13 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             (10, 'doc-create')
             >>> buf.close()
         """
+        # _library: what the layers built on Buffer (EpisodeBuffer, the compat facades, a
+        # loaded save) describe themselves with, kept beside the capabilities' settings in
+        # the layout's meta and read back from engine.layout.meta; the user's meta= goes
+        # under its own key, USER (see shmbuf.core.layout); _regions: {name: bytes} of the
+        # blocks they keep in the segment (engine.layout.regions). Not for users.
+        user = json.loads(json.dumps(check_meta(meta)))  # (a copy: stored as given, never read)
+        meta = dict(_library or {})
         if path is not None and name is not None:
             raise ValueError(f"pass name= or path=, not both (got name={name!r}, path={path!r})")
         name = path if path is not None else f"{os.getpid()}-{secrets.token_hex(4)}" if name is None else name
@@ -152,7 +162,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         if rate is not None:
             if not isinstance(rate, RateLimit):
                 raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
-            meta = {**(meta or {}), "rate": rate.to_meta()}
+            meta = {**meta, "rate": rate.to_meta()}
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
@@ -164,17 +174,21 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             if mode != "replay" or priority is not None:
                 raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "
                                  "in order, a prioritized buffer is sampled by priority)")
-            meta = {**(meta or {}), "sampler": sampler}
+            meta = {**meta, "sampler": sampler}
         if priority is not None:
-            meta = {**(meta or {}), "priority": {"alpha": _priority.check_alpha(priority)}}
+            meta = {**meta, "priority": {"alpha": _priority.check_alpha(priority)}}
             if not isinstance(fields, Mapping) or _priority.FIELD in fields:
                 raise ValueError(f"fields must be a mapping without {_priority.FIELD!r} (a prioritized "
                                  "buffer keeps the priority a writer passes there)")
             fields = {**fields, _priority.FIELD: ((), np.float64)}
             regions[_priority.REGION] = _priority.region_bytes(count(capacity, "capacity", 1),
                                                                count(lanes, "lanes", 1))
+        for key, size in (_regions or {}).items():
+            if key in regions:
+                raise ValueError(f"region {key!r} is a capability's own")
+            regions[key] = size
         layout = Layout.plan(fields, capacity, lanes, FLAG_PERSIST if persist else 0,
-                             procs.identity(), time.time(), meta, regions)
+                             procs.identity(), time.time(), {**meta, USER: user}, regions)
         seg = store.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps

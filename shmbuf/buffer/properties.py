@@ -11,7 +11,7 @@ import numpy as np
 from shmbuf.core.engine import Engine
 from shmbuf.priority.trees import FIELD
 from shmbuf.core.queue import FIELD as QUEUED
-from shmbuf.core.layout import FLAG_PERSIST
+from shmbuf.core.layout import FLAG_PERSIST, USER
 
 
 class Properties:
@@ -69,8 +69,17 @@ class Properties:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The JSON object given to :meth:`create` as ``meta`` (a copy)."""
-        return json.loads(json.dumps(self.engine.layout.meta))
+        """The JSON object given to :meth:`create` as ``meta``, exactly (a copy; ``{}``
+        if none). Yours: the library never reads it.
+
+        Examples:
+            >>> import shmbuf
+            >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 4, meta={"sampler": "newest", "run": 7})
+            >>> buf.meta, type(buf.sampler).__name__
+            ({'sampler': 'newest', 'run': 7}, 'Uniform')
+            >>> buf.close()
+        """
+        return json.loads(json.dumps(self.engine.layout.meta[USER]))
 
     @property
     def versioned(self) -> bool:

@@ -140,7 +140,7 @@ class SequentialBuffer(_Fishy):
         """This buffer from another process, by name (after its first ``add``)."""
         self = cls(1)
         handle = cls._handle(name, self._rng)  # (its windows drawn with self._rng)
-        self._capacity, self._validate_keys = handle.capacity, bool(handle.meta.get("validate_keys", True))
+        self._capacity, self._validate_keys = handle.capacity, bool(handle.engine.layout.meta.get("validate_keys", True))
         self._core = handle
         return self
 
@@ -243,7 +243,7 @@ class IndependentVectorizedBuffer(_Fishy):
     def attach(cls, name: str) -> "IndependentVectorizedBuffer":
         """This buffer from another process, by name (after its first ``add``)."""
         handle = cls._handle(name)
-        self = cls(handle.lanes, handle.lane_capacity, bool(handle.meta.get("validate_keys", True)))
+        self = cls(handle.lanes, handle.lane_capacity, bool(handle.engine.layout.meta.get("validate_keys", True)))
         self._core = handle
         return self
 

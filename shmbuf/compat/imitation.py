@@ -59,7 +59,7 @@ class Buffer(Shared):
             raise KeyError("sample_shape and dtypes keys don't match")
         fields = {k: (tuple(sample_shapes[k]), np.dtype(dtypes[k])) for k in sample_shapes}
         self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist,
-                                      meta={"kind": _kind}), seed)
+                                      _library={"kind": _kind}), seed)
 
     def _open(self, handle: core.Buffer, seed: Any = None) -> None:
         self._core = handle
@@ -207,10 +207,10 @@ class _Transitions(Buffer):
 
 def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
     handle = core.Buffer.attach(name, seed=seed)
-    if handle.meta.get("kind") != kind:
+    held = handle.engine.layout.meta.get("kind", "shmbuf.Buffer")
+    if held != kind:
         handle.close()
-        raise ValueError(f"buffer {name!r} is not an imitation {kind.split('.')[1]} "
-                         f"(it is a {handle.meta.get('kind', 'shmbuf.Buffer')!r})")
+        raise ValueError(f"buffer {name!r} is not an imitation {kind.split('.')[1]} (it is a {held!r})")
     self = object.__new__(cls)
     if cls is ReplayBuffer:
         inner = object.__new__(_Transitions)

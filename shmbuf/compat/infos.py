@@ -1,25 +1,54 @@
 """Per-row ``infos`` dicts kept in a fixed number of bytes of a row (the imitation
 facade's ``info_bytes=``): what a Python dict can be in shared memory without pickle.
 
-A row's bytes: a 2-byte length, a JSON header ``[[key path, dtype, shape], ...]``, then
-each value's raw bytes; an empty dict is all zeros. Kept: ``str`` keys whose values are
-numbers, booleans, strings or numpy arrays of them (``numpy`` dtypes of kind b, i, u, f,
-c, U), nested dicts of such (by key path). Anything else (``None``, lists of mixed types,
+A row's bytes: a 2-byte length, a JSON header ``[[key path, dtype, shape], ...]``, each
+value's raw bytes, then 8 bytes that check all of those (see :func:`checks`), zeros
+after; an empty dict is all zeros. Kept: ``str`` keys whose values are numbers,
+booleans, strings or numpy arrays of them (``numpy`` dtypes of kind b, i, u, f, c, U),
+nested dicts of such (by key path). Anything else (``None``, lists of mixed types,
 objects), and values past the row's size, are left out of that row: :func:`encode`
-returns the keys it left out, and the caller warns. Decoding checks every header word
-against the row's size and kinds, so a damaged row raises ``ValueError``, never more.
+returns the keys it left out, and the caller warns.
+
+A damaged row raises ``ValueError``, never anything else, and never decodes into
+another dict: the check covers every byte that decoding reads (the zeros after it
+are never read; an empty dict's row must be all zeros), and the header is read
+strictly (a key path is a non-empty list of strings, a dtype one that :func:`encode`
+writes, a shape a list of ints >= 0, all within the row) before anything is built.
+
+Examples:
+    >>> import numpy as np
+    >>> row = np.zeros(128, np.uint8)
+    >>> encode({"a": 1.5, "b": {"c": np.arange(2)}}, row)
+    []
+    >>> got = decode(row)
+    >>> float(got["a"]), got["b"]["c"].tolist()
+    (1.5, [0, 1])
+    >>> row[50] ^= 1  # one bit of a value (of "a": bytes 48-55), or of anything decoding reads
+    >>> decode(row)
+    Traceback (most recent call last):
+    ...
+    ValueError: an infos row is damaged (its check does not match its bytes): it was not written by shmbuf's encode, or it was changed since
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, Iterable
 
 import numpy as np
 
 KINDS = "biufcU"
+CHECK = 8  # bytes: the check after a row's values (checks())
+_DTYPE = re.compile(r"[<>|][biufcU][0-9]{1,9}")  # a dtype.str of KINDS (encode writes those)
 _cache: dict[bytes, list] = {}  # headers already parsed (rows of one run share a few)
 _builders: dict[bytes, Any] = {}  # ... and the function that builds their dicts
+
+
+def _damaged(why: str) -> ValueError:
+    return ValueError(f"an infos row is damaged ({why}): it was not written by shmbuf's encode, "
+                      "or it was changed since")
 
 
 def _leaves(d: Any, path: tuple) -> Iterable[tuple[tuple, Any]]:
@@ -44,7 +73,7 @@ def encode(info: Any, out: np.ndarray) -> list[str]:
             continue
         entry = [list(path), a.dtype.str, list(a.shape)]
         size = len(json.dumps(entry)) + 2 + a.nbytes
-        if used + size > len(out):
+        if used + size > len(out) - CHECK:
             left.append(name)
             continue
         used += size
@@ -54,27 +83,48 @@ def encode(info: Any, out: np.ndarray) -> list[str]:
         left.append(type(info).__name__)
     if entries:
         header = json.dumps(entries).encode()
-        blob = len(header).to_bytes(2, "little") + header + b"".join(blobs)
-        out[:len(blob)] = np.frombuffer(blob, np.uint8)
+        blob = np.frombuffer(len(header).to_bytes(2, "little") + header + b"".join(blobs), np.uint8)
+        out[:len(blob)] = blob
+        out[len(blob):len(blob) + CHECK] = checks(blob[None]).view(np.uint8)
     return left
 
 
 def _entries(key: bytes, width: int) -> list:
-    """A header's entries ``(path, dtype, shape, size)``, parsed once and checked."""
+    """A header's entries ``(path, dtype, shape, size)``, parsed once and checked
+    strictly: nothing but what :func:`encode` writes passes."""
     entries = _cache.get(key)
     if entries is None:
         try:
-            parsed = [(tuple(p), np.dtype(d), tuple(int(x) for x in s)) for p, d, s in json.loads(key)]
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"an infos row's header cannot be read: {e}") from None
-        if any(d.kind not in KINDS or any(x < 0 for x in s) or not p or not all(isinstance(k, str) for k in p)
-               for p, d, s in parsed):
-            raise ValueError("an infos row's header names a dtype or shape infos cannot hold")
-        entries = [(p, d, s, d.itemsize * int(np.prod(s, dtype=np.int64))) for p, d, s in parsed]
+            doc = json.loads(key)
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+            raise _damaged(f"its header is not JSON: {e}"[:200]) from None
+        if not isinstance(doc, list) or not doc:
+            raise _damaged("its header is not a list of entries")
+        entries = []
+        for entry in doc:
+            if not (isinstance(entry, list) and len(entry) == 3):
+                raise _damaged(f"a header entry is not [key path, dtype, shape]: {entry!r:.100}")
+            path, dtype, shape = entry
+            if not (isinstance(path, list) and path and all(type(k) is str for k in path)):
+                raise _damaged(f"a key path is not a list of strings: {path!r:.100}")
+            if not (type(dtype) is str and _DTYPE.fullmatch(dtype)):
+                raise _damaged(f"a dtype is not one infos holds: {dtype!r:.100}")
+            if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
+                raise _damaged(f"a shape is not a list of ints >= 0: {shape!r:.100}")
+            size = int(dtype[2:]) * (4 if dtype[1] == "U" else 1) * math.prod(shape)  # (exact: no overflow)
+            if size > width:
+                raise _damaged("its values run past the row")
+            try:
+                d = np.dtype(dtype)
+            except (TypeError, ValueError, SyntaxError):  # ("<f3": none; what numpy raises varies)
+                d = None
+            if d is None or d.str != dtype or d.itemsize == 0:
+                raise _damaged(f"a dtype is not one infos holds: {dtype!r:.100}")
+            entries.append((tuple(path), d, tuple(shape), size))
         if len(_cache) < 4096:
             _cache[key] = entries
-    if 2 + len(key) + sum(e[3] for e in entries) > width:
-        raise ValueError("an infos row's values run past the row")
+    if 2 + len(key) + sum(e[3] for e in entries) > width - CHECK:
+        raise _damaged("its values run past the row")
     return entries
 
 
@@ -88,11 +138,18 @@ def decode_rows(rows: np.ndarray) -> np.ndarray:
     the same header (the usual case) are read together, one column per key."""
     n_rows, width = rows.shape
     out = np.empty(n_rows, dtype=object)
-    lengths = (rows[:, 0].astype(np.int64) | rows[:, 1].astype(np.int64) << 8) if width >= 2 else np.zeros(n_rows, int)
-    if (2 + lengths > width).any():
-        raise ValueError(f"an infos row says its header has {int(lengths.max())} bytes, more than the row's {width}")
-    groups: dict[bytes, Any] = {}
+    if width < 2 + CHECK:  # (encode writes nothing into such rows)
+        if rows.any():
+            raise _damaged(f"a row of {width} bytes holds nothing but zeros")
+        out[:] = [{} for _ in range(n_rows)]
+        return out
+    lengths = (rows[:, 0].astype(np.int64) | rows[:, 1].astype(np.int64) << 8)
     empty = lengths == 0
+    if empty.any() and rows[empty].any():
+        raise _damaged("its length is 0, an empty dict's, but it holds more than zeros")
+    if (2 + lengths + CHECK > width).any():
+        raise _damaged(f"its header would have {int(lengths.max())} bytes, more than the row's {width} hold")
+    groups: dict[bytes, Any] = {}
     if empty.any():
         k = int(np.count_nonzero(empty))
         out[np.flatnonzero(empty)] = np.fromiter(({} for _ in range(k)), object, k)
@@ -104,14 +161,49 @@ def decode_rows(rows: np.ndarray) -> np.ndarray:
         for i in np.flatnonzero(~same & ~empty).tolist():
             groups.setdefault(rows[i, 2:2 + int(lengths[i])].tobytes(), []).append(i)
     for key, idx in groups.items():
+        entries = _entries(key, width)
+        end = 2 + len(key) + sum(e[3] for e in entries)  # (the check's place: after the values)
+        part = rows[:, :end + CHECK] if len(idx) == n_rows else rows[idx, :end + CHECK]
+        stored = np.ascontiguousarray(part[:, end:]).view("<u8").ravel()
+        if (stored != checks(part[:, :end])).any():
+            raise _damaged("its check does not match its bytes")
         at, paths, values = 2 + len(key), [], []
-        for path, dtype, shape, size in _entries(key, width):
+        for path, dtype, shape, size in entries:
             col = np.ascontiguousarray(rows[idx, at:at + size]).view(dtype).reshape((len(idx),) + shape)
             paths.append(path)
             values.append(list(col))  # (numpy scalars, or arrays of the key's shape)
             at += size
         out[np.asarray(idx)] = np.fromiter(map(_builder(key, paths), *values), object, len(idx))
     return out
+
+
+def _odd_constants(n: int) -> np.ndarray:
+    """``n`` odd 64-bit constants: splitmix64 from 0 (plain integer arithmetic, so every
+    process and numpy version has the same ones)."""
+    x = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (x ^ (x >> np.uint64(31))) | np.uint64(1)
+
+
+_K = _odd_constants(1 << 14)  # one per 32-bit word of a row of at most 64 kB
+
+
+def checks(rows: np.ndarray) -> np.ndarray:
+    """The check of each row of bytes (``(n, m)`` ``uint8``): the sum of the row's 32-bit
+    words (zeros after its end), each times its own odd constant, modulo 2**64, for all
+    rows at once (a matrix product: a CRC-32 row by row took longer than the rest of a
+    decode). A change within one word always changes it (an odd constant is invertible
+    modulo 2**64); random damage of more words goes unseen with a chance of about
+    2**-64. Not a signature: a writer that forges a row can write any dict it likes."""
+    n, m = rows.shape
+    words = -(-m // 4)
+    if m % 4:
+        padded = np.zeros((n, 4 * words), np.uint8)
+        padded[:, :m] = rows
+    else:
+        padded = np.ascontiguousarray(rows)
+    return padded.view("<u4").astype(np.uint64) @ _K[:words]
 
 
 def _builder(key: bytes, paths: list[tuple]) -> Any:
@@ -126,9 +218,9 @@ def _builder(key: bytes, paths: list[tuple]) -> Any:
             for p in path[:-1]:
                 node = node.setdefault(p, {})
                 if not isinstance(node, dict):
-                    raise ValueError("an infos row's header names a key both as a value and as a dict")
+                    raise _damaged("its header names a key both as a value and as a dict")
             if path[-1] in node:
-                raise ValueError("an infos row's header names a key twice")
+                raise _damaged("its header names a key twice")
             node[path[-1]] = j
 
         def display(node: dict) -> str:
@@ -139,8 +231,8 @@ def _builder(key: bytes, paths: list[tuple]) -> Any:
         try:
             made = eval(f"lambda {args}: {display(tree)}", {})  # noqa: S307 (keys: str reprs; values: names)
             made(*range(len(paths)))
-        except (TypeError, SyntaxError, RecursionError) as e:  # (a key both a value and a dict of them)
-            raise ValueError(f"an infos row's header cannot be read: {e}") from None
+        except (TypeError, SyntaxError, RecursionError, MemoryError) as e:  # (a key both a value and a dict of them)
+            raise _damaged(f"its header cannot be read: {e}"[:200]) from None
         if len(_builders) < 4096:
             _builders[key] = made
     return made

@@ -88,9 +88,10 @@ class Lazy(Shared):
     @classmethod
     def _handle(cls, name: str, seed: Any = None) -> Buffer:
         handle = Buffer.attach(name, seed=seed)
-        if handle.meta.get("kind") != cls.KIND:
+        kind = handle.engine.layout.meta.get("kind")
+        if kind != cls.KIND:
             handle.close()
-            raise ValueError(f"buffer {name!r} is not a {cls.KIND} (it holds {handle.meta.get('kind')!r})")
+            raise ValueError(f"buffer {name!r} is not a {cls.KIND} (it holds {kind!r})")
         return handle
 
     def _meta(self) -> dict[str, Any]:
@@ -100,7 +101,7 @@ class Lazy(Shared):
         try:
             self._core = Buffer.create(fields, self._capacity * self._lanes, lanes=self._lanes, seed=self._seed,
                                        name=self._name, persist=self._persist,
-                                       meta={"kind": self.KIND, **self._meta()})
+                                       _library={"kind": self.KIND, **self._meta()})
         except FileExistsError:
             if not self._joins or self._core is None:
                 raise

@@ -95,9 +95,9 @@ class ReplayBuffer(Shared):
                  persist: bool = False) -> None:
         dims = {"states": state_dim, "actions": action_dim, "rewards": 1, "next_states": state_dim,
                 "dones": 1, "hiddens": hidden_dim}
-        meta = {"kind": KIND, "device": None if device is None else str(device)}
+        described = {"kind": KIND, "device": None if device is None else str(device)}
         self._open(core.Buffer.create({k: ((int(d),), np.float32) for k, d in dims.items()}, capacity,
-                                      name=name, seed=seed, persist=persist, meta=meta), device)
+                                      name=name, seed=seed, persist=persist, _library=described), device)
 
     def _open(self, handle: core.Buffer, device: Any) -> None:
         self._core = handle
@@ -111,11 +111,12 @@ class ReplayBuffer(Shared):
     def attach(cls, name: str, *, device: Any = None, seed: Any = None) -> "ReplayBuffer":
         """This buffer from another process, by name."""
         handle = core.Buffer.attach(name, seed=seed)
-        if handle.meta.get("kind") != KIND:
+        described = handle.engine.layout.meta
+        if described.get("kind") != KIND:
             handle.close()
             raise ValueError(f"buffer {name!r} is not a velora ReplayBuffer")
         self = object.__new__(cls)
-        self._open(handle, device if device is not None else handle.meta.get("device"))
+        self._open(handle, device if device is not None else described.get("device"))
         return self
 
     # -- writing -------------------------------------------------------------------------

@@ -17,6 +17,9 @@
  * a release fence that follows the odd stamp; a reader loads the stamp with acquire,
  * copies, issues an acquire fence and reloads it (the seqlock of the Linux kernel and
  * of Boehm, "Can seqlocks get along with programming language memory models?").
+ * Frames copied with x86's streamed stores (csrc/ring.h: copy_stream) are outside
+ * those fences: a write that streams also takes an SFENCE after its odd stamps and
+ * another before its even ones (csrc/write.c, steps 3 and 5).
  * The GIL is held from the first check to the last store of a write, except while
  * waiting (for the lock, or for an older writer of the same slots).
  *
@@ -223,6 +226,8 @@ static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     if (PyErr_Occurred())
         goto fail;
+    for (int i = 0; i < r->nfields; i++)
+        r->streams |= STREAMS && streamed(r, &r->fields[i]);
     if (g[6] < 1 || g[7] < 1 || g[5] < 8 || g[4] + g[6] * g[7] * g[5] > r->mem.len
         || g[0] + g[6] * TABLE_WIDTH * 8 > r->mem.len || g[1] + g[2] * TABLE_WIDTH * 8 > r->mem.len) {
         PyErr_SetString(PyExc_ValueError, "the geometry does not fit in the segment");
@@ -284,6 +289,17 @@ static PyObject *set_faults(PyObject *module, PyObject *arg) {
     return faults == -1 && PyErr_Occurred() ? NULL : (Py_INCREF(Py_None), Py_None);
 }
 
+/* trace_steps(on): the steps of this process's writes since the last call (ring.h: step),
+ * as a str; from now on recorded if on. Tests only. */
+static PyObject *trace_steps(PyObject *module, PyObject *on) {
+    int yes = PyObject_IsTrue(on);
+    if (yes < 0)
+        return NULL;
+    PyObject *got = PyUnicode_FromStringAndSize(steps, nsteps > 0 ? nsteps : 0);
+    nsteps = yes ? 0 : -1;
+    return got;
+}
+
 static PyMethodDef module_methods[] = {
     {"tree_set", (PyCFunction)(void (*)(void))tree_set, METH_FASTCALL, "tree_set(sum, min, slots, values)"},
     {"tree_find", (PyCFunction)(void (*)(void))tree_find, METH_FASTCALL, "tree_find(sum, u, out, leaf, seq, row)"},
@@ -291,10 +307,13 @@ static PyMethodDef module_methods[] = {
     {"probe_arrays", (PyCFunction)(void (*)(void))probe_arrays, METH_FASTCALL,
      "probe_arrays(a, b, address, dtype): read numpy arrays from their objects if this numpy lays them out as expected"},
     {"set_faults", set_faults, METH_O, "set_faults(bits): 1 no stamp check, 2 no waiting (tests)"},
+    {"trace_steps", trace_steps, METH_O, "trace_steps(on): the steps of the writes since the last call (tests)"},
     {NULL},
 };
 
 static int exec_module(PyObject *m) {
+    if (PyModule_AddIntConstant(m, "STREAMS", STREAMS) < 0)  /* copy_stream streams here */
+        return -1;
     PyObject *t = PyType_FromSpec(&Ring_spec);
     if (t == NULL)
         return -1;

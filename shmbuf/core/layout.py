@@ -4,7 +4,8 @@ A segment is self-describing, so ``attach(name)`` needs nothing else::
 
     offset 0     fixed header (256 bytes, little-endian, see ``_HEADER``)
                  magic, format version, logical size, capacity, lanes, offsets
-    256          schema: UTF-8 JSON {"fields": [{name, dtype, shape, offset, stride}], "meta": {...}}
+    256          schema: UTF-8 JSON {"fields": [{name, dtype, shape, offset, stride}], "meta": {...},
+                 "regions": {name: [offset, bytes]}}
     aligned      control   (16 int64)      lock-holder pid (diagnostics), spare words
     aligned      lanes     (lanes x 8)     head, base, claim pid, claim start time, spare
     aligned      reservations (R x 8)      in-flight writes: pid, start time, lane, start, count, token
@@ -21,6 +22,15 @@ row touches one 4 kB page and a few cache lines, and the stamp that guards it is
 same line. Larger fields (image frames) keep an array of their own. A field's schema
 entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to the
 next).
+
+**Metadata.** The schema's ``meta`` is the library's: the capabilities' settings
+(``sampler``, ``versions``, ``priority``, ``queue``, ``rate``, ...) and what the layers
+built on Buffer describe themselves with (an episode buffer's observation fields, a
+facade's kind). The user's ``meta=`` (``Buffer.create``'s) lives apart, under the one
+reserved key :data:`USER`, returned exactly as given and never read by the library.
+Version 4 kept one flat object, the user's keys and the library's mixed (a user's
+``{"sampler": "newest"}`` switched the sampler): such a segment still attaches, its
+object read once by :func:`from_flat`.
 
 Every block starts on a 64-byte boundary (a cache line). The tables' spare words keep
 room for later features without moving the existing ones; any change of meaning bumps
@@ -42,7 +52,13 @@ from shmbuf.core.schema import MAX_DIMS, Field, as_count, dtype_from_json, norma
 from shmbuf.core.segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
-VERSION = 4
+VERSION = 5
+FLAT_META_VERSION = 4
+"""The last version whose schema kept the user's metadata and the library's in one
+object (read by :func:`from_flat`); everything else in it is as in :data:`VERSION`."""
+USER = "user"
+"""The key of a layout's ``meta`` that holds the user's ``meta=``; every other key is the
+library's."""
 ALIGN = 64
 PACK_LIMIT = 1024
 """Fields of at most this many bytes per row are packed into the rows block."""
@@ -141,7 +157,7 @@ class Layout:
         buffer's observation fields, say). ``regions``: ``{name: bytes}`` of blocks for
         them (zeros when created)."""
         specs = normalize_fields(fields)
-        meta = _check_meta(meta)
+        meta = check_meta(meta)
         regions = dict(regions or {})
         for key, size in regions.items():
             if not isinstance(key, str) or not key or as_count(size, f"region {key!r}: size") > 1 << 50:
@@ -231,9 +247,9 @@ class Layout:
                     f"shared-memory segment {name!r} is not ready: its header is not written "
                     "(it is still being created, or its creator died while creating it)")
             raise bad(f"bad magic {magic!r}")
-        if version != VERSION:
-            raise bad(f"format version {version}, but this shmbuf reads version {VERSION}; "
-                      "use the shmbuf release that created it")
+        if version not in (VERSION, FLAT_META_VERSION):
+            raise bad(f"format version {version}, but this shmbuf reads versions {FLAT_META_VERSION} and "
+                      f"{VERSION}; use the shmbuf release that created it")
         if flags & ~FLAG_PERSIST:
             raise bad(f"unknown flags {flags:#x}")
         if total > size:
@@ -251,6 +267,10 @@ class Layout:
             fields, meta, regions = _parse_schema(bytes(mem[schema_off:schema_off + schema_size]))
         except FormatError as exc:
             raise bad(str(exc)) from None
+        if version == FLAT_META_VERSION:
+            meta = from_flat(meta)
+        elif not isinstance(meta.get(USER), dict):
+            raise bad(f"the schema's meta has no object under {USER!r} (the user's metadata)")
         blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
                   ("lane table", lanes_off, lanes * TABLE_WIDTH * 8),
                   ("reservation table", res_off, n_res * TABLE_WIDTH * 8),
@@ -287,7 +307,7 @@ def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any], dict[s
         doc = json.loads(raw.decode("utf-8"))
         if not isinstance(doc, dict) or set(doc) != {"fields", "meta", "regions"}:
             raise FormatError("the schema is not an object of fields, meta and regions")
-        items, meta, regions = doc["fields"], _check_meta(doc["meta"]), doc["regions"]
+        items, meta, regions = doc["fields"], check_meta(doc["meta"]), doc["regions"]
         if not isinstance(regions, dict) or not all(
                 isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v)
                 for v in regions.values()):
@@ -322,7 +342,21 @@ def _parse_schema(raw: bytes) -> tuple[tuple[Field, ...], dict[str, Any], dict[s
                  for f, (off, stride) in zip(fields, offsets)), meta, regions
 
 
-def _check_meta(meta: Any) -> dict[str, Any]:
+def from_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``meta`` of a layout from the one flat object of a segment of version
+    :data:`FLAT_META_VERSION` (or a save of format 1), where the user's keys and the
+    library's were mixed and the library read them all: the library's are all of it
+    (the buffer behaves as it did), and so are the user's (``Buffer.meta`` returned it
+    all). The one place the flat object is read.
+
+    Examples:
+        >>> from_flat({"kind": "episodes", "note": 1})
+        {'kind': 'episodes', 'note': 1, 'user': {'kind': 'episodes', 'note': 1}}
+    """
+    return {**flat, USER: dict(flat)}
+
+
+def check_meta(meta: Any) -> dict[str, Any]:
     """``meta`` as a dict that survives a JSON round trip unchanged (ValueError if not)."""
     meta = {} if meta is None else meta
     try:

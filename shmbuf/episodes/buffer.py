@@ -49,7 +49,7 @@ class EpisodeBuffer(Counts):
         self._wrap(core, *args, **kwargs)
 
     def _wrap(self, core: Buffer, her: Any = None) -> None:
-        meta = core.meta
+        meta = core.engine.layout.meta  # (the library's: EpisodeBuffer.create's)
         if meta.get("kind") != KIND:
             raise ValueError(f"buffer {core.name!r} is not an episode buffer (it was made by "
                              "shmbuf.Buffer.create); attach it with shmbuf.Buffer.attach")
@@ -85,7 +85,7 @@ class EpisodeBuffer(Counts):
         ``sample`` returns stacks ``(n, k, *frame)`` of the episode's ``k`` latest
         frames, zeros before its first step. ``her=shmbuf.HER(...)`` relabels samples
         with achieved goals (this handle's; see :attr:`her`). Other arguments (``meta``:
-        more metadata to record, for the layers built on episodes): as :meth:`shmbuf.Buffer.create`."""
+        yours, returned as given by ``core.meta``): as :meth:`shmbuf.Buffer.create`."""
         if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:
@@ -102,9 +102,9 @@ class EpisodeBuffer(Counts):
             if kwargs.get("priority") is not None:
                 raise ValueError("hindsight relabelling of a prioritized buffer is not supported: pass "
                                  "her= or priority=, not both")
-        meta = {**kwargs.pop("meta", {}), "kind": KIND, "observations": observations, "reward": reward,
-                "frame_stack": int(frame_stack)}
-        return cls(Buffer.create(specs, capacity, lanes=lanes, meta=meta, **kwargs), her)
+        library = {**kwargs.pop("_library", {}), "kind": KIND, "observations": observations, "reward": reward,
+                   "frame_stack": int(frame_stack)}
+        return cls(Buffer.create(specs, capacity, lanes=lanes, _library=library, **kwargs), her)
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None, timeout: float = DEFAULT_TIMEOUT,

@@ -1,11 +1,12 @@
 """Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
 
-**Format** (``FORMAT_VERSION`` 1). A save is a directory::
+**Format** (``FORMAT_VERSION`` 2). A save is a directory::
 
     shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
                      kind ("buffer" or "episodes"), name, capacity, lanes, the fields
                      in schema order ({name, dtype, shape, file}), meta (the
-                     capabilities' settings), per lane head / base / episodes, rows
+                     segment's: the capabilities' settings, the user's ``meta=``
+                     under "user"; see :mod:`shmbuf.core.layout`), per lane head / base / episodes, rows
                      sampled (rate limit), the largest priority, the saving handle's
                      RNG state, rows kept, times, and each array file's dtype and shape
     stamps.npy       int64 (capacity,): each slot's stamp, 0 for a slot not saved
@@ -18,7 +19,9 @@
 The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
 with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
 buffer streams from the page cache into shared memory without a second private copy.
-Files the format does not name are ignored.
+Files the format does not name are ignored. A save of format 1 (one flat ``meta``, the
+user's keys and the library's mixed) still loads: its ``meta`` is read once by
+:func:`shmbuf.core.layout.from_flat`.
 
 **Save** runs beside writers and samplers. The lane positions are read under the
 header lock (as long as a writer's reservation holds it); then, chunk by chunk and
@@ -58,7 +61,7 @@ from shmbuf.priority import trees as _priority
 from shmbuf.core import state
 from shmbuf.core import procs, ratelimit, storage
 from shmbuf.core.engine import Engine
-from shmbuf.core.layout import FLAG_PERSIST, Layout, dtype_from_json, normalize_fields
+from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
 from shmbuf.core.queue import FIELD as QUEUED
 from shmbuf.core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
 from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
@@ -66,7 +69,8 @@ from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_de
 from shmbuf.version import __version__
 
 FORMAT = "shmbuf-save"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FLAT_META_FORMAT = 1  # (its meta: the user's keys and the library's in one object)
 STAMPS_FILE = "stamps.npy"
 PRIORITY_FILE = "priority.npy"
 _MAX_META = 64 << 20  # bytes of shmbuf.json we read at most
@@ -226,13 +230,17 @@ def _read(path: Path) -> dict[str, Any]:
         raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in (FLAT_META_FORMAT, FORMAT_VERSION):
         raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
-                         f"({__version__}) reads version {FORMAT_VERSION}")
+                         f"({__version__}) reads versions {FLAT_META_FORMAT} and {FORMAT_VERSION}")
     capacity = _get(meta, "capacity", int, path)
     lanes = _get(meta, "lanes", int, path)
     name = _get(meta, "name", str, path)
-    user_meta = _get(meta, "meta", dict, path)
+    described = _get(meta, "meta", dict, path)  # (the segment's: see shmbuf.core.layout)
+    if meta["format_version"] == FLAT_META_FORMAT:
+        described = from_flat(described)
+    elif not isinstance(described.get(USER), dict):
+        raise _bad(path, f"{META_FILE}: meta has no object under {USER!r} (the user's metadata)")
     specs = _get(meta, "fields", list, path)
     try:
         fields = {}
@@ -241,7 +249,7 @@ def _read(path: Path) -> dict[str, Any]:
         if len(fields) != len(specs) or not all(isinstance(s["file"], str) for s in specs):
             raise ValueError("repeated field names or a file that is not a string")
         normalize_fields(fields)
-        layout = Layout.plan(fields, capacity, lanes, meta=user_meta)
+        layout = Layout.plan(fields, capacity, lanes, meta=described)
     except (TypeError, ValueError, KeyError) as exc:
         raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
     lane_state = _get(meta, "lanes_state", dict, path)
@@ -256,11 +264,11 @@ def _read(path: Path) -> dict[str, Any]:
         files[f.name] = path / s["file"]
     stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
     prio = None
-    if "priority" in user_meta:
+    if "priority" in described:
         prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
     sampled = _get(meta, "sampled", int, path)
     return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
-            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": user_meta,
+            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described,
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
             "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
             "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
@@ -274,6 +282,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
     storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
+    user = meta.pop(USER)  # the user's, given back as given; the rest: the library's
     kwargs: dict[str, Any] = {}
     try:
         if "rate" in meta:
@@ -317,7 +326,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
                 raise _bad(got["path"], f"{META_FILE}: {exc}") from None
     buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
                      name=got["name"] if name is None else name, persist=persist, seed=seed,
-                     timeout=timeout, meta=meta, **kwargs)
+                     timeout=timeout, meta=user, _library=meta, **kwargs)
     try:
         if buf.engine.layout.stored() != got["fields"]:  # (cannot happen: create makes the same layout)
             raise _bad(got["path"], "the buffer made from it has another schema")

@@ -158,6 +158,100 @@ def test_infos_are_kept_with_their_rows_and_what_cannot_be_is_left_out_with_a_wa
     bare.close(); other.close(); rb.close()
 
 
+def _row(header: bytes, values: bytes = b"", width: int = 128) -> np.ndarray:
+    """A row with this header and these values, its check right (written by a writer
+    that has it wrong, not damaged on the way): what the header checks alone must catch."""
+    from shmbuf.compat.infos import CHECK, checks
+
+    row = np.zeros(width, np.uint8)
+    blob = len(header).to_bytes(2, "little") + header + values
+    row[:len(blob)] = np.frombuffer(blob, np.uint8)
+    row[-CHECK:] = checks(row[None]).view(np.uint8)
+    return row
+
+
+BAD_HEADERS = {
+    "key path a string": b'[["abc", "<f8", []]]',  # (was: the key path ('a', 'b', 'c'))
+    "shape not an int": b'[[["x"], "<f8", [1.5]]]',  # (was: a shape of 1)
+    "shape a bool": b'[[["x"], "<f8", [true]]]',
+    "shape a string": b'[[["x"], "<f8", ["1"]]]',
+    "shape infinite": b'[[["x"], "<f8", [Infinity]]]',  # (was: OverflowError)
+    "shape past the row": b'[[["x"], "<f8", [1000000000000000000000000000000]]]',
+    "shape negative": b'[[["x"], "<f8", [-1]]]',
+    "dtype numpy cannot read": b'[[["x"], "<08", []]]',  # (was: SyntaxError, from numpy)
+    "dtype of no size": b'[[["x"], "<f3", []]]',
+    "dtype not canonical": b'[[["x"], "<b1", []]]',
+    "dtype of objects": b'[[["x"], "|O8", []]]',
+    "dtype of empty strings": b'[[["x"], "<U0", []]]',
+    "dtype not a string": b'[[["x"], 8, []]]',
+    "empty key path": b'[[[], "<f8", []]]',
+    "entry of two": b'[[["x"], "<f8"]]',
+    "not a list": b'{"x": 1}',
+    "no entries": b'[]',
+    "not JSON": b'[[["x"], "<f8", []]',
+    "not UTF-8": b'[[["\xff"], "<f8", []]]',
+}
+
+
+@pytest.mark.parametrize("header", BAD_HEADERS.values(), ids=BAD_HEADERS.keys())
+def test_an_infos_header_is_read_strictly(header):
+    """Trust round 4, item 3: a header that encode never writes is a ValueError that says
+    the row is damaged, whatever its checksum; before, some decoded into something else
+    and some raised SyntaxError or OverflowError."""
+    from shmbuf.compat.infos import decode
+
+    with pytest.raises(ValueError, match="infos row is damaged"):
+        decode(_row(header, bytes(16)))
+
+
+def test_an_infos_header_nested_too_deeply_is_a_value_error():
+    from shmbuf.compat.infos import decode
+
+    with pytest.raises(ValueError, match="infos row is damaged"):  # (was: RecursionError)
+        decode(_row(b"[" * 20_000 + b"]" * 20_000, width=40_016))
+
+
+def test_every_random_damage_of_an_infos_row_is_a_value_error():
+    """Random bytes of valid rows changed (anywhere: length, header, values, check, the
+    zeros after; random values, or characters that keep a header JSON): every row whose
+    bytes that decoding reads changed (an empty dict's: any byte) is a ValueError saying
+    it is damaged, never another exception, never another dict; any other row decodes
+    as written."""
+    from shmbuf.compat.infos import CHECK, _entries, decode, decode_rows, encode
+
+    def same(a, b):
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+    infos = [{"a": np.float32(1.5), "s": "step3", "done": True, "v": np.arange(3), "n": {"x": 2, "y": {"z": np.eye(2)}}},
+             {"abc": 1}, {"k": np.array([1.5, -2.5]), "c": 1 + 2j, "u": np.uint8(7)}, {}]
+    rng = np.random.default_rng(0)
+    damaged = 0
+    for t in range(4000):
+        info = infos[t % len(infos)]
+        row = np.zeros(256, np.uint8)
+        assert encode(info, row) == []
+        good = row.copy()
+        header = 2 + (int(row[0]) | int(row[1]) << 8)
+        read = len(row) if not info else \
+            header + sum(e[3] for e in _entries(row[2:header].tobytes(), len(row))) + CHECK
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(0, header if rng.random() < 0.5 else len(row)))
+            row[i] = ord(rng.choice(list('0123456789.-e,[]"{}aU<>|fiub '))) if rng.random() < 0.5 \
+                else int(rng.integers(0, 256))
+        if (row[:read] == good[:read]).all():
+            assert same(decode(row), info)
+            continue
+        damaged += 1
+        with pytest.raises(ValueError, match="infos row is damaged"):
+            decode(row)
+        with pytest.raises(ValueError, match="infos row is damaged"):  # (among whole rows too)
+            decode_rows(np.stack([good, row, good]))
+    assert damaged > 3500
+
+
 def test_a_damaged_infos_row_is_a_value_error_never_a_crash():
     from shmbuf.compat.infos import decode, encode
 
@@ -171,10 +265,8 @@ def test_a_damaged_infos_row_is_a_value_error_never_a_crash():
             decode(bad)
     for header in (b'[[[1], "<f8", []]]', b'[[["a"], "<f8", []], [["a", "b"], "<f8", []]]',
                    b'[[["a"], "<f8", []], [["a"], "<f8", []]]'):  # a key not a str, both kinds, twice
-        bad = np.zeros(64, np.uint8)
-        bad[:2 + len(header)] = np.frombuffer(len(header).to_bytes(2, "little") + header, np.uint8)
         with pytest.raises(ValueError, match="infos row"):
-            decode(bad)
+            decode(_row(header, bytes(16)))
     odd = {"x'}); import os #": 2.0, "y": {"\"z": np.arange(2)}}  # keys are data, never code
     wide = np.zeros(256, np.uint8)
     assert encode(odd, wide) == []

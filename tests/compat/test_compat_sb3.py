@@ -166,7 +166,8 @@ def test_optimize_memory_usage_keeps_the_real_final_observation(name):
         theirs.add(*args)
     ours = rb.sample(512)
     t = ours.observations[:, 0].numpy()
-    assert set(t.tolist()) == {0, 1, 2, 3, 4}  # the newest step waits for its next observation
+    assert set(t.tolist()) == {0, 1, 2, 3, 4, 5}  # the newest step too, at once (as SB3's)
+    assert (ours.next_observations[t == 5][:, 0] == 6).all()
     np.testing.assert_array_equal(ours.next_observations[t == 2].numpy(), np.repeat(final, (t == 2).sum(), 0))
     assert not ours.dones[t == 2].any()  # a time limit: bootstrap
     assert theirs.observations[3, 0, 0] == 3  # SB3's: the final observation was overwritten
@@ -184,7 +185,99 @@ def test_an_env_reset_between_adds_leaves_the_step_out(name):
         rb.add(obs, obs + [1, 0, 0], np.array([[0]]), np.array([1.0]), np.array([False]), [{}])
     s = rb.sample(512)
     pairs = set(zip(s.observations[:, 0].tolist(), s.next_observations[:, 0].tolist()))
-    assert pairs == {(0.0, 1.0), (1.0, 2.0), (10.0, 11.0), (11.0, 12.0)}
+    assert pairs == {(0.0, 1.0), (1.0, 2.0), (10.0, 11.0), (11.0, 12.0), (12.0, 13.0)}
+    rb.close()
+
+
+def _pairs(batch) -> set:
+    """(obs, next obs, action, reward, done) of each sampled transition, as plain tuples."""
+    obs, nxt = batch.observations[:, 0].tolist(), batch.next_observations[:, 0].tolist()
+    return set(zip(obs, nxt, batch.actions[:, 0].tolist(), batch.rewards[:, 0].tolist(), batch.dones[:, 0].tolist()))
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_optimize_memory_usage_samples_the_newest_step_at_once_as_sb3(name, n_envs):
+    """Trust round 4, item 4: SB3's buffer with optimize_memory_usage writes a step's next
+    observation with it and samples it at once (np.random.randint(0, pos)); the facade's
+    newest step of each env waited for the next add. After every add, our transitions
+    are SB3's own, the newest included, from this handle and from one attached by name."""
+    rb = ReplayBuffer(64, BOX, spaces.Discrete(2), "cpu", n_envs=n_envs, optimize_memory_usage=True,
+                      handle_timeout_termination=False, name=name, seed=0)
+    theirs = buffers.ReplayBuffer(64, BOX, spaces.Discrete(2), "cpu", n_envs=n_envs, optimize_memory_usage=True,
+                                  handle_timeout_termination=False)
+    other = ReplayBuffer.attach(name, seed=1)
+    for t in range(5):
+        obs, _, act, rew = step(t, n_envs)
+        args = (obs, step(t + 1, n_envs)[0], act, rew, np.zeros(n_envs, bool), [{}] * n_envs)
+        rb.add(*args)
+        theirs.add(*args)
+        want = _pairs(theirs.sample(2048))
+        assert len(want) == (t + 1) and _pairs(rb.sample(2048)) == want == _pairs(other.sample(2048)), t
+    other.close()
+    rb.close()
+
+
+def test_the_newest_steps_are_drawn_as_often_as_the_others(name):
+    """Uniform over transitions: 3 steps in the lanes plus 2 newest ones (one per env)."""
+    rb = ReplayBuffer(64, BOX, spaces.Discrete(2), "cpu", n_envs=2, optimize_memory_usage=True, name=name, seed=3)
+    for t in range(3):  # env 0: steps 0, 1, 2 (2 the newest); env 1: ends at step 1, then step 2 (the newest)
+        obs, _, act, rew = step(t, 2)
+        rb.add(obs, step(t + 1, 2)[0], act, rew, np.array([False, t == 1]), [{}, {}])
+    s = rb.sample(50_000)
+    keys = list(zip(s.observations[:, 0].tolist(), s.observations[:, 1].tolist()))
+    counts = {k: keys.count(k) / len(keys) for k in set(keys)}
+    assert sorted(counts) == [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0), (2.0, 0.0), (2.0, 1.0)]
+    assert all(abs(c - 1 / 6) < 0.01 for c in counts.values()), counts
+    rb.close()
+
+
+def test_a_newest_step_whose_slot_is_being_written_is_never_sampled(name):
+    """The slot of a lane's newest step is written under a version word, odd meanwhile: a
+    sample that finds it odd (its writer stopped or killed there) leaves that step out;
+    one that finds it changed between its count and its copy draws again; the next add
+    writes it again whatever was left."""
+    rb = ReplayBuffer(64, BOX, spaces.Discrete(2), "cpu", optimize_memory_usage=True, name=name, seed=0)
+    for t in range(3):
+        rb.add(*_chained(t), np.array([False]), [{}])
+    slot = rb._newest
+    slot.version[0] += 1  # odd: a writer stopped in the middle of the slot
+    assert set(rb.sample(1024).observations[:, 0].tolist()) == {0.0, 1.0}
+    reads, got = slot._read, []
+
+    def rewritten_after_the_count(*args):  # a writer rewrites the slot after the sample counted it, once
+        if not got:
+            slot.version[0] += 2
+            slot.obs["observations"][0] = -1  # (the new step's next observation, say)
+        got.append(reads(*args))
+        return got[-1]
+
+    slot.version[0] += 1  # even again
+    slot._read = rewritten_after_the_count
+    s = rb.sample(1024)
+    assert got[0] is None and got[-1] is not None  # drawn again, from the slot as now written
+    assert (s.next_observations[s.observations[:, 0] == 2][:, 0] == -1).all()
+    slot._read = reads
+    slot.version[0] += 1  # odd, left by a killed writer: the next add writes the slot anyway
+    rb.add(*_chained(3), np.array([False]), [{}])
+    s = rb.sample(1024)
+    assert set(zip(s.observations[:, 0].tolist(), s.next_observations[:, 0].tolist())) == {
+        (0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)}
+    rb.close()
+
+
+def test_a_copy_by_value_never_takes_an_empty_slot_for_a_newest_step(name):
+    """A pickled copy restores the rows, not the slots: its one step has no next
+    observation until the next add (not the zeros of a new slot)."""
+    rb = ReplayBuffer(16, BOX, spaces.Discrete(2), "cpu", optimize_memory_usage=True, name=name, seed=0)
+    rb.add(*_chained(0), np.array([False]), [{}])
+    assert rb.sample(8).next_observations[:, 0].tolist() == [1.0] * 8
+    again = pickle.loads(pickle.dumps(rb))
+    with pytest.raises(ValueError, match="no transition yet"):
+        again.sample(8)
+    again.add(*_chained(1), np.array([False]), [{}])  # (a new writer: a new episode)
+    s = again.sample(256)
+    assert set(zip(s.observations[:, 0].tolist(), s.next_observations[:, 0].tolist())) == {(1.0, 2.0)}
+    again.close()
     rb.close()
 
 

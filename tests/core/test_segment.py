@@ -132,7 +132,7 @@ def test_too_big_for_dev_shm_fails_at_creation(name):
         shmbuf.Buffer.create({"x": ((8,), "float64")}, capacity, name=name)
     msg = str(info.value)
     assert "needs" in msg and "free" in msg and "--shm-size" in msg
-    needed = layout.Layout.plan({"x": ((8,), "float64")}, capacity,
+    needed = layout.Layout.plan({"x": ((8,), "float64")}, capacity, meta={layout.USER: {}},
                                 regions={stats.REGION: stats.region_bytes(1)}).total_size
     assert f"needs {needed:,} bytes" in msg
     assert f"{segment.free_bytes():,}"[:4] in msg  # states what is available

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 
 import numpy as np
 import pytest
@@ -57,3 +58,50 @@ def test_a_row_whose_frame_was_streamed_but_not_published_is_never_sampled(name,
                 child.kill()
         assert child.exitcode == 0
         assert consistent(buf.sample(4_000))  # published now (the protection still off: all rows whole)
+
+
+def test_streamed_stores_are_fenced_after_the_odd_stamps_and_before_the_even_ones(name):
+    """Trust round 4, item 1. x86's streamed stores are weakly ordered: without an SFENCE
+    between a write's odd stamps and its streamed frames, the frames may land before
+    the stamp says "being written", and a reader who checks the old, even stamp before
+    and after its copy takes a torn row. The order of each write's steps, as the native
+    path takes them (trace_steps: 'o' odd stamps, 'F' SFENCE, 'S' streamed copy, 'c'
+    ordinary copy, 'e' even stamps, 'a' abandoned): every write that streams, through
+    every entry point (add, extend and its wrap, add_each's put_rows, an abandoned one),
+    fences after its odd stamps and before its even ones (or its abandon, whose
+    streamed bytes must land before its entry is freed to the next writer of the slots).
+    A buffer that streams nothing takes no fence (x86's TSO orders ordinary stores).
+    Native path only: the pure-Python path never streams."""
+    from shmbuf.core import native, ring
+
+    if native.path() != "native" or not native.extension().STREAMS:
+        pytest.skip("the native path streams nothing here (pure-Python path, or no SSE2)")
+    ext = native.extension()
+    with make(name) as buf:
+        ext.trace_steps(True)
+        try:
+            buf.extend(frames(0, 9_000))
+            buf.extend(frames(9_000, 9_000))  # wraps: two copies of each field
+            buf.add({k: v[0] for k, v in frames(18_000, 1).items()})
+            buf.claim_lane(0)
+            buf.add_each(frames(18_001, 2), [0, 0])  # put_rows: a write per row
+
+            def stop(point):
+                if point == "writing":
+                    raise KeyboardInterrupt
+
+            ring.set_hook(stop)
+            with pytest.raises(KeyboardInterrupt):
+                buf.add({k: v[0] for k, v in frames(18_003, 1).items()})
+        finally:
+            ring.set_hook(None)
+            got = ext.trace_steps(False)
+        assert got.count("S") == 1 + 2 + 1 + 2 + 1, got  # every write streamed its frames
+        assert re.fullmatch(r"(oF[Sc]+F[ea])+", got), got
+        assert got.endswith("oFSFa") and got.count("e") == 5, got
+        assert consistent(buf.sample(4_000))
+    with shmbuf.Buffer.create({"frame": ((64,), "uint8"), "i": ((), "int64")}, 100, name=name + "s") as small:
+        ext.trace_steps(True)
+        small.extend(frames(0, 3) | {"frame": np.zeros((3, 64), np.uint8)})
+        small.add({"frame": np.zeros(64, np.uint8), "i": 3})
+        assert ext.trace_steps(False) == "occe" * 2

@@ -120,7 +120,7 @@ def test_rate_limit_counters_are_saved(name, tmp_path):
         a.sample(3)
         a.save(tmp_path / "r")
     with shmbuf.Buffer.load(tmp_path / "r", name=name) as b:
-        assert b.meta["rate"] == rate.to_meta()
+        assert b.engine.layout.meta["rate"] == rate.to_meta() and b.meta == {}  # (the library's setting, not the user's)
         b.sample(1)  # 4 inserted, 3 + 1 sampled: within the limit
         with pytest.raises(shmbuf.RateLimitTimeout):
             b.sample(4, timeout=0.05)  # 4 inserted, 8 sampled: past the error buffer
@@ -426,7 +426,8 @@ def test_deeply_nested_metadata_is_a_clear_error(name, tmp_path):
         buf.save(tmp_path / "s")
     meta = (tmp_path / "s" / "shmbuf.json").read_text()
     deep = "[" * 100_000 + "]" * 100_000
-    for where, text in (("file", deep), ("meta", meta.replace('"meta": {}', '"meta": {"a": ' + deep + "}", 1))):
+    assert '"user": {}' in meta  # (the user's meta, where the deep value goes)
+    for where, text in (("file", deep), ("meta", meta.replace('"user": {}', '"user": {"a": ' + deep + "}", 1))):
         (tmp_path / "s" / "shmbuf.json").write_text(text)
         with pytest.raises(ValueError, match="not a loadable shmbuf save"):
             shmbuf.Buffer.load(tmp_path / "s", name=name)
@@ -489,3 +490,40 @@ def test_a_save_loads_into_a_file(name, tmp_path):
     with shmbuf.Buffer.attach(p) as again:
         assert set(again.sample(200)["x"].tolist()) == set(range(6))
         again.unlink()
+
+
+def test_a_save_gives_back_the_users_meta_as_given_and_the_capabilities_as_made(name, tmp_path):
+    """Trust round 4, item 2: load passed the saved meta, the user's keys and the
+    library's in one dict, back to create as meta=, so a user's {"sampler": "newest"}
+    or {"versions": True} became a capability on load (and the library's settings came
+    back in the user's meta). Now each goes back where it came from."""
+    user = {"sampler": "newest", "versions": True, "note": [1, {"a": None}]}
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name, seed=0, meta=user, max_times_sampled=2) as a:
+        a.extend({"x": np.arange(10)})
+        a.save(tmp_path / "s")
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == user
+        assert (b.max_times_sampled, b.versioned, type(b.sampler).__name__) == (2, False, "Limited")
+        b.add({"x": 10})
+        assert len(b) == 11
+
+
+def test_a_save_of_the_previous_format_loads_as_it_was_made(name, tmp_path):
+    """Format 1 kept one flat meta, read by the library whole: such a save loads with the
+    capabilities it was made with, its whole meta the user's (as before); a format it
+    never wrote is refused, naming it."""
+    flat = {"sampler": "newest", "run": 7}
+    with shmbuf.Buffer.create({"x": ((), "int64")}, 8, name=name, sampler="newest") as a:
+        a.extend({"x": np.arange(8)})
+        a.save(tmp_path / "s")
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=1, meta=flat))
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == flat and type(b.sampler).__name__ == "Newest"
+        assert sorted(b.sample(3)["x"].tolist()) == [5, 6, 7]
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2))
+    with pytest.raises(ValueError, match="meta has no object under 'user'"):
+        shmbuf.Buffer.load(tmp_path / "s", name=name)
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=0))
+    with pytest.raises(ValueError, match="format version 0; this shmbuf .* reads versions 1 and 2"):
+        shmbuf.Buffer.load(tmp_path / "s", name=name)
+    assert not _ours(name)

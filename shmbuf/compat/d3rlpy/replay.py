@@ -165,14 +165,14 @@ class ReplayBuffer(Appends, Samples, Shared):
         fields.update(action=(tuple(config["action"][0]), config["action"][1]), reward=((), config["reward"][1]))
         ebuf = EpisodeBuffer.create(fields, rows * lanes, lanes=lanes, observations=observations,
                                     frame_stack=frames, name=name, seed=seed, persist=persist,
-                                    meta={"d3rlpy": config})
+                                    _library={"d3rlpy": config})
         self._open(ebuf, transition_picker, trajectory_slicer, writer_preprocessor, cache_size,
                    write_at_termination, buffer)
         self._or_remove(lambda: [self.append_episode(e) for e in episodes])
 
     def _open(self, ebuf: EpisodeBuffer, picker: Any, slicer: Any, preprocessor: Any, cache_size: int,
               write_at_termination: bool, buffer: Any) -> None:
-        config = ebuf.core.meta["d3rlpy"]
+        config = ebuf.engine.layout.meta["d3rlpy"]
         self._ebuf, self._config, self._core = ebuf, config, ebuf.core
         self._buffer = buffer
         self._transition_picker = picker or BasicTransitionPicker()
@@ -197,7 +197,7 @@ class ReplayBuffer(Appends, Samples, Shared):
         picker come with it (or pass this handle's picker and slicer); ``append`` there
         writes into a lane of its own."""
         ebuf = EpisodeBuffer.attach(name, seed=seed)
-        config = ebuf.core.meta.get("d3rlpy")
+        config = ebuf.engine.layout.meta.get("d3rlpy")
         if config is None:
             ebuf.close()
             raise ValueError(f"buffer {name!r} was not made by shmbuf.compat.d3rlpy.ReplayBuffer")

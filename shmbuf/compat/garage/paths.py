@@ -250,10 +250,11 @@ class PathBuffer(Lazy):
         :meth:`shmbuf.Buffer.load`); a ``HERReplayBuffer`` takes ``reward_fn=``."""
         reward_fn = kwargs.pop("reward_fn", None)
         handle = core.Buffer.load(path, **kwargs)
-        if handle.meta.get("kind") != cls.KIND:
+        kind = handle.engine.layout.meta.get("kind")
+        if kind != cls.KIND:
             handle.unlink()
             handle.close()
-            raise ValueError(f"{str(path)!r} holds a save of a {handle.meta.get('kind')!r}, not of a {cls.KIND}")
+            raise ValueError(f"{str(path)!r} holds a save of a {kind!r}, not of a {cls.KIND}")
         return cls._wrap(handle, handle.engine.rng, reward_fn=reward_fn)
 
 
@@ -311,7 +312,7 @@ class HERReplayBuffer(PathBuffer):
     @classmethod
     def _wrap(cls, handle: core.Buffer, rng: np.random.Generator, **more: Any) -> Any:
         self = super()._wrap(handle, rng, env_spec=more.get("env_spec"))
-        self._replay_k, self._reward_fn = int(handle.meta["replay_k"]), more.get("reward_fn")
+        self._replay_k, self._reward_fn = int(handle.engine.layout.meta["replay_k"]), more.get("reward_fn")
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:

@@ -51,7 +51,8 @@ class ReplayBuffer(Lazy):
         """This buffer from another process, by name (after its first episode)."""
         rng = np.random.default_rng(seed)
         handle = cls._handle(name, rng)
-        self = cls(None, handle.meta["size_in_transitions"], handle.meta["time_horizon"])
+        described = handle.engine.layout.meta
+        self = cls(None, described["size_in_transitions"], described["time_horizon"])
         self._rng, self._core = rng, handle
         return self
 

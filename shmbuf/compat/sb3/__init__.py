@@ -22,9 +22,12 @@ changed (``from shmbuf.compat.sb3 import ReplayBuffer``). They subclass SB3's cl
 * **``optimize_memory_usage=True``** stores each observation once (an
   :class:`shmbuf.EpisodeBuffer`), with the real final observation where an episode ended
   (SB3's own option loses it at time limits, which is why SB3 refuses it together with
-  ``handle_timeout_termination``; here both work). An env reset between two ``add`` calls
-  (a new ``learn()``) is seen: the step before has no next observation and is left out,
-  where SB3 marks it done.
+  ``handle_timeout_termination``; here both work). As SB3's, each env's newest step is
+  sampled at once, from any process: its next observation waits in a slot of its lane
+  (:mod:`shmbuf.compat.sb3.newest`) until the next step's row holds it. An env reset
+  between two ``add`` calls (a new ``learn()``) is seen: the step before is never joined
+  to the new episode, and is left out once that episode's first step is written, where
+  SB3 marks it done.
 
 Divergences from SB3 (each kept on purpose): rows never written are never sampled, so
 setting ``full = True`` by hand is refused (SB3 then samples its zero-filled arrays);

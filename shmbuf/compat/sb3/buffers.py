@@ -22,7 +22,7 @@ from shmbuf.buffer.handle import Buffer
 from shmbuf.core.claims import NoFreeLane
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.episodes.rows import TERMINATED, TRUNCATED
-from shmbuf.compat.sb3.draws import Draws
+from shmbuf.compat.sb3 import draws, newest
 from shmbuf.compat.sb3.spaces import bad_obs, bad_shapes, space_from_json, space_to_json
 
 KIND = "sb3.replay"
@@ -42,6 +42,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     ``timeout``: seconds any blocking call waits at most."""
 
     _core: Any = None
+    _newest_at_once = True  # optimize_memory_usage: the newest steps sampled at once (newest.py)
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
@@ -57,7 +58,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         self.buffer_size = max(int(buffer_size) // int(lanes), 1)  # rows per lane (SB3's: per env)
         meta = {"kind": KIND, "observation_space": space_to_json(observation_space),
                 "action_space": space_to_json(action_space), "optimize_memory_usage": self.optimize_memory_usage,
-                "handle_timeout_termination": self.handle_timeout_termination}
+                "handle_timeout_termination": self.handle_timeout_termination, "sb3": KIND}  # (an EpisodeBuffer's kind: "episodes")
         fields, her = self._fields(), self._relabelling()
         self._episodic = meta["episodic"] = self.optimize_memory_usage or her is not None
         if seed is None and self._episodic:  # (from numpy's global RNG, which SB3's seed= seeds: runs repeat)
@@ -65,13 +66,14 @@ class ReplayBuffer(SB3ReplayBuffer):
         self._draws: Any = seed is None  # (batches drawn as SB3 draws them: draws.py; made in _open)
         if self._episodic:
             core = EpisodeBuffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name,
-                                        seed=seed, timeout=timeout, observations=self._obs_names(OBS),
-                                        reward="rewards", meta=meta, her=her, rate=rate)
+                                        seed=seed, timeout=timeout, observations=self._obs_names(OBS), reward="rewards",
+                                        _library=meta, her=her, rate=rate, _regions=newest.regions(
+                                            fields, self._obs_names(OBS), int(lanes), her is None and self._newest_at_once))
         else:
             fields.update({k.replace(OBS, NEXT, 1): v for k, v in fields.items() if k.startswith(OBS)})
             fields.update(dones=((), np.float32), timeouts=((), np.float32))
             core = Buffer.create(fields, self.buffer_size * int(lanes), lanes=int(lanes), name=name, seed=seed,
-                                 timeout=timeout, meta=meta, rate=rate)
+                                 timeout=timeout, _library=meta, rate=rate)
         self._open(core)
 
     def _setup(self, observation_space: spaces.Space, action_space: spaces.Space, device: Any, n_envs: int,
@@ -109,7 +111,7 @@ class ReplayBuffer(SB3ReplayBuffer):
 
     def _open(self, core: Any) -> None:
         self._core = core
-        self._draws = Draws(core.engine) if self._draws and not self._episodic else None
+        self._draws, self._newest = (draws.Draws(core.engine) if self._draws and not self._episodic else None), newest.part(core)
         # the common case's shapes (rows of one flat observation), or None: add's fast path
         self._flat = None if self._episodic or isinstance(self.obs_shape, dict) else \
             ((self.n_envs, *self.obs_shape), (self.n_envs, self.action_dim), (0.0,) if self.n_envs == 1 else np.zeros(self.n_envs, np.float32))
@@ -119,8 +121,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         _handles.add(self)
 
     def forked(self) -> None:
-        """In a forked child: the lanes (and episode writer) are the parent's; this copy
-        claims lanes of its own at its first add."""
+        """In a forked child: the lanes (and episode writer) are the parent's; it claims its own."""
         self._lanes, self._writer, self._next = [], None, None
 
     @classmethod
@@ -141,20 +142,18 @@ class ReplayBuffer(SB3ReplayBuffer):
             >>> other.close(); rb.close()
         """
         core = Buffer.attach(name, seed=seed, timeout=timeout)
-        meta = core.meta
+        meta = core.engine.layout.meta
         try:
-            if meta.get("kind") != KIND:
+            if KIND not in (meta.get("kind"), meta.get("sb3")):
                 raise ValueError(f"buffer {name!r} is not an SB3 replay buffer (it holds {meta.get('kind')!r})")
             obs_space, act_space = space_from_json(meta["observation_space"]), space_from_json(meta["action_space"])
             kind = DictReplayBuffer if isinstance(obs_space, spaces.Dict) else ReplayBuffer
             self = kind.__new__(kind)
-            self._setup(obs_space, act_space, device, n_envs, meta["optimize_memory_usage"],
-                        meta["handle_timeout_termination"])
+            self._setup(obs_space, act_space, device, n_envs, meta["optimize_memory_usage"], meta["handle_timeout_termination"])
             self._episodic = meta["episodic"]
             if self.n_envs > core.lanes:
                 raise ValueError(f"n_envs={n_envs} envs need as many lanes, and buffer {name!r} has {core.lanes}")
-            self.buffer_size = core.capacity // core.lanes
-            self._draws = seed is None and not self._episodic
+            self.buffer_size, self._draws = core.capacity // core.lanes, seed is None and not self._episodic
             self._open(EpisodeBuffer(core) if self._episodic else core)
             return self
         except BaseException:
@@ -258,6 +257,7 @@ class ReplayBuffer(SB3ReplayBuffer):
             self._writer = self._core.writer(envs=self.n_envs)  # before have no next observation
         step = {**obs, **next_obs, "actions": action, "rewards": reward}
         self._writer.add(step, terminated=done & ~timeout, truncated=done & timeout, timeout=wait)
+        self._newest.put(self._writer.lanes, step, done)  # (the step's next observation: newest.py)
         self._next = {k.replace(NEXT, OBS, 1): np.array(v) for k, v in next_obs.items()}
         self._ended = done  # (an env that ended starts its next step from a reset: not compared)
 
@@ -270,7 +270,7 @@ class ReplayBuffer(SB3ReplayBuffer):
         normalizes observations and rewards. ``timeout``: seconds a rate limit may take."""
         core = self._core
         b = core.engine.read(self._draws, batch_size, batch_size, timeout) if self._draws else \
-            core.sample(batch_size, timeout=timeout)
+            self._newest.sample(core, batch_size, timeout)  # (newest.py: with the newest steps, or core.sample)
         if self._episodic:
             ended = b["terminated"] if self.handle_timeout_termination else b["terminated"] | b["truncated"]
             dones = ended.astype(np.float32)
@@ -416,7 +416,7 @@ class ReplayBuffer(SB3ReplayBuffer):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if multiprocessing.context.get_spawning_popen() is not None:  # to a process being started: by name
             return (_attach, (self.name, {"device": str(self.device), "n_envs": self.n_envs}))
-        meta = self._plain().meta
+        meta = self._plain().engine.layout.meta
         return (_restore, (type(self), self.buffer_size * self._plain().lanes, meta["observation_space"],
                            meta["action_space"], self.config(), self._plain().state_dict()))
 

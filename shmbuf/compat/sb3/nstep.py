@@ -44,6 +44,8 @@ class NStepReplayBuffer(ReplayBuffer, SB3NStepReplayBuffer):
     """SB3's ``NStepReplayBuffer`` (``n_steps``, ``gamma``) over shared memory; other
     arguments as :class:`shmbuf.compat.sb3.ReplayBuffer`'s. See the module."""
 
+    _newest_at_once = False  # (its n-step windows stop at each env's newest row: see the module)
+
     def __init__(self, *args: Any, n_steps: int = 3, gamma: float = 0.99, **kwargs: Any) -> None:
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")

@@ -66,16 +66,17 @@ class SharedStorage(TensorStorage):
 
     def _attach(self, name: str) -> None:
         buf = Buffer.attach(name, seed=self.seed, timeout=self.timeout)
-        alpha = (buf.meta.get("priority") or {}).get("alpha")
-        if buf.meta.get("kind") != KIND or (self.priority is None) != (alpha is None) \
+        described = buf.engine.layout.meta
+        alpha = (described.get("priority") or {}).get("alpha")
+        if described.get("kind") != KIND or (self.priority is None) != (alpha is None) \
                 or (alpha is not None and float(alpha) != float(self.priority)):
             buf.close()
-            what = "not a TorchRL storage" if buf.meta.get("kind") != KIND else \
+            what = "not a TorchRL storage" if described.get("kind") != KIND else \
                 f"a TorchRL storage {'of priorities with alpha=%s' % alpha if alpha is not None else 'without priorities'}"
             raise ValueError(f"buffer {name!r} is {what} (this storage wants "
                              f"{'priorities with alpha=%s' % self.priority if self.priority is not None else 'none'}): "
                              "attach with the class and alpha it was made with")
-        self._opened(buf, tuple(buf.meta.get("row_batch", ())))
+        self._opened(buf, tuple(described.get("row_batch", ())))
 
     def _opened(self, buf: Buffer, row_shape: tuple[int, ...]) -> None:
         self.buf, self.row_shape, self.max_size = buf, row_shape, buf.capacity
@@ -101,7 +102,7 @@ class SharedStorage(TensorStorage):
         row_shape = tuple(td.batch_size[1:])
         self._opened(Buffer.create(fields, self.max_size // self.lanes * self.lanes, lanes=self.lanes, name=self._name,
                                    seed=self.seed, timeout=self.timeout, priority=self.priority,
-                                   meta={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
+                                   _library={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -388,12 +389,14 @@ class SharedStorage(TensorStorage):
         buffer yet: with the saved fields)."""
         saved = Buffer.load(path, name=f"torchrl-load-{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            if saved.meta.get("kind") != KIND:
-                raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {saved.meta.get('kind')!r})")
+            described = saved.engine.layout.meta
+            if described.get("kind") != KIND:
+                raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {described.get('kind')!r})")
             if self.buf is None:
+                row_shape = tuple(described.get("row_batch", ()))
                 self._opened(Buffer.create(saved.fields, saved.capacity, lanes=saved.lanes, name=self._name,
-                                           seed=self.seed, timeout=self.timeout, meta=saved.meta),
-                             tuple(saved.meta.get("row_batch", ())))
+                                           seed=self.seed, timeout=self.timeout,
+                                           _library={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
             self.buf.load_state_dict(saved.state_dict())
         finally:
             saved.close()

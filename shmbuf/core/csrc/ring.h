@@ -57,6 +57,7 @@ typedef struct {
     double inv_lc;           /* 1.0 / lc (slot_of) */
     int nfields;
     Field *fields;
+    int streams;             /* a field's rows are copied with streamed stores (streamed()) */
     PyObject *ndarray_type, *is_alive, *write_timeout, *lock_timeout, *format_error;
     Py_ssize_t inside;       /* calls running now (one may sleep, or call back into Python) */
     /* this process: set by configure() (again after a fork) */
@@ -80,6 +81,16 @@ static inline int beyond_horizon(Ring *r, Py_ssize_t lane, int64_t end) {
 
 static int64_t next_token = 0; /* unique per write in this process (with the pid) */
 static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protocol points */
+/* Tests only (trace_steps()): the steps of this process's writes in the order they were
+ * taken, one letter each: 'o' the odd stamps stored, 'F' a store fence (sfence), 'S' a
+ * field's rows copied with streamed stores, 'c' with ordinary ones, 'e' the even stamps
+ * stored, 'a' the stamps of an abandoned write zeroed. Off (-1) but while a test traces. */
+static char steps[1 << 16];
+static Py_ssize_t nsteps = -1;
+static inline void step(char c) {
+    if (nsteps >= 0 && nsteps < (Py_ssize_t)sizeof steps)
+        steps[nsteps++] = c;
+}
 static long faults = 0;         /* tests only: protection broken on purpose (ring.py) */
 enum { FAULT_NO_STAMP_CHECK = 1, FAULT_NO_WAIT = 2, FAULT_NO_SEGMENT_CHECK = 4 };
 
@@ -145,7 +156,19 @@ static inline void copy(char *dst, const char *src, Py_ssize_t n) {
  * For the frames of a ring larger than any cache, which nobody reads soon after they
  * are written (a sample reads a random row): a plain copy first reads every line it
  * overwrites, which doubles a writer's memory traffic and takes it from the learner.
- * The stores are weakly ordered: store_fence() must follow before they are published. */
+ *
+ * The stores are weakly ordered, outside x86's TSO (Intel SDM vol. 3A, 9.2.2: "writes
+ * are not reordered with other writes, with the exception of streaming stores"): one
+ * may become visible before an ordinary store that precedes it, or after one that
+ * follows it. C11's fences do not cover them (on x86 a release fence emits no
+ * instruction: TSO already orders ordinary stores). store_fence() is the x86 SFENCE:
+ * every store before it, ordinary or streamed, is globally visible before any store
+ * after it. A write that streams takes it twice (write.c, steps 3 and 5): after its odd
+ * stamps, before its first streamed store, so that no streamed byte of the row can be
+ * seen while the row's stamp still says "published" (a reader would take a torn row);
+ * and after its last streamed store, before its even stamps, so that a reader who sees
+ * the row published sees all of it. Elsewhere (no SSE2) nothing is streamed and
+ * store_fence() is nothing: the C11 fences of write.c order the memcpy's stores. */
 #if defined(__SSE2__)
 #include <emmintrin.h>
 static void copy_stream(char *dst, const char *src, Py_ssize_t n) {
@@ -164,9 +187,15 @@ static void copy_stream(char *dst, const char *src, Py_ssize_t n) {
     }
     memcpy(dst, src, n);                     /* the tail */
 }
-static inline void store_fence(void) { _mm_sfence(); }
+enum { STREAMS = 1 };
+/* SFENCE, and a compiler barrier: no store of the C code moves across it either */
+static inline void store_fence(void) {
+    __asm__ __volatile__("sfence" ::: "memory");
+    step('F');
+}
 #else
 static void copy_stream(char *dst, const char *src, Py_ssize_t n) { memcpy(dst, src, n); }
+enum { STREAMS = 0 };
 static inline void store_fence(void) { }
 #endif
 

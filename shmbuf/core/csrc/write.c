@@ -73,11 +73,15 @@ static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssi
     const char *s = src + from * fd->row_bytes;
     char *d = r->base + fd->offset + slot_of(r, lane, first + from) * fd->stride;
     if (fd->stride == fd->row_bytes) {                      /* a field of its own: one copy */
-        if (streamed(r, fd))
+        if (streamed(r, fd)) {
             copy_stream(d, s, (to - from) * fd->row_bytes);
-        else
+            step('S');
+        } else {
             memcpy(d, s, (to - from) * fd->row_bytes);
+            step('c');
+        }
     } else {
+        step('c');
         for (Py_ssize_t i = from; i < to; i++, s += fd->row_bytes, d += fd->stride)
             copy(d, s, fd->row_bytes);                     /* packed: a row at a time */
     }
@@ -171,10 +175,17 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         goto abandon;
 
     /* 3. Stamp the slots odd ("being written"), then fence: no data store may become
-     * visible before them. */
+     * visible before them (a reader who copied a byte of ours then finds the stamp
+     * changed). The release fence orders the ordinary stores of the copy (on x86 it
+     * emits nothing: TSO keeps stores in order; on ARM a DMB); streamed stores are
+     * outside that order, so a write that streams also takes an SFENCE here: the odd
+     * stamps are globally visible before any streamed byte (ring.h: copy_stream). */
     for (Py_ssize_t i = 0; i < n; i++)
         STORE(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 1);
+    step('o');
     __atomic_thread_fence(__ATOMIC_RELEASE);
+    if (r->streams)
+        store_fence();
 
     /* 4. Copy: up to the end of the lane, then what wraps to its start. */
     Py_ssize_t k = r->lc - slot_of(r, 0, first);
@@ -185,17 +196,27 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         if (k < n)
             copy_rows(r, &r->fields[f], lane, first, k, n, src[f]);
         if (at("writing") < 0) {
-            for (Py_ssize_t i = 0; i < n; i++)   /* abandon: these rows will never be valid */
+            /* abandon: these rows will never be valid. Our streamed bytes land first
+             * (SFENCE): once our entry is free, the next writer of these slots may
+             * write them, and a late byte of ours must not land over its row. */
+            if (r->streams)
+                store_fence();
+            for (Py_ssize_t i = 0; i < n; i++)
                 STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 0);
+            step('a');
             goto abandon;
         }
     }
 
-    /* 5. Publish: even stamps, each a release store (the data above is visible first;
-     * streamed copies, weakly ordered, are fenced first). */
-    store_fence();
+    /* 5. Publish: even stamps, each a release store (the ordinary stores of the copy
+     * are visible first); a write that streams takes an SFENCE first: every streamed
+     * byte is globally visible before the even stamps, so a reader who sees the row
+     * published sees all of it. */
+    if (r->streams)
+        store_fence();
     for (Py_ssize_t i = 0; i < n; i++)
         STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 2);
+    step('e');
 
     /* 6. Free the entry. */
     if (e)
