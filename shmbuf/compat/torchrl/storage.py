@@ -389,8 +389,7 @@ class SharedStorage(TensorStorage):
         buffer yet: with the saved fields)."""
         saved = Buffer.load(path, name=f"torchrl-load-{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            described = saved.engine.layout.meta
-            if described.get("kind") != KIND:
+            if (described := saved.engine.layout.meta).get("kind") != KIND:
                 raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {described.get('kind')!r})")
             if self.buf is None:
                 row_shape = tuple(described.get("row_batch", ()))
