@@ -23,7 +23,7 @@ Examples:
     >>> got = decode(row)
     >>> float(got["a"]), got["b"]["c"].tolist()
     (1.5, [0, 1])
-    >>> row[50] ^= 1  # one bit of a value (of "a": bytes 48-55), or of anything decoding reads
+    >>> row[45] ^= 1  # one bit of a value (of "a": bytes 42-49), or of anything decoding reads
     >>> decode(row)
     Traceback (most recent call last):
     ...
@@ -46,6 +46,12 @@ _cache: dict[bytes, list] = {}  # headers already parsed (rows of one run share 
 _builders: dict[bytes, Any] = {}  # ... and the function that builds their dicts
 
 
+def _json(doc: Any) -> str:
+    """``doc`` as compact JSON (no spaces: Monitor's and imitation's usual infos fit in
+    the default 256 bytes of a row)."""
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def _damaged(why: str) -> ValueError:
     return ValueError(f"an infos row is damaged ({why}): it was not written by shmbuf's encode, "
                       "or it was changed since")
@@ -64,7 +70,7 @@ def encode(info: Any, out: np.ndarray) -> list[str]:
     out[:] = 0
     if not info:
         return []
-    entries, blobs, left, used = [], [], [], 2 + 2  # (the length, and the header's brackets)
+    entries, blobs, left, used = [], [], [], 2 + 1  # (the length, and the header's brackets less a comma)
     for path, value in _leaves(info, ()) if isinstance(info, dict) else ():
         a = np.asarray(value) if not isinstance(value, (dict, type(None))) else None
         name = "/".join(map(str, path))
@@ -72,7 +78,7 @@ def encode(info: Any, out: np.ndarray) -> list[str]:
             left.append(name)
             continue
         entry = [list(path), a.dtype.str, list(a.shape)]
-        size = len(json.dumps(entry)) + 2 + a.nbytes
+        size = len(_json(entry)) + 1 + a.nbytes  # (the entry, its comma, its bytes)
         if used + size > len(out) - CHECK:
             left.append(name)
             continue
@@ -82,7 +88,7 @@ def encode(info: Any, out: np.ndarray) -> list[str]:
     if not isinstance(info, dict):
         left.append(type(info).__name__)
     if entries:
-        header = json.dumps(entries).encode()
+        header = _json(entries).encode()
         blob = np.frombuffer(len(header).to_bytes(2, "little") + header + b"".join(blobs), np.uint8)
         out[:len(blob)] = blob
         out[len(blob):len(blob) + CHECK] = checks(blob[None]).view(np.uint8)

@@ -158,6 +158,30 @@ def test_infos_are_kept_with_their_rows_and_what_cannot_be_is_left_out_with_a_wa
     bare.close(); other.close(); rb.close()
 
 
+def test_the_usual_infos_of_a_gail_run_fit_the_default_info_bytes(name):
+    """A last step's infos under Monitor, TimeLimit and imitation's reward wrapper (what
+    GAIL stores, CI's failure of 2026-11-29: with the row's 8-byte check a JSON header
+    with spaces took 261 bytes, past the default 256) are kept whole, with no warning:
+    headers are compact JSON (241 bytes here)."""
+    import warnings
+
+    from shmbuf.compat.infos import encode
+
+    info = {"TimeLimit.truncated": False, "terminal_observation": np.zeros(4, np.float32),
+            "episode": {"r": 1.0, "l": 10, "t": 0.5}, "original_env_rew": np.float32(1.0)}
+    assert encode(info, np.zeros(256, np.uint8)) == [] and encode(info, np.zeros(240, np.uint8)) != []
+    rb = ReplayBuffer(4, obs_shape=(4,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rb.store(Transitions(obs=np.zeros((2, 4), np.float32), acts=np.zeros(2, np.int64),
+                             infos=np.array([info, info], dtype=object),
+                             next_obs=np.zeros((2, 4), np.float32), dones=np.ones(2, bool)))
+    got = rb.sample(4).infos[0]
+    assert got["episode"] == info["episode"] and got["original_env_rew"] == np.float32(1.0)
+    assert got["terminal_observation"].tolist() == [0.0] * 4
+    rb.close()
+
+
 def _row(header: bytes, values: bytes = b"", width: int = 128) -> np.ndarray:
     """A row with this header and these values, its check right (written by a writer
     that has it wrong, not damaged on the way): what the header checks alone must catch."""
