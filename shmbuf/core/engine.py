@@ -292,10 +292,13 @@ class Engine:
         the gate left of ``timeout``; counted in the stats. Every sampler of every
         capability is called this way."""
         timeout = self.seconds(timeout)
-        left = self.gate.before_sample(n, timeout)
+        counted, left = [0], timeout
         try:
+            left = self.gate.before_sample(n, timeout, counted)
             got = read(rest(left, timeout))
         except BaseException as exc:
+            if counted[0]:  # (a sample counts when it is returned: the gate's count given back)
+                self.gate.give_back(counted[0], exc)
             note(exc, timeout, left)
             raise
         self.counters.sampled(rows)
