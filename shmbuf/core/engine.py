@@ -44,7 +44,7 @@ from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import Counted, NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
 from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
-from shmbuf.core.ring import Ring, WriteTimeout
+from shmbuf.core.ring import Ring, WriteTimeout, rows_published
 from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
@@ -235,12 +235,14 @@ class Engine:
         lane) into lane ``lanes[i]`` (a checked int64 array), all within ``timeout``.
         All or nothing, as far as this process decides it: a lane that another live
         process claims, the rate gate (passed once, for all the rows) and a queue's room
-        (in every lane) are settled before any row is written. Rows written before an
-        error that could only come later (a claim, a full queue, a lock or a lane's write
-        held past the timeout: another process's doing meanwhile, or another thread's of
-        this one) are named in its message."""
+        (in every lane) are settled before any row is written. What an error that could
+        only come later (a claim, a full queue, a lock or a lane's write held past the
+        timeout: another process's doing meanwhile, or another thread's of this one), or
+        a Ctrl-C, left written is in its ``rows_written`` (rows ``0 .. rows_written - 1``
+        were written, in order, the others not; counted as they are published:
+        :func:`shmbuf.core.ring.rows_published`) and its message (a KeyboardInterrupt's note)."""
         timeout = self.seconds(timeout)
-        n, left, written = len(lanes), timeout, 0
+        n, left, mark = len(lanes), timeout, rows_published()
         try:
             self.ring.refuse_theirs(lanes)
             left = self.gate.before_insert(n, timeout)
@@ -255,11 +257,12 @@ class Engine:
                 return
             for i, lane in enumerate(lanes.tolist()):
                 self.writes.put(lane, 1, [a[i] for a in arrays], max(0.0, deadline - time.monotonic()))
-                written += 1
         except BaseException as exc:
-            note(exc, timeout, left, f"rows 0..{written - 1} of the {n} (into lanes {lanes[:written].tolist()}) were "
-                 f"written before this error, rows {written}..{n - 1} were not" if written else
-                 f"none of the {n} rows was written")
+            written = exc.rows_written = rows_published() - mark  # (this thread's: the rows of this call)
+            note(exc, timeout, left, f"none of the {n} rows was written" if not written else
+                 f"all {n} rows were written" if written == n else
+                 f"rows 0..{written - 1} of the {n} (into lanes {lanes[:written].tolist()}) were written before "
+                 f"this error, rows {written}..{n - 1} were not")
             raise
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
