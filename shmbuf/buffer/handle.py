@@ -14,6 +14,7 @@ from shmbuf.priority import trees as _priority
 from shmbuf.buffer import queue_mode
 from shmbuf.core import counters, durable, procs, sampling, storage, validate
 from shmbuf.core.batch import Outputs, count
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from shmbuf import samplers
 from shmbuf.core.parts import NoPriorities, Replay
@@ -65,10 +66,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
 
     @classmethod
     def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-              timeout: float, counted: bool = True) -> "Buffer":
+              timeout: float, counted: bool = True, deadline: Any = None) -> "Buffer":
         """A handle on a mapped, validated segment (see :class:`~shmbuf.core.engine.Engine`)."""
         self = object.__new__(cls)
-        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted)
+        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted, deadline=deadline)
         prio = layout.meta.get("priority")
         if prio is not None:
             engine.priorities = _priority.Trees(engine, prio)
@@ -207,8 +208,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         """Attach to an existing buffer by name (a name with ``/`` is the path of a
         buffer file); its schema is read from the segment.
 
-        Waits up to ``timeout`` seconds for a buffer that is still being created.
-        The attaching process never destroys the buffer when it exits.
+        Waits up to ``timeout`` seconds in all: for a buffer that is still being created,
+        then for its lock. The attaching process never destroys the buffer when it exits.
 
         Raises:
             FileNotFoundError: no buffer has this name.
@@ -239,12 +240,11 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
     @classmethod
     def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
         """:meth:`attach` (``counted``) or :meth:`observe`."""
-        name = storage.check(name)
-        timeout = validate.timeout(timeout)
-        rng = validate.rng(seed)
+        name, timeout, rng = storage.check(name), validate.timeout(timeout), validate.rng(seed)
+        deadline = Deadline(timeout)  # (the wait for the segment, then the engine's: one timeout)
         seg, layout = open_segment(name, timeout)
         try:
-            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
+            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted, deadline=deadline)
         except BaseException:
             seg.close()
             raise

@@ -39,6 +39,7 @@ import numpy as np
 
 from shmbuf.core import durable, native, procs, sampling, validate
 from shmbuf.core.counters import Counters
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import Counted, NoPriorities, Replay
@@ -125,11 +126,12 @@ class Engine:
 
     The caller keeps ``seg`` until this returns; from then on the engine owns it (closes
     it, and unlinks it if ``owner``). ``counted``: claim a slot of the stats region (not
-    for a mere observer such as ``shmbuf ls``).
+    for a mere observer such as ``shmbuf ls``). ``deadline``: of the waits of opening
+    (an attach's, which waited for the segment first; default: ``timeout`` from now).
     """
 
     def __init__(self, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-                 timeout: float, counted: bool = True) -> None:
+                 timeout: float, counted: bool = True, deadline: Deadline | None = None) -> None:
         self.seg = seg
         self.name = seg.name
         self.layout = layout
@@ -155,9 +157,10 @@ class Engine:
                               durable.horizon(layout, seg.mmap, self.name), layout.meta.get("queue") is not None)
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
-        rewound = seg.durable and durable.recover(self.ring, timeout)
+        wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
+        rewound = seg.durable and durable.recover(self.ring, wait())
         if counted:
-            self.counters.claim(self.lock, min(timeout, 1.0))
+            self.counters.claim(self.lock, min(wait(), 1.0))
         # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
         rate = layout.meta.get("rate")
         self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
@@ -168,7 +171,7 @@ class Engine:
         self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
         self._names = [f.name for f in layout.fields]
         if rewound:
-            self.writes.recovered(timeout)  # a queue's takes in flight at the restart give their rows back
+            self.writes.recovered(wait())  # a queue's takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
