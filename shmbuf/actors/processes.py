@@ -59,6 +59,9 @@ from shmbuf.actors.weights import Weights
 LEARNER_GRACE = 5.0
 """Seconds an actor has to return once its learner died before its process exits."""
 WATCH_EVERY = 0.2  # seconds between two looks at the learner
+TERM_GRACE = 2.0
+"""Seconds :meth:`Actors.stop` gives the actors it terminated (SIGTERM), all together,
+before it kills them (SIGKILL)."""
 
 
 class Actor:
@@ -93,12 +96,12 @@ class Actor:
         """Send ``stats`` (picklable values) to the learner (:meth:`Actors.reports`)."""
         self._conn.send({"actor": self.index, **stats})
 
-    def pull(self, model: Any) -> int | None:
+    def pull(self, model: Any, *, timeout: float = 10.0) -> int | None:
         """Load the newest weights into ``model`` (a torch module, or a dict of arrays) if newer than
-        the ones it has; returns the new version, or None."""
+        the ones it has; returns the new version, or None (``timeout``: :meth:`shmbuf.Weights.read`'s)."""
         if self.weights is None:
             return None
-        got = self.weights.load_into(model, newer_than=self.version)
+        got = self.weights.load_into(model, newer_than=self.version, timeout=timeout)
         if got is not None:
             self.version = got
         return got
@@ -218,20 +221,26 @@ class Actors:
         return out
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask every actor to stop, wait up to ``timeout`` seconds for them, then
-        terminate the ones still running (SIGTERM, then SIGKILL)."""
+        """Ask every actor to stop and wait up to ``timeout`` seconds for them all, then
+        terminate the ones still running (SIGTERM), wait :data:`TERM_GRACE` seconds more
+        for them all, and kill the rest (SIGKILL): within ``timeout + TERM_GRACE`` and
+        the kills, however many actors ignore the stop."""
         self._stop.value = 1
         deadline = time.monotonic() + timeout
         for p in self._procs:
             if p is not None:
                 p.join(max(deadline - time.monotonic(), 0))
-        for p in self._procs:
-            if p is not None and p.is_alive():
-                p.terminate()
-                p.join(2)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        late = [p for p in self._procs if p is not None and p.is_alive()]
+        for p in late:
+            p.terminate()
+        deadline = time.monotonic() + TERM_GRACE
+        for p in late:
+            p.join(max(deadline - time.monotonic(), 0))
+        for p in late:
+            if p.is_alive():
+                p.kill()
+        for p in late:
+            p.join(TERM_GRACE)  # (SIGKILL: at once, unless the kernel holds it in a system call)
         self._pending = self.reports()  # what they said last (kept for the next reports())
         for c in self._conns:
             if c is not None:

@@ -241,10 +241,11 @@ class Weights:
                 raise TimeoutError(f"weights {self.name!r}: publishes kept overtaking the read for {timeout:g} s")
             time.sleep(1e-4)
 
-    def load_into(self, model: Any, *, newer_than: int | None = None) -> int | None:
+    def load_into(self, model: Any, *, newer_than: int | None = None, timeout: float = 10.0) -> int | None:
         """Copy the latest version into a torch module (``load_state_dict``) or a dict of
-        arrays; returns its version, or None if there is nothing newer than ``newer_than``."""
-        got = self.read(newer_than=newer_than)
+        arrays; returns its version, or None if there is nothing newer than ``newer_than``
+        (``timeout``: :meth:`read`'s)."""
+        got = self.read(newer_than=newer_than, timeout=timeout)
         if got is None:
             return None
         version, arrays = got

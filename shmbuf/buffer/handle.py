@@ -14,6 +14,7 @@ from shmbuf.priority import trees as _priority
 from shmbuf.buffer import queue_mode
 from shmbuf.core import counters, durable, procs, sampling, storage, validate
 from shmbuf.core.batch import Outputs, count
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from shmbuf import samplers
 from shmbuf.core.parts import NoPriorities, Replay
@@ -65,10 +66,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
 
     @classmethod
     def _open(cls, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-              timeout: float, counted: bool = True) -> "Buffer":
+              timeout: float, counted: bool = True, deadline: Any = None) -> "Buffer":
         """A handle on a mapped, validated segment (see :class:`~shmbuf.core.engine.Engine`)."""
         self = object.__new__(cls)
-        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted)
+        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted, deadline=deadline)
         prio = layout.meta.get("priority")
         if prio is not None:
             engine.priorities = _priority.Trees(engine, prio)
@@ -207,8 +208,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         """Attach to an existing buffer by name (a name with ``/`` is the path of a
         buffer file); its schema is read from the segment.
 
-        Waits up to ``timeout`` seconds for a buffer that is still being created.
-        The attaching process never destroys the buffer when it exits.
+        Waits up to ``timeout`` seconds in all: for a buffer that is still being created,
+        then for its lock. The attaching process never destroys the buffer when it exits.
 
         Raises:
             FileNotFoundError: no buffer has this name.
@@ -239,12 +240,11 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
     @classmethod
     def _open_by_name(cls, name: str, seed: Any, timeout: float, counted: bool) -> "Buffer":
         """:meth:`attach` (``counted``) or :meth:`observe`."""
-        name = storage.check(name)
-        timeout = validate.timeout(timeout)
-        rng = validate.rng(seed)
+        name, timeout, rng = storage.check(name), validate.timeout(timeout), validate.rng(seed)
+        deadline = Deadline(timeout)  # (the wait for the segment, then the engine's: one timeout)
         seg, layout = open_segment(name, timeout)
         try:
-            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted)
+            return cls._open(seg, layout, owner=False, rng=rng, timeout=timeout, counted=counted, deadline=deadline)
         except BaseException:
             seg.close()
             raise
@@ -319,12 +319,14 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             return  # the common case, checked and written in C
         engine = self.engine
         transition = self._versions.stamp(transition, version, True)
-        transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
         stamped = self._stamped
-        if stamped is None or stamped.add(transition, lane, timeout) is not None:
-            arrays, n = engine.schema.check_rows(transition, single=True)
-            engine.write(arrays, n, lane, timeout)
-        self._versions.commit()
+        try:
+            transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
+            if stamped is None or stamped.add(transition, lane, timeout) is not None:
+                arrays, n = engine.schema.check_rows(transition, single=True)
+                engine.write(arrays, n, lane, timeout)
+        finally:
+            self._versions.done()  # (its version is the floor once its row is written)
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
                truncate_ok: bool = False, timeout: float | None = None,
@@ -351,26 +353,28 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         if truncate_ok is not False:
             engine.writes.check_truncate()
         batch = self._versions.stamp(batch, version, False)
-        batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
         stamped = self._stamped
-        if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
-            return self._versions.commit()
-        arrays, n = engine.schema.check_rows(batch, single=False)
-        if truncate_ok is not False:
-            truncate_ok = validate.flag(truncate_ok, "truncate_ok")
-        cap = engine.layout.lane_capacity
-        if n > cap:
-            if not truncate_ok:
-                per = " per lane" if self.lanes > 1 else ""
-                raise ValueError(
-                    f"{n} rows do not fit in the buffer ({cap} rows{per}); pass "
-                    f"truncate_ok=True to keep only the last {cap}")
-            arrays = [a[n - cap:] for a in arrays]
-            n = cap
-        if n == 1:
-            arrays = [a[0] for a in arrays]  # one row is written without its row axis
-        engine.write(arrays, n, lane, timeout)
-        self._versions.commit()
+        try:
+            batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
+            if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
+                return
+            arrays, n = engine.schema.check_rows(batch, single=False)
+            if truncate_ok is not False:
+                truncate_ok = validate.flag(truncate_ok, "truncate_ok")
+            cap = engine.layout.lane_capacity
+            if n > cap:
+                if not truncate_ok:
+                    per = " per lane" if self.lanes > 1 else ""
+                    raise ValueError(
+                        f"{n} rows do not fit in the buffer ({cap} rows{per}); pass "
+                        f"truncate_ok=True to keep only the last {cap}")
+                arrays = [a[n - cap:] for a in arrays]
+                n = cap
+            if n == 1:
+                arrays = [a[0] for a in arrays]  # one row is written without its row axis
+            engine.write(arrays, n, lane, timeout)
+        finally:
+            self._versions.done()
 
     # -- sampling --------------------------------------------------------------------
 
@@ -420,19 +424,15 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
     # -- lifetime --------------------------------------------------------------------
 
     def close(self) -> None:
-        """Detach. The creator's close also destroys the buffer unless ``persist=True``.
-
-        Arrays returned by :meth:`sample` are copies and stay valid.
-        """
+        """Detach. The creator's close also destroys the buffer unless ``persist=True``
+        (arrays returned by :meth:`sample` are copies and stay valid)."""
         self._native = self._plain = None  # calls go to the engine's ring, which says it is closed
         self.engine.close()
 
     def unlink(self) -> None:
-        """Destroy the buffer's name now, from any handle; a second call is harmless.
-
-        Processes that have it attached keep working on it until they close; nobody
-        can attach any more.
-        """
+        """Destroy the buffer's name now, from any handle (a second call is harmless):
+        processes that have it attached keep working on it until they close; nobody can
+        attach any more."""
         self.engine.seg.unlink()
 
     def __enter__(self) -> "Buffer":

@@ -101,10 +101,12 @@ class Lanes:
                 if np.ndim(v) == 0 or len(v) != n:
                     raise ValueError(f"field {k!r}: expected {n} rows, one per lane, got shape {np.shape(v)}")
         batch = self._versions.stamp(batch, version, False)  # (the parts that add, as extend's)
-        batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
-        arrays, _ = engine.schema.check_rows(batch, single=False)
-        engine.write_each(arrays, lanes, timeout)
-        self._versions.commit()
+        try:
+            batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
+            arrays, _ = engine.schema.check_rows(batch, single=False)
+            engine.write_each(arrays, lanes, timeout)
+        finally:
+            self._versions.done()  # (the floor: the rows written, also by a write stopped halfway)
 
     def writer(self, lane: int | None = None) -> "LaneWriter":
         """A context manager that claims a lane, writes to it, and releases it.

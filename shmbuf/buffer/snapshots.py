@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from shmbuf.core import state as _state
 from shmbuf.core import stats
 from shmbuf.core import validate
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine
 
 
@@ -41,7 +42,9 @@ class Snapshots:
         crash, a reboot) rolls the buffer back to the last flush, never further. It
         writes the pages changed since the last flush (``msync`` + ``fsync``); it costs
         what the disk takes to write them. Writers and samplers go on meanwhile. For a
-        buffer in ``/dev/shm`` (gone at a restart anyway) it does nothing.
+        buffer in ``/dev/shm`` (gone at a restart anyway) it does nothing. ``timeout``
+        bounds its two waits for the header lock, one deadline for both; the disk
+        write itself is not interrupted.
 
         Examples:
             >>> import numpy as np, shmbuf, tempfile, os
@@ -99,7 +102,7 @@ class Snapshots:
         """
         e = self.engine
         return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
-                               e.writes)
+                               e.writes)  # (its waits: one deadline)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -108,11 +111,15 @@ class Snapshots:
         rows). Writers wait for the restore, up to their timeout: it holds the header
         lock, after letting the writes in flight finish. Rows get new sequence numbers
         (``total_added`` grows); ``len()``, the rows and the samples are as saved.
+        ``timeout`` bounds the call's waits (for the lock, the writes in flight, and the
+        steps after the copy), one deadline for all; the copy itself, and a buffer
+        file's writes to the disk, are not interrupted.
         """
         e = self.engine
         checked = _state.check(state, e.layout, e.layout.stored())
-        _state.restore(e.ring, checked, e.seconds(timeout), seg=e.seg)
-        e.writes.reset(e.seconds(timeout))  # (a queue: every row restored is one not yet taken)
+        deadline = Deadline(e.seconds(timeout))
+        _state.restore(e.ring, checked, deadline.left(), seg=e.seg)
+        e.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)
         self.sampler.restore(checked["rng"])
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False,
@@ -126,7 +133,9 @@ class Snapshots:
         returns). It is written to a temporary directory renamed into place at the end,
         so an interrupted save never leaves a directory that loads. ``overwrite=True``
         replaces an earlier save. ``progress``: a progress bar on stderr (default: on
-        a terminal).
+        a terminal). ``timeout`` bounds its waits (the priorities', a queue's takes in
+        flight, the header lock's), one deadline for all; the copy and the writes to
+        the disk are not interrupted.
 
         Examples:
             >>> import numpy as np, shmbuf
@@ -162,7 +171,10 @@ class Snapshots:
         ``ValueError`` (``FileNotFoundError`` for no directory) and leave nothing in
         ``/dev/shm``; a taken name raises ``FileExistsError`` and leaves that buffer
         alone. An episode buffer's save loads here as its core Buffer; use
-        :meth:`shmbuf.EpisodeBuffer.load` to get an EpisodeBuffer.
+        :meth:`shmbuf.EpisodeBuffer.load` to get an EpisodeBuffer. ``timeout`` (also the
+        new handle's default) bounds the waits for its header lock, before and after the
+        rows are copied in, one deadline for all from the call's start (each wait gets at
+        least ``LOCK_FLOOR``); reading the files and the copy are not interrupted.
         """
         from shmbuf.persist import save as _persist
 

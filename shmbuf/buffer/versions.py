@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core.batch import rows_of
+from shmbuf.core.ring import rows_published
 from shmbuf.samplers.recent import FIELD, Recent, freshness_table, weights
 
 
@@ -63,7 +64,7 @@ class NoVersions:
         if version is not None:
             raise ValueError("version= is for a buffer created with versions=True")
 
-    def commit(self) -> None:
+    def done(self) -> None:
         pass
 
     def bound(self, *args: Any) -> tuple[int, int]:
@@ -81,7 +82,8 @@ class Versions:
     def __init__(self) -> None:
         self.weights: Any = None
         self.high = 0  # the largest version this handle wrote
-        self.pending = 0  # the version of the write stamped last (committed once written)
+        self.pending = 0  # the version of the write stamped last (the floor once a row of it is written)
+        self.mark: int | None = None  # rows_published() as it was stamped (None: settled)
         self.memo: dict[str, Any] = {}  # where each lane's rows of a recent enough version begin
         self.view: np.ndarray | None = None  # (raw())
         self.seen: tuple[Any, Any, int] = (None, None, -1)  # the window newest_row last saw, its answer, its slot
@@ -99,13 +101,20 @@ class Versions:
             raise TypeError(f"expected a mapping of field names to values, got {type(data).__name__}")
         if FIELD in data:
             raise ValueError(f"{FIELD!r} is kept by shmbuf: pass version= (or bind a shmbuf.Weights)")
+        self.done()  # (the last write's, if a Ctrl-C kept it from settling)
         v = self.pending = self.current(version)
+        self.mark = rows_published()
         return {**data, FIELD: v if single else np.full(rows_of(data), v, np.int64)}
 
-    def commit(self) -> None:
-        """The write stamped last was written: its version is the handle's floor now
-        (a write that failed moves nothing)."""
-        self.high = max(self.high, self.pending)
+    def done(self) -> None:
+        """The write stamped last returned or raised: its version is the handle's floor
+        now if this thread published any row since it was stamped (all of it, or part of
+        an ``add_each`` stopped halfway: an error, a Ctrl-C); a write that wrote nothing
+        moves nothing."""
+        if self.mark is not None:
+            if rows_published() != self.mark and self.pending > self.high:
+                self.high = self.pending
+            self.mark = None
 
     def current(self, version: Any) -> int:
         """The version of a write given ``version=`` (None: the bound source's), checked:

@@ -300,6 +300,11 @@ static PyObject *trace_steps(PyObject *module, PyObject *on) {
     return got;
 }
 
+/* published(): the rows this thread has published on the native path (ring.h). */
+static PyObject *published(PyObject *module, PyObject *unused) {
+    return PyLong_FromLongLong(published_here);
+}
+
 static PyMethodDef module_methods[] = {
     {"tree_set", (PyCFunction)(void (*)(void))tree_set, METH_FASTCALL, "tree_set(sum, min, slots, values)"},
     {"tree_find", (PyCFunction)(void (*)(void))tree_find, METH_FASTCALL, "tree_find(sum, u, out, leaf, seq, row)"},
@@ -307,6 +312,7 @@ static PyMethodDef module_methods[] = {
     {"probe_arrays", (PyCFunction)(void (*)(void))probe_arrays, METH_FASTCALL,
      "probe_arrays(a, b, address, dtype): read numpy arrays from their objects if this numpy lays them out as expected"},
     {"set_faults", set_faults, METH_O, "set_faults(bits): 1 no stamp check, 2 no waiting (tests)"},
+    {"published", published, METH_NOARGS, "published(): rows this thread has published on the native path"},
     {"trace_steps", trace_steps, METH_O, "trace_steps(on): the steps of the writes since the last call (tests)"},
     {NULL},
 };

@@ -53,6 +53,7 @@ import uuid
 import numpy as np
 
 from shmbuf.core import procs
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import (CTRL_BOOT, CTRL_FLUSHED_AT, CTRL_FLUSHES, LANE_BASE, LANE_CLAIM_CTIME, LANE_CLAIM_PID,
                      LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, LANE_OWN_START, MAX_SEQ, RES_CTIME, RES_LANE,
                      RES_PID, RES_START, Layout, published)
@@ -161,13 +162,18 @@ def frontier(ring) -> np.ndarray:
 
 def flush(ring, seg, timeout: float) -> np.ndarray:
     """Make every row published before the call durable (see the module); returns the
-    frontiers recorded. A no-op returning the heads for a ``/dev/shm`` segment."""
-    with ring.lock.hold(timeout):
+    frontiers recorded. A no-op returning the heads for a ``/dev/shm`` segment.
+
+    ``timeout`` bounds the two waits for the header lock, one deadline for both (the
+    second gets what the first and the disk write left, at least ``LOCK_FLOOR``); the
+    writes to the disk themselves are not interrupted."""
+    deadline = Deadline(timeout)
+    with ring.lock.hold(deadline.left()):
         front = frontier(ring)
     if not seg.durable:
         return front
     seg.sync()
-    with ring.lock.hold(timeout):
+    with ring.lock.hold(deadline.left()):
         lt = ring.lane_table
         lt[:, LANE_FLUSHED] = front  # (a racing flush may record older frontiers: all on disk)
         ring.control[CTRL_FLUSHES] += 1

@@ -39,12 +39,13 @@ import numpy as np
 
 from shmbuf.core import durable, native, procs, sampling, validate
 from shmbuf.core.counters import Counters
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.parts import Counted, NoPriorities, Replay
 from shmbuf.core.queue import REGION as QUEUE, Queue
 from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
-from shmbuf.core.ring import Ring, WriteTimeout
+from shmbuf.core.ring import Ring, WriteTimeout, rows_published
 from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
@@ -125,11 +126,12 @@ class Engine:
 
     The caller keeps ``seg`` until this returns; from then on the engine owns it (closes
     it, and unlinks it if ``owner``). ``counted``: claim a slot of the stats region (not
-    for a mere observer such as ``shmbuf ls``).
+    for a mere observer such as ``shmbuf ls``). ``deadline``: of the waits of opening
+    (an attach's, which waited for the segment first; default: ``timeout`` from now).
     """
 
     def __init__(self, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-                 timeout: float, counted: bool = True) -> None:
+                 timeout: float, counted: bool = True, deadline: Deadline | None = None) -> None:
         self.seg = seg
         self.name = seg.name
         self.layout = layout
@@ -155,9 +157,10 @@ class Engine:
                               durable.horizon(layout, seg.mmap, self.name), layout.meta.get("queue") is not None)
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
-        rewound = seg.durable and durable.recover(self.ring, timeout)
+        wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
+        rewound = seg.durable and durable.recover(self.ring, wait())
         if counted:
-            self.counters.claim(self.lock, min(timeout, 1.0))
+            self.counters.claim(self.lock, min(wait(), 1.0))
         # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
         rate = layout.meta.get("rate")
         self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
@@ -168,7 +171,7 @@ class Engine:
         self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
         self._names = [f.name for f in layout.fields]
         if rewound:
-            self.writes.recovered(timeout)  # a queue's takes in flight at the restart give their rows back
+            self.writes.recovered(wait())  # a queue's takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
@@ -235,12 +238,14 @@ class Engine:
         lane) into lane ``lanes[i]`` (a checked int64 array), all within ``timeout``.
         All or nothing, as far as this process decides it: a lane that another live
         process claims, the rate gate (passed once, for all the rows) and a queue's room
-        (in every lane) are settled before any row is written. Rows written before an
-        error that could only come later (a claim, a full queue, a lock or a lane's write
-        held past the timeout: another process's doing meanwhile, or another thread's of
-        this one) are named in its message."""
+        (in every lane) are settled before any row is written. What an error that could
+        only come later (a claim, a full queue, a lock or a lane's write held past the
+        timeout: another process's doing meanwhile, or another thread's of this one), or
+        a Ctrl-C, left written is in its ``rows_written`` (rows ``0 .. rows_written - 1``
+        were written, in order, the others not; counted as they are published:
+        :func:`shmbuf.core.ring.rows_published`) and its message (a KeyboardInterrupt's note)."""
         timeout = self.seconds(timeout)
-        n, left, written = len(lanes), timeout, 0
+        n, left, mark = len(lanes), timeout, rows_published()
         try:
             self.ring.refuse_theirs(lanes)
             left = self.gate.before_insert(n, timeout)
@@ -255,11 +260,12 @@ class Engine:
                 return
             for i, lane in enumerate(lanes.tolist()):
                 self.writes.put(lane, 1, [a[i] for a in arrays], max(0.0, deadline - time.monotonic()))
-                written += 1
         except BaseException as exc:
-            note(exc, timeout, left, f"rows 0..{written - 1} of the {n} (into lanes {lanes[:written].tolist()}) were "
-                 f"written before this error, rows {written}..{n - 1} were not" if written else
-                 f"none of the {n} rows was written")
+            written = exc.rows_written = rows_published() - mark  # (this thread's: the rows of this call)
+            note(exc, timeout, left, f"none of the {n} rows was written" if not written else
+                 f"all {n} rows were written" if written == n else
+                 f"rows 0..{written - 1} of the {n} (into lanes {lanes[:written].tolist()}) were written before "
+                 f"this error, rows {written}..{n - 1} were not")
             raise
 
     def extend(self, batch: Any, lane: int, timeout: float | None) -> None:
@@ -292,10 +298,13 @@ class Engine:
         the gate left of ``timeout``; counted in the stats. Every sampler of every
         capability is called this way."""
         timeout = self.seconds(timeout)
-        left = self.gate.before_sample(n, timeout)
+        counted, left = [0], timeout
         try:
+            left = self.gate.before_sample(n, timeout, counted)
             got = read(rest(left, timeout))
         except BaseException as exc:
+            if counted[0]:  # (a sample counts when it is returned: the gate's count given back)
+                self.gate.give_back(counted[0], exc)
             note(exc, timeout, left)
             raise
         self.counters.sampled(rows)

@@ -47,6 +47,11 @@ def extension() -> Any:
     return _native
 
 
+def published() -> int:
+    """Rows this thread has published on the native path (0 without the extension)."""
+    return 0 if _native is None else _native.published()
+
+
 def available() -> bool:
     """True if the extension was built and imports."""
     return _native is not None

@@ -18,6 +18,11 @@ writers may pass the upper bound by one write each. Waits back off from 50 us to
 the counters; a dead writer or learner therefore holds nobody past their timeout. The
 wait is the first stage of the call's one timeout: the gate returns the seconds left,
 and the read or the write that follows gets only those.
+
+A sample counts when it is returned (Reverb's): a sample whose read raises after the
+gate counted it (a timeout, Ctrl-C, a ``ValueError``) gives its count back, under the
+header lock as it was counted (:meth:`Limiter.give_back`), so a learner whose samples
+fail does not let the writers run further ahead than the limit allows.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from shmbuf.core.deadline import LOCK_FLOOR
 from shmbuf.core.layout import CTRL_SAMPLED, LANE_HEAD
+from shmbuf.core.lock import LockTimeout
 from shmbuf.core.ring import Ring, WriteTimeout
 from shmbuf.core.read import SampleTimeout
 
@@ -109,18 +116,21 @@ HOOK: Callable[[str, float], None] | None = None
 (``what``: "sample <n>" or "insert <k> rows"; ``left``: the seconds left). Never set
 outside tests."""
 
-LOCK_FLOOR = 0.05  # seconds a rate-limited sample waits for the header lock, even at its deadline
-
-
 def note(exc: BaseException, timeout: float, left: float, what: str = "") -> None:
     """Add to the message of ``exc``, raised after the rate gate of a call given
     ``timeout`` seconds left ``left`` of them: what the call wrote (``what``), and for a
-    timeout, how much of it the gate's wait took."""
+    timeout, how much of it the gate's wait took. A ``KeyboardInterrupt`` (no message
+    of its own) gets ``what`` as a note (``add_note``; before Python 3.11, as its message)."""
     if left < timeout and isinstance(exc, TimeoutError):
         what = f"{timeout - left:.3g} s of timeout={timeout:g} s went to the rate limit's wait before it" \
             + (f"; {what}" if what else "")
     if what and isinstance(exc, Exception) and exc.args and isinstance(exc.args[0], str):
         exc.args = (f"{exc.args[0]} ({what})",) + exc.args[1:]
+    elif what and isinstance(exc, KeyboardInterrupt):
+        if hasattr(exc, "add_note"):
+            exc.add_note(what)
+        elif not exc.args:
+            exc.args = (what,)
 
 
 def rest(left: float, timeout: float) -> float:
@@ -137,8 +147,11 @@ class Open:
 
     limited = False
 
-    def before_sample(self, n: int, timeout: float) -> float:
+    def before_sample(self, n: int, timeout: float, counted: list[int]) -> float:
         return timeout
+
+    def give_back(self, n: int, exc: BaseException) -> None:
+        pass
 
     def before_insert(self, n: int, timeout: float) -> float:
         return timeout
@@ -162,9 +175,11 @@ class Limiter:
         ring = self.ring
         return int(ring.lane_table[:, LANE_HEAD].sum()), int(ring.control[CTRL_SAMPLED])
 
-    def before_sample(self, n: int, timeout: float) -> float:
-        """Wait until ``n`` items may be sampled, and count them; the seconds left of
-        ``timeout`` (for the read that follows: one deadline for the whole call)."""
+    def before_sample(self, n: int, timeout: float, counted: list[int]) -> float:
+        """Wait until ``n`` items may be sampled, and count them (and ``counted[0] = n``,
+        under the same hold off of Ctrl-C: the caller knows whether to :meth:`give_back`);
+        the seconds left of ``timeout`` (for the read that follows: one deadline for the
+        whole call)."""
         if n > 2 * self.limit.error_buffer:
             raise ValueError(f"a batch of {n} can never be sampled under {self.limit}: the ratio's window is "
                              f"2 * error_buffer = {2 * self.limit.error_buffer:g} samples wide; sample fewer "
@@ -179,8 +194,21 @@ class Limiter:
                 inserted, sampled = self.counts()
                 if inserted >= self.limit.min_size and inserted * spi - sampled - n >= self.low:
                     self.ring.control[CTRL_SAMPLED] = sampled + n
+                    counted[0] = n
                     return max(0.0, deadline - time.monotonic())
             delay = self._wait(deadline, delay, timeout, f"sample {n}")
+
+    def give_back(self, n: int, exc: BaseException) -> None:
+        """Uncount ``n`` samples that :meth:`before_sample` counted and whose read raised
+        ``exc`` (a sample counts when it is returned), under the header lock, waited for
+        :data:`LOCK_FLOOR` at most; if it stays held, ``exc`` says the samples stay counted."""
+        try:
+            with self.ring.lock.hold(LOCK_FLOOR):
+                control = self.ring.control
+                control[CTRL_SAMPLED] = max(int(control[CTRL_SAMPLED]) - n, 0)
+        except LockTimeout:
+            note(exc, 0.0, 0.0, f"its {n} samples stay counted by the rate limit: the header lock was not "
+                                f"free within {LOCK_FLOOR:g} s to count them back")
 
     def before_insert(self, k: int, timeout: float) -> float:
         """Wait until ``k`` rows may be inserted (they are counted by the write itself);

@@ -37,9 +37,14 @@ Examples:
 from __future__ import annotations
 
 import time
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import numpy as np
+
+
+HOOK: Callable[[int], None] | None = None
+"""Test hook, called as ``HOOK(round)`` before each round of :func:`read` after the first
+(the copies a round found torn or unpublished are drawn again). Never set outside tests."""
 
 
 class SampleTimeout(TimeoutError):
@@ -110,6 +115,8 @@ def read(sampler: Sampler, n: int, timeout: float, out: Batch | None = None, *,
         todo = np.arange(n)
     while len(todo):
         if rounds:
+            if HOOK is not None:
+                HOOK(rounds)
             sampler.check(rounds)
             if time.monotonic() >= deadline:
                 raise SampleTimeout(f"could not copy {len(todo)} intact {sampler.what} within "

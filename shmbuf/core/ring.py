@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmbuf.core import procs
+from shmbuf.core import native, procs
 from shmbuf.core.claims import Claims
 from shmbuf.core.layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
@@ -66,10 +66,27 @@ _TOKENS = itertools.count(1)  # next() is atomic under the GIL: unique per write
 # leftover, never a writer to wait for (see _leftover).
 _WRITING: dict[int, int] = {}
 
+
+class _Published(threading.local):
+    rows = 0  # rows this thread has published on the Python path
+
+
+_MINE = _Published()
+
+
+def rows_published() -> int:
+    """Rows this thread has published, on either path, since it started: a call that
+    writes several rows (``Engine.write_each``) tells by the difference how many of them
+    an exception (Ctrl-C at any instant) left written. A row counts once its stamps say
+    published and the write cannot take them back."""
+    return _MINE.rows + native.published()
+
+
 HOOK: Callable[[str], None] | None = None
 """Test hook, called at "locked" (holding the lock, head advanced), "reserved" (lock
-released, nothing written) and "writing" (slots stamped odd, a field copied). Set it
-with :func:`set_hook`, which sets the native path's too."""
+released, nothing written), "writing" (slots stamped odd, a field copied) and
+"published" (the rows published and counted: an exception there leaves them written).
+Set it with :func:`set_hook`, which sets the native path's too."""
 
 
 def set_hook(hook: Callable[[str], None] | None) -> None:
@@ -77,7 +94,6 @@ def set_hook(hook: Callable[[str], None] | None) -> None:
     both paths (tests stop, kill or interrupt a writer there)."""
     global HOOK
     HOOK = hook
-    from shmbuf.core import native
     if native.available():
         native.extension().set_hook(hook)
 
@@ -210,7 +226,9 @@ class Ring(Claims):
         _WRITING[threading.get_ident()] = token  # (before any reservation of ours)
         entry = -1  # -1: the owner's entry, in the lane table
         runs: list[tuple[int, int, int]] = []
-        stamped = done = False
+        stamped = False
+        mine = _MINE
+        before = mine.rows
         stamps = self.stamps
         lt = self.lane_table
         try:
@@ -287,9 +305,11 @@ class Ring(Claims):
                         HOOK("writing")
                 for lo, hi, off in runs:
                     _stamp_run(stamps, lo, hi, published(first + off))
-            done = True
+            mine.rows = before + n  # the write is done (one store: its rows are counted as it is decided)
+            if HOOK is not None:
+                HOOK("published")
         finally:
-            if done:
+            if mine.rows != before:
                 if owner:
                     lt[lane, LANE_OWN_COUNT] = 0
                 else:

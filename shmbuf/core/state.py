@@ -26,8 +26,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core import durable, sampling
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from shmbuf.core.layout import published
+from shmbuf.core.lock import LockTimeout
 from shmbuf.core.ring import Ring
 from shmbuf.core.parts import TIMES
 
@@ -117,12 +119,14 @@ def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
              timeout: float, writes: Any) -> dict[str, Any]:
     """A consistent copy of ``ring``'s rows (see the module docstring). ``writes``: the
     engine's write part (:mod:`shmbuf.core.parts`), held quiet during the copy (a
-    queue's: its rows not yet taken, exactly; delivered ones are left out)."""
+    queue's: its rows not yet taken, exactly; delivered ones are left out). ``timeout``
+    bounds its waits (the write part's quiet, then the lock), one deadline for both."""
+    deadline = Deadline(timeout)
     data = {name: np.empty_like(a) for name, a in ring.arrays.items()}
     stamps = np.empty(ring.layout.capacity, np.int64)
-    with writes.quiet(timeout) as pos:
+    with writes.quiet(deadline.left()) as pos:
         if pos is None:  # (a queue's positions come with its quiet)
-            pos = positions(ring, timeout)
+            pos = positions(ring, deadline.left())
         copy_rows(ring, pos[:, 0], pos[:, 1], data, stamps)
         stamps[writes.delivered(stamps)] = 0
     heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
@@ -267,13 +271,17 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
     written to the disk: a power loss during the restore leaves an empty buffer, never a
     row half old, half restored), and the restored rows are flushed before this returns.
 
+    ``timeout`` bounds the waits, one deadline for all: for the lock, for the writers in
+    flight, and (a buffer file) the flush's for the lock after the copy, which gets what
+    is left, at least ``LOCK_FLOOR``. The copy and the disk writes are not interrupted.
     Raises ``LockTimeout`` or ``TimeoutError`` (nothing changed) if the lock, or the
-    writers in flight, take longer than ``timeout``.
+    writers in flight, take longer than ``timeout``; if the flush's wait does, the rows
+    are restored and its error says they are not on the disk yet.
     """
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     lc = ring.lane_capacity
     durable_file = seg is not None and seg.durable
-    with ring.lock.hold(timeout):
+    with ring.lock.hold(deadline.left()):
         claims = ring.live_claims()
         if claims:
             raise RuntimeError(
@@ -283,7 +291,7 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
                 "writers' handles) first; nothing was changed")
         delay = 0.0
         while ring.live_writers_in_flight():  # they publish without the lock: let them
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline.at:
                 raise TimeoutError(f"load_state_dict: writers still in flight after {timeout:g} s; "
                                    "nothing was changed. Retry, or pass a larger timeout=")
             time.sleep(delay)
@@ -329,4 +337,9 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
         ring.lane_table[:, LANE_BASE] = checked["bases"] + shift
         ring.stamps[:] = new_stamps
     if durable_file:
-        durable.flush(ring, seg, max(0.0, deadline - time.monotonic()) + 1.0)  # the restored rows, durable
+        try:
+            durable.flush(ring, seg, deadline.left())  # the restored rows, durable
+        except LockTimeout as exc:
+            exc.args = (f"{exc.args[0]} (the rows were restored; the flush that puts them on the disk did not "
+                        "finish: call flush())",)
+            raise

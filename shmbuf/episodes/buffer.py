@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
 from shmbuf.core.batch import count
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import normalize_fields
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather, trajectories, transitions, whole
@@ -200,15 +202,18 @@ class EpisodeBuffer(Counts):
         self._own("add_episode", episode, terminated=terminated, timeout=timeout, version=version)
 
     def _own(self, method: str, *args: Any, **kwargs: Any) -> None:
-        """Call ``method`` of this handle's own writer; a writer made for this call that
-        fails gives its lane back (a bad first step must not keep the only lane)."""
-        fresh = self._writer is None
-        writer = self.own_writer()
+        """Call ``method`` of this handle's own writer; a writer made for this call claims
+        its lane within the call's timeout, writes in what is left of it, and if that
+        fails gives the lane back (a bad first step must not keep the only lane)."""
+        if self._writer is not None:
+            return getattr(self._writer, method)(*args, **kwargs)
+        deadline = Deadline(self.engine.seconds(kwargs["timeout"]))
+        writer = self._writer = EpisodeWriter(self, None, deadline.left())
         try:
-            getattr(writer, method)(*args, **kwargs)
+            getattr(writer, method)(*args, **{**kwargs, "timeout": deadline.left()})
         except BaseException:
-            if fresh:
-                self.release_lane()
+            with suppress(TimeoutError):  # (not given back in time: the writer keeps it, for the next add)
+                self.release_lane(timeout=deadline.left())
             raise
 
     def own_writer(self) -> EpisodeWriter:
@@ -219,9 +224,9 @@ class EpisodeBuffer(Counts):
     def release_lane(self, *, timeout: float | None = None) -> None:
         """Give back the lane this handle's own writer (:meth:`add`) claimed; the next
         :meth:`add` claims one again. A no-op without one."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close(timeout)
+        if self._writer is not None:
+            self._writer.close(timeout)  # (if it raises, the writer keeps what it did not release)
+        self._writer = None
 
     # -- sampling --------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import LANE_EPISODES, LANE_HEAD
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED, VERSION, flags_of
 from shmbuf.buffer.versions import floor
@@ -282,15 +283,18 @@ class EpisodeWriter:
     # -- lifetime ----------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
-        """Release the lanes. An episode in progress stays unfinished: its rows are
-        transitions where the next observation is known, never a whole episode."""
-        ring, t = self.buffer.engine.ring, self.buffer.engine.seconds(timeout)
+        """Release the lanes, all within ``timeout`` (one deadline; a lane not released in
+        time stays this writer's, for the next close). An episode in progress stays
+        unfinished: its rows are transitions where the next observation is known, never
+        a whole episode."""
+        ring, deadline = self.buffer.engine.ring, Deadline(self.buffer.engine.seconds(timeout))
         if self.lanes and len(self.lanes) == self.envs:  # numbers not used: given back
             unused = self._unused()
             ring.lane_table[self._lane_array[unused], LANE_EPISODES] -= 1
             self._started[:] = False
         while self.lanes:
-            ring.release(self.lanes.pop(), t)
+            ring.release(self.lanes[-1], deadline.left())
+            self.lanes.pop()
 
     def __enter__(self) -> "EpisodeWriter":
         return self

@@ -60,6 +60,7 @@ from numpy.lib import format as npformat
 from shmbuf.priority import trees as _priority
 from shmbuf.core import state
 from shmbuf.core import procs, ratelimit, storage
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
 from shmbuf.core.queue import FIELD as QUEUED
@@ -87,8 +88,10 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
          progress: bool | None = None, timeout: float) -> dict[str, Any]:
     """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
     the module docstring. Returns a summary: path, rows kept, rows left out (being
-    written or overwritten during the save), bytes and seconds."""
+    written or overwritten during the save), bytes and seconds. ``timeout`` bounds its
+    waits (the priority leaves', a queue's quiet, the lock's), one deadline for all."""
     t0 = time.monotonic()
+    deadline = Deadline(timeout)
     dest = Path(os.fspath(path))
     check_destination(dest, overwrite)
     parent = dest.parent
@@ -99,14 +102,14 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     tmp.mkdir(mode=0o700)  # (the segment's own permissions: its owner alone)
     ring, layout = engine.ring, engine.layout
     try:
-        leaves = engine.priorities.snapshot(timeout)
+        leaves = engine.priorities.snapshot(deadline.left())
         fields = engine.layout.stored()
         files, data = {}, {}
         # a queue's rows not yet taken, exactly: no take runs during the copy
         try:
-            with engine.writes.quiet(timeout) as pos:
+            with engine.writes.quiet(deadline.left()) as pos:
                 if pos is None:
-                    pos = state.positions(ring, timeout)  # (after the leaves: rows newer are synced anew)
+                    pos = state.positions(ring, deadline.left())  # (after the leaves: rows newer are synced anew)
                 sampled = ratelimit.sampled(ring)
                 heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
                 for i, (name, (shape, dtype)) in enumerate(fields.items()):
@@ -277,7 +280,9 @@ def _read(path: Path) -> dict[str, Any]:
 def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
          restore_rng: bool, seed: Any, timeout: float, progress: bool | None) -> Any:
     """A new buffer (``cls``: Buffer) holding what ``save`` wrote at ``path``; see the
-    module docstring."""
+    module docstring. ``timeout`` bounds the waits (for the new buffer's lock, before
+    and after its rows are copied in), one deadline for all from the call's start."""
+    deadline = Deadline(timeout)
     got = read(path)
     # sizes first, from the metadata alone: a few sparse files may claim a huge buffer
     storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
@@ -334,21 +339,21 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
-            state.restore(buf.engine.ring, checked, timeout, progress=bar, seg=buf.engine.seg)
+            state.restore(buf.engine.ring, checked, deadline.left(), progress=bar, seg=buf.engine.seg)
         else:
             readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
-                state.restore(buf.engine.ring, {**checked, "data": readers}, timeout, progress=bar,
+                state.restore(buf.engine.ring, {**checked, "data": readers}, deadline.left(), progress=bar,
                               seg=buf.engine.seg)
             finally:
                 for r in readers.values():
                     r.close()
         bar.close()
-        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], timeout)
-        buf.engine.writes.reset(timeout)  # (a queue: every row restored is one not yet taken)
+        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], deadline.left())
+        buf.engine.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]
-            buf.engine.priorities.restore(leaf, checked["stamps"], float(got["max_priority"]), timeout)
+            buf.engine.priorities.restore(leaf, checked["stamps"], float(got["max_priority"]), deadline.left())
         if restore_rng:
             buf.engine.rng = checked["rng"]
     except BaseException:

@@ -40,6 +40,7 @@ import numpy as np
 
 from shmbuf.core import native, sampling
 from shmbuf.core.batch import rows_of
+from shmbuf.core.deadline import Deadline
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.seqlock import read_stable
 from shmbuf.core.engine import Engine
@@ -273,8 +274,8 @@ class Trees:
     def snapshot(self, timeout: float) -> tuple[np.ndarray, np.ndarray, float]:
         """The leaves ``p**a`` and leaf sequence numbers, each leaf read together with
         its sequence number (a seqlock read, chunk by chunk; a chunk that keeps changing
-        is read under the lock), and the largest priority set (for a save)."""
-        cap, first = self.capacity, self.leaves
+        is read under the lock, all within ``timeout``), and the largest priority set."""
+        cap, first, deadline = self.capacity, self.leaves, Deadline(timeout)
         leaf, seq = np.empty(cap), np.empty(cap, np.int64)
         chunk = 1 << 15
         for lo in range(0, cap, chunk):
@@ -285,7 +286,7 @@ class Trees:
                 seq[lo:hi] = self.seq[lo:hi]
             stable, _ = read_stable(lambda: int(self.head[H_VERSION]), read)
             if not stable:
-                with self.change(timeout):
+                with self.change(deadline.left()):
                     read()
         return leaf, seq, float(self.headf[H_MAX])
 

@@ -165,8 +165,12 @@ class ShardCalls:
                      np.float64)
         share = shares(w)
         if share is None:  # (the sizes known say empty: they may be old)
-            self._refresh(live, (deadline - time.monotonic()) / 2)
+            wait = (deadline - time.monotonic()) / 2
+            self._refresh(live, wait)
             live = [s for s in live if s.up]
+            if not live:  # (every one dropped as it was asked: none to draw from, empty or not)
+                raise ShardsUnavailable(f"no shard of {self._name!r} answered within {max(wait, 0.0):.2g} s, "
+                                        f"asked for its size ({self._describe()})")
             share = shares(np.array([s.mass if by_mass else s.size for s in live], np.float64))
             if share is None:
                 raise ValueError(f"cannot sample from an empty buffer: no shard of {self._name!r} holds rows "

@@ -68,7 +68,7 @@ class Shard:
                         "run whose driver was killed?): pass exist_ok=True to take over its rows, or remove "
                         f"it on that node with `shmbuf rm {segment}`") from None
                 self.buf = cls.attach(segment, seed=seed)
-                _check_same(self.buf, fields, capacity)
+                _check_same(self.buf, fields, capacity, options.get("priority"))
         except BaseException as exc:  # (the creator's error, as it is, for ShardedBuffer.create)
             if self.buf is not None:
                 self.buf.close()
@@ -194,13 +194,22 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int) -> None:
-    """The shard found is the one asked for (the same fields and capacity)."""
+def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int, alpha: Any) -> None:
+    """The shard found is the one asked for (the same fields, capacity and priority
+    exponent ``alpha``, None for none: the learner draws across shards by one)."""
     want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fields)}
     if buf.capacity != capacity or buf.fields != want:
         raise ValueError(f"the existing shard {buf.name!r} holds {buf.capacity} rows of {buf.fields}, not "
                          f"{capacity} rows of {want}: remove it with `shmbuf rm {buf.name}` on its node, "
                          "or use another name")
+    core = getattr(buf, "core", buf)  # (an EpisodeBuffer's Buffer)
+    have = core.engine.priorities.alpha if core.prioritized else None
+    if (have is None) != (alpha is None) or have is not None and have != float(alpha):
+        def said(a: Any) -> str:
+            return "no priorities" if a is None else f"priority exponent {a:g}"
+        raise ValueError(f"the existing shard {buf.name!r} has {said(have)}, not {said(alpha)} as asked "
+                         f"(priority={alpha!r}): a sample across shards draws by one exponent; remove it "
+                         f"with `shmbuf rm {buf.name}` on its node, or pass priority={have!r}")
 
 
 class Lease:

@@ -102,6 +102,23 @@ def test_stop_ends_an_actor_that_ignores_it(name):
     buf.close()
 
 
+def test_stop_gives_actors_that_ignore_sigterm_one_grace_together(name, tmp_path):
+    """Four actors ignore the stop and SIGTERM: stop(timeout=0.5) waits 0.5 s for them,
+    terminates them all, waits TERM_GRACE (2 s) for them all, then kills them. It used to
+    wait 2 s for each in turn (8.5 s for four)."""
+    from shmbuf.actors.processes import TERM_GRACE
+    buf = shmbuf.Buffer.create(fns.FIELDS, 8, lanes=4, name=name)
+    actors = shmbuf.Actors(fns.ignore_stop_and_sigterm, buf, 4, args=(str(tmp_path),))
+    for i, p in enumerate(actors.processes):
+        wait_for_file(tmp_path / str(i), p)
+    t = time.monotonic()
+    actors.stop(timeout=0.5)
+    elapsed = time.monotonic() - t
+    assert not any(actors.alive)
+    assert elapsed < 0.5 + TERM_GRACE + 2.5, elapsed  # (four graces in turn: 8.5 s)
+    buf.close()
+
+
 def test_bad_arguments_are_refused(name):
     buf = shmbuf.Buffer.create(fns.FIELDS, 8, name=name)
     with pytest.raises(ValueError, match="n must be an int >= 1"):

@@ -135,3 +135,23 @@ def test_weights_left_open_are_removed_at_exit_without_warnings(name):
     assert res.returncode == 0 and res.stderr == ""
     with pytest.raises(FileNotFoundError):
         shmbuf.Weights.attach(name)
+
+
+def test_load_into_and_pull_take_a_timeout(name):
+    """A read that keeps finding the current copy being written (its seq odd: made so
+    here, as publishes that keep overtaking it) raises TimeoutError within the timeout
+    given to load_into or to an actor's pull (they had none: 10 s, always)."""
+    import time
+    from shmbuf.actors import processes, weights as weights_module
+    with shmbuf.Weights.create(name, weights_of(0)) as learner, shmbuf.Weights.attach(name) as reader:
+        learner.publish(weights_of(1))
+        w = learner._words
+        w[weights_module.W_SEQ + (int(w[weights_module.W_CURRENT]) & 1)] |= 1
+        actor = processes.Actor(0, 0, 0, None, reader, None, None)
+        for call in (lambda: reader.load_into(weights_of(0), timeout=0.2),
+                     lambda: actor.pull(weights_of(0), timeout=0.2)):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match="kept overtaking the read for 0.2 s"):
+                call()
+            assert time.monotonic() - t0 < 5
+        learner.unlink()

@@ -234,3 +234,98 @@ def test_an_episode_writers_step_and_its_final_rows_are_one_write(name, arrays):
             assert sum(buf.core.lane_sizes()) == sum(sizes) + 3
             ended = buf.core.sample_sequences(1, 3, lane=w.lanes[0])["obs"][0]
             assert ended.tolist() == [[0, 0], [1, 1], [5, 5]]  # its steps, then its final observation
+
+
+# -- a Ctrl-C partway: which rows were written, and the version floor ---------------------
+
+
+def _interrupt_at(point, nth, set_hook):
+    """A real SIGINT at the ``nth`` time a write of this process reaches ``point``
+    ("writing": the row is copied, not published, and is abandoned; "published": it is
+    written, and stays so)."""
+    import signal
+    seen = []
+
+    def hook(where):
+        if where == point:
+            seen.append(where)
+            if len(seen) == nth:
+                signal.raise_signal(signal.SIGINT)
+    set_hook(hook)
+
+
+def _said(exc):
+    return "\n".join(getattr(exc, "__notes__", ())) or str(exc)
+
+
+def _published(buf):
+    """Per lane, the rows whose stamps say published (an abandoned row's reservation
+    still counts in lane_sizes)."""
+    stamps = buf.engine.ring.stamps.reshape(buf.lanes, -1)
+    return ((stamps > 0) & (stamps % 2 == 0)).sum(1).tolist()
+
+
+@pytest.mark.parametrize("point, written", [("writing", 1), ("published", 2)])
+def test_a_ctrl_c_partway_says_which_rows_were_written(name, set_hook, point, written):
+    """add_each into lanes 0, 1, 2, none of them this process's, so row by row on both
+    paths; a real SIGINT lands in the second row's write, while it is copied (the row is
+    abandoned) or right after it is published (it stays written: a count of the calls
+    that returned says 1). The KeyboardInterrupt says which rows were written, in a note
+    and in ``rows_written`` (it said nothing)."""
+    with shmbuf.Buffer.create(X, 9, lanes=3, name=name) as buf:
+        _interrupt_at(point, 2, set_hook)
+        with pytest.raises(KeyboardInterrupt) as got:
+            buf.add_each({"x": np.array([10, 11, 12])}, [0, 1, 2])
+        set_hook(None)
+        assert _published(buf) == [1] * written + [0] * (3 - written)
+        assert got.value.rows_written == written
+        assert (f"rows 0..{written - 1} of the 3 (into lanes {list(range(written))}) were written before this "
+                f"error, rows {written}..2 were not") in _said(got.value)
+
+
+@pytest.mark.parametrize("point, floor", [("writing", False), ("published", True)])
+def test_the_version_floor_follows_the_rows_a_stopped_add_each_wrote(name, set_hook, point, floor):
+    """versions=True: add_each of version 5 into lanes 0 and 1, stopped by a real SIGINT
+    in its first row's write. Where that row was published, version 5 is the handle's
+    floor (a later version 4 is refused: lane 0 would go 5, 4; it used to be written);
+    where nothing was written, version 4 is still fine."""
+    with shmbuf.Buffer.create(X, 8, lanes=2, name=name, versions=True) as buf:
+        _interrupt_at(point, 1, set_hook)
+        with pytest.raises(KeyboardInterrupt):
+            buf.add_each({"x": np.array([1, 2])}, [0, 1], version=5)
+        set_hook(None)
+        assert _published(buf) == ([1, 0] if floor else [0, 0])
+        if floor:
+            with pytest.raises(ValueError, match="this handle wrote version 5, got 4"):
+                buf.add_each({"x": np.array([3, 4])}, [0, 1], version=4)
+            assert _published(buf) == [1, 0]
+        else:
+            buf.add_each({"x": np.array([3, 4])}, [0, 1], version=4)
+            assert _published(buf) == [1, 1]
+
+
+@pytest.mark.parametrize("how", ["add", "extend", "add_each"])
+def test_a_write_whose_version_a_ctrl_c_kept_from_settling_is_settled_by_the_next(name, monkeypatch, how):
+    """A Ctrl-C lands after the write returned, as its version is being made the
+    handle's floor (the first thing of that step raises): the next write settles it
+    first, so a lower version is still refused."""
+    from shmbuf.buffer.versions import Versions
+    real, calls = Versions.done, []
+
+    def interrupted(self):
+        if self.mark is not None and not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        real(self)
+    write = {"add": lambda b, v: b.add({"x": 1}, version=v),
+             "extend": lambda b, v: b.extend({"x": np.arange(2)}, version=v),
+             "add_each": lambda b, v: b.add_each({"x": np.arange(2)}, [0, 1], version=v)}[how]
+    with shmbuf.Buffer.create(X, 8, lanes=2, name=name, versions=True) as buf:
+        monkeypatch.setattr(Versions, "done", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            write(buf, 5)
+        held = len(buf)
+        assert calls and held > 0
+        with pytest.raises(ValueError, match="this handle wrote version 5, got 4"):
+            write(buf, 4)
+        assert len(buf) == held

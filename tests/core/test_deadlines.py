@@ -237,3 +237,163 @@ def test_claiming_several_lanes_ends_within_one_timeout(name):
             if held:
                 held[0].__exit__(None, None, None)
         assert len(calls) >= 2 and elapsed < 1.5 * T, (calls, elapsed)
+
+
+# -- calls of several lock waits (saves, loads, flushes, restores, a writer's lanes) ------
+
+
+class SlowThenHeld:
+    """Every header lock's ``hold`` of this process, patched: the first wait takes 0.8 T
+    (as a contended wait that ends in time), and from the second on another handle
+    (``attach()``: on the buffer being tested) holds the lock and keeps it until
+    :meth:`release`. A call whose stages each waited their whole timeout ends at 1.8 T
+    or later; one deadline for all of them ends it by T (plus LOCK_FLOOR)."""
+
+    def __init__(self, monkeypatch, attach):
+        from shmbuf.core.lock import HeaderLock
+        real, self.calls, self.holder, self.busy = HeaderLock.hold, [], None, False
+
+        def hold(lock, timeout):
+            if self.busy or lock is getattr(self.holder, "lock", None):
+                return real(lock, timeout)
+            self.calls.append(timeout)
+            if len(self.calls) == 1:
+                time.sleep(0.8 * T)
+            elif self.holder is None:
+                self.busy = True
+                try:
+                    self.holder = attach().engine
+                finally:
+                    self.busy = False
+                self.holder.lock.acquire(30)  # (not hold(): it would hold this thread's Ctrl-C off)
+            return real(lock, timeout)
+        monkeypatch.setattr(HeaderLock, "hold", hold)
+
+    def release(self):
+        if self.holder is not None:
+            self.holder.lock.release()
+            self.holder.close()
+            self.holder = None
+
+    def ends_in_time(self, call, error=shmbuf.LockTimeout):
+        """Run ``call()``: it raises ``error`` before 1.5 T, having met both stages."""
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(error) as got:
+                call()
+            elapsed = time.monotonic() - t0
+        finally:
+            self.release()
+        assert len(self.calls) >= 2, f"the call met {len(self.calls)} wait(s): the test did not test"
+        assert elapsed < 1.5 * T, (elapsed, self.calls)
+        return got.value
+
+
+def test_a_flush_waits_for_the_lock_twice_within_one_timeout(tmp_path, monkeypatch):
+    """flush of a buffer file: the lock for the frontiers (0.8 T), the disk, then the lock
+    held to record them: LockTimeout by T (each wait had the whole timeout: 1.8 T)."""
+    path = str(tmp_path / "b.shmbuf")
+    with shmbuf.Buffer.create(X, 8, path=path) as buf:
+        buf.extend({"x": np.arange(3)})
+        slow = SlowThenHeld(monkeypatch, lambda: shmbuf.Buffer.attach(path))
+        slow.ends_in_time(lambda: buf.flush(timeout=T))
+        monkeypatch.undo()
+        buf.flush()  # (and a flush that is let through works)
+        buf.unlink()
+
+
+@pytest.mark.parametrize("where", ["file", "queue"])
+def test_a_restore_and_what_follows_it_wait_within_one_timeout(tmp_path, name, monkeypatch, where):
+    """load_state_dict: the restore's lock (0.8 T), the copy, then the lock held for what
+    follows it (a buffer file's flush of the restored rows; a queue's reset of its
+    takes): LockTimeout by T (the flush had what was left plus 1 s; the reset a whole T)."""
+    kw = {"path": str(tmp_path / "b.shmbuf")} if where == "file" else {"name": name, "mode": "queue"}
+    with shmbuf.Buffer.create(X, 8, **kw) as buf:
+        buf.extend({"x": np.arange(3)})
+        state = buf.state_dict()
+        slow = SlowThenHeld(monkeypatch, lambda: shmbuf.Buffer.attach(buf.name))
+        got = slow.ends_in_time(lambda: buf.load_state_dict(state, timeout=T))
+        if where == "file":
+            assert "the rows were restored; the flush that puts them on the disk did not finish" in str(got)
+        buf.unlink()
+
+
+def test_a_save_waits_for_the_priorities_and_the_lock_within_one_timeout(tmp_path, name, monkeypatch):
+    """save of a prioritized buffer whose trees keep changing (each chunk of leaves read
+    under the lock: 0.8 T), then the lock held for the lane positions: LockTimeout by T
+    (the positions had a whole T of their own), and no save is left behind."""
+    from shmbuf.priority import trees
+    with shmbuf.Buffer.create(X, 8, name=name, priority=0.6) as buf:
+        buf.extend({"x": np.arange(3)})
+        monkeypatch.setattr(trees, "read_stable", lambda version, read: (False, None))
+        slow = SlowThenHeld(monkeypatch, lambda: shmbuf.Buffer.attach(name))
+        slow.ends_in_time(lambda: buf.save(tmp_path / "save", timeout=T))
+        assert not (tmp_path / "save").exists()
+
+
+def test_a_load_waits_within_one_timeout(tmp_path, name, monkeypatch):
+    """Buffer.load of a rate-limited save: the new buffer's first wait for its lock takes
+    0.8 T, then the lock stays held (for the restore, or the rate limit's counts after
+    it): LockTimeout by T, and the buffer made is removed."""
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=10)
+    with shmbuf.Buffer.create(X, 8, name=name, rate=rate, seed=0) as buf:
+        buf.extend({"x": np.arange(3)})
+        buf.save(tmp_path / "save")
+    copy = f"{name}-copy"
+    slow = SlowThenHeld(monkeypatch, lambda: shmbuf.Buffer.attach(copy))
+    slow.ends_in_time(lambda: shmbuf.Buffer.load(tmp_path / "save", name=copy, timeout=T))
+    with pytest.raises(FileNotFoundError):
+        shmbuf.Buffer.attach(copy, timeout=0)
+
+
+def test_an_episode_writer_gives_its_lanes_back_within_one_timeout(name, monkeypatch):
+    """close() of a writer of 3 envs: the first lane's release waits 0.8 T, then the lock
+    stays held: LockTimeout by T (each release had a whole T: 1.8 T and more), and the
+    lanes not given back stay the writer's, for the next close."""
+    with shmbuf.EpisodeBuffer.create({"obs": ((), "float32")}, 12, lanes=3, name=name) as buf:
+        writer = buf.writer(3)
+        slow = SlowThenHeld(monkeypatch, lambda: shmbuf.EpisodeBuffer.attach(name))
+        slow.ends_in_time(lambda: writer.close(timeout=T))
+        monkeypatch.undo()
+        assert len(writer.lanes) == 2
+        writer.close()
+        assert writer.lanes == [] and buf.core.stats()["lanes"][0]["claimed_by"] is None
+
+
+def test_an_episode_buffers_first_add_claims_and_writes_within_one_timeout(name, monkeypatch):
+    """EpisodeBuffer.add makes the handle's own writer at its first step: the claim of its
+    lane waits 0.8 T, then the rate limit holds the write (the writers are ahead):
+    RateLimitTimeout by T, and the lane is given back (the claim had the handle's
+    default timeout, 10 s, and the write a whole T after it)."""
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=2)
+    with shmbuf.EpisodeBuffer.create({"obs": ((), "float32")}, 16, lanes=2, name=name, rate=rate) as buf:
+        with buf.writer() as w:
+            for t in range(3):
+                w.add({"obs": t}, terminated=False, truncated=False)
+        slow = SlowThenHeld(monkeypatch, lambda: shmbuf.EpisodeBuffer.attach(name))
+        slow.ends_in_time(lambda: buf.add({"obs": 9.0}, terminated=False, truncated=False, timeout=T),
+                          error=shmbuf.RateLimitTimeout)
+        monkeypatch.undo()
+        buf.release_lane()
+        assert [d["claimed_by"] for d in buf.core.stats()["lanes"]] == [None, None]
+
+
+def test_an_attach_after_a_restart_waits_within_one_timeout(tmp_path, monkeypatch):
+    """The first attach of a queue's file after a restart of the machine rolls it back
+    (the lock: 0.8 T), then claims a stats slot and gives the takes in flight back
+    under the lock, which stays held: LockTimeout by T (those waits had 1 s and a whole
+    T after the rollback's: 2.8 T)."""
+    from shmbuf.core import durable
+    from shmbuf.core.layout import CTRL_BOOT
+    path = str(tmp_path / "q.shmbuf")
+    buf = shmbuf.Buffer.create(X, 8, path=path, mode="queue")
+    buf.extend({"x": np.arange(3)})
+    buf.flush()
+    buf.engine.ring.control[CTRL_BOOT] = durable.boot_id() ^ 0x5A5A  # (as a restart leaves it)
+    buf.close()
+    slow = SlowThenHeld(monkeypatch, lambda: shmbuf.Buffer.observe(path))
+    slow.ends_in_time(lambda: shmbuf.Buffer.attach(path, timeout=T))
+    monkeypatch.undo()
+    with shmbuf.Buffer.attach(path) as again:
+        assert len(again) == 3
+        again.unlink()

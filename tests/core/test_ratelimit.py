@@ -149,3 +149,107 @@ def test_a_sample_at_its_deadline_still_waits_a_moment_for_the_lock(name, monkey
         with pytest.raises(shmbuf.RateLimitTimeout, match="min_size=100"):
             buf.sample(1, timeout=0)
         assert asked and min(asked) >= ratelimit.LOCK_FLOOR
+
+
+# -- a sample counts when it is returned -------------------------------------------------
+
+
+@pytest.fixture
+def read_hook():
+    """Set the read loop's test hook (``shmbuf.core.read.HOOK``); unset afterwards."""
+    from shmbuf.core import read
+
+    def set_it(hook):
+        read.HOOK = hook
+    yield set_it
+    read.HOOK = None
+
+
+def _reserve_and_stop(writer, lane, set_hook):
+    """A thread writes a row into ``lane`` through ``writer`` and stops with it reserved
+    (the head moved, so the rate limit counts it inserted) and unpublished (no sample can
+    copy it). Returns release()."""
+    import threading
+    there, go = threading.Event(), threading.Event()
+
+    def hook(point):
+        if point == "reserved" and threading.current_thread() is t:
+            there.set()
+            go.wait(30)
+
+    set_hook(hook)
+    t = threading.Thread(target=writer.add, args=({"x": 7},), kwargs={"lane": lane})
+    t.start()
+    assert there.wait(30)
+
+    def release():
+        go.set()
+        t.join(30)
+    return release
+
+
+@pytest.mark.parametrize("how", ["timeout", "ctrl-c", "value error"])
+def test_a_sample_that_returns_nothing_gives_its_count_back(name, set_hook, read_hook, how):
+    """The gate lets a sample of 2 through and counts it; then its read raises: it times
+    out (the only row is reserved by a writer stopped before publishing it), a real
+    SIGINT lands in its second round, or the lane asked for is empty (ValueError). The
+    count goes back to 0: a sample counts when it is returned (Reverb's), so the writers
+    may not run further ahead for it (it stayed at 2: that much more room for them)."""
+    import signal
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=10)
+    with shmbuf.Buffer.create(X, 8, lanes=2, name=name, rate=rate, seed=0) as buf, \
+            shmbuf.Buffer.attach(name) as writer:
+        release = lambda: None  # noqa: E731
+        try:
+            if how == "value error":
+                writer.extend({"x": np.arange(3)}, lane=0)
+                with pytest.raises(ValueError, match="lane 1 holds 0 rows"):
+                    buf.sample_sequences(2, 1, lane=1, timeout=5)
+            else:
+                release = _reserve_and_stop(writer, 1, set_hook)
+                if how == "ctrl-c":
+                    read_hook(lambda rounds: signal.raise_signal(signal.SIGINT) if rounds == 2 else None)
+                with pytest.raises(KeyboardInterrupt if how == "ctrl-c" else shmbuf.SampleTimeout):
+                    buf.sample(2, timeout=0.3 if how == "timeout" else 30)
+        finally:
+            read_hook(None)
+            release()
+        inserted, sampled = buf.engine.gate.counts()
+        assert sampled == 0, f"the failed sample stayed counted: {sampled} of {inserted} inserted"
+        buf.sample(2)  # (and samples that are returned still count)
+        assert buf.engine.gate.counts()[1] == 2
+
+
+def test_a_give_back_that_cannot_take_the_lock_says_the_samples_stay_counted(name, set_hook, read_hook):
+    """The read of a counted sample raises (a real SIGINT) while another handle holds the
+    header lock: the give-back waits LOCK_FLOOR for it, then leaves the count as it is
+    and the interrupt's note says so (it never waits out a timeout of its own)."""
+    import signal
+    import time
+    rate = shmbuf.RateLimit(min_size=1, samples_per_insert=1, error_buffer=10)
+    with shmbuf.Buffer.create(X, 8, lanes=2, name=name, rate=rate, seed=0) as buf, \
+            shmbuf.Buffer.attach(name) as writer, shmbuf.Buffer.attach(name) as holder:
+        release = _reserve_and_stop(writer, 1, set_hook)
+        held = []
+
+        def hook(rounds):
+            if rounds == 2:
+                read_hook(None)
+                holder.engine.lock.acquire(30)  # (not hold(): it would hold this thread's Ctrl-C off)
+                held.append(1)
+                signal.raise_signal(signal.SIGINT)
+        read_hook(hook)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt) as got:
+                buf.sample(2, timeout=30)
+            elapsed = time.monotonic() - t0
+        finally:
+            read_hook(None)
+            if held:
+                holder.engine.lock.release()
+            release()
+        said = " ".join(getattr(got.value, "__notes__", []) or [str(got.value)])
+        assert "its 2 samples stay counted by the rate limit" in said, said
+        assert buf.engine.gate.counts()[1] == 2
+        assert elapsed < 5, elapsed  # (not the sample's 30 s)

@@ -103,3 +103,12 @@ def write_with_pulled_versions(actor) -> None:
             actor.buffer.add({"who": actor.index, "t": int(model["w"][0])})
         time.sleep(0.001)
     actor.report(refused=refused, pulled=pulled)
+
+
+def ignore_stop_and_sigterm(actor, flag_dir: str) -> None:
+    """Ignore SIGTERM and the stop (say so with a file ``<index>``), forever."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(flag_dir, str(actor.index)), "w").close()
+    while True:
+        time.sleep(0.1)

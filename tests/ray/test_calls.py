@@ -23,7 +23,10 @@ X = {"x": ((), "float32")}
 
 
 class Ref:
-    """A call made at once: its answer, or the error it raised."""
+    """A call made at once: its answer, or the error it raised (``silent``: a call that
+    never answers, as a dead or cut-off node's)."""
+
+    silent = False
 
     def __init__(self, fn: Any, *args: Any) -> None:
         try:
@@ -48,7 +51,7 @@ class FakeRay:
 
     @staticmethod
     def wait(refs: list, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
-        return list(refs), []
+        return [r for r in refs if not r.silent], [r for r in refs if r.silent]
 
     @staticmethod
     def get(ref: Any, timeout: float | None = None) -> Any:
@@ -61,13 +64,14 @@ class FakeRay:
 
 class Actor:
     """A shard actor's handle: ``actor.method.remote(...)`` runs the real shard method
-    now; the calls are counted by method."""
+    now; the calls are counted by method. Calls of the methods in ``silent`` never answer."""
 
-    def __init__(self, buf: shmbuf.Buffer) -> None:
+    def __init__(self, buf: shmbuf.Buffer, silent: tuple = ()) -> None:
         self.shard = ShardActor.__new__(ShardActor)
         self.shard.error, self.shard.buf, self.shard.core = None, buf, buf
         self.shard.segment, self.shard.kind, self.shard.node = buf.name, "buffer", "node"
         self.calls: dict[str, int] = {}
+        self.silent = set(silent)
 
     def __getattr__(self, method: str) -> Any:
         actor = self
@@ -76,6 +80,10 @@ class Actor:
             @staticmethod
             def remote(*args: Any) -> Ref:
                 actor.calls[method] = actor.calls.get(method, 0) + 1
+                if method in actor.silent:
+                    ref = Ref(lambda: None)
+                    ref.silent = True
+                    return ref
                 return Ref(getattr(actor.shard, method), *args)
         return Method
 
@@ -103,9 +111,10 @@ def shards(name):
         b.close()
 
 
-def sharded_over(bufs: list[shmbuf.Buffer], seen: bool = True) -> tuple[ShardedBuffer, list[Actor]]:
-    """A ShardedBuffer over ``bufs`` (their figures known if ``seen``, as after create)."""
-    actors = [Actor(b) for b in bufs]
+def sharded_over(bufs: list[shmbuf.Buffer], seen: bool = True, silent: tuple = ()) -> tuple[ShardedBuffer, list[Actor]]:
+    """A ShardedBuffer over ``bufs`` (their figures known if ``seen``, as after create;
+    ``silent``: the shard methods that never answer)."""
+    actors = [Actor(b, silent) for b in bufs]
     table = [Shard(i, "node", b.name, a) for i, (b, a) in enumerate(zip(bufs, actors))]
     if seen:
         for s, a in zip(table, actors):
@@ -198,3 +207,50 @@ def test_split_updates_checks_the_rows_of_shards_that_are_down_and_sends_them_no
     never = Shard(1, None, "never", None)  # attached as down, never answered: its bounds are not known
     never.up = False
     assert [s.index for s, _, _ in split_updates([table[0], never], idx, np.array([1.0, 1e308]))] == [0]
+
+
+# -- faults ------------------------------------------------------------------------------
+
+def test_shards_all_dropped_as_their_sizes_are_asked_are_unavailable_not_empty(shards, no_ray):
+    """Every shard was empty when last seen, so the draw asks their sizes again; none
+    answers (each is dropped, with a ShardWarning): ShardsUnavailable, as for shards
+    that are down. Before: 'cannot sample from an empty buffer' (a ValueError), which
+    says the rows are not there when what is not there is an answer."""
+    bufs = shards([1.0, 1.0])
+    rb, actors = sharded_over(bufs, silent=("info",))
+    with pytest.warns(calls.ShardWarning, match="dropped from sampling"):
+        with pytest.raises(calls.ShardsUnavailable, match=r"no shard of 'sharded' answered within .* asked for "
+                                                          r"its size \(shards up: \[\], down: \[0, 1\]\)"):
+            rb.sample(4, beta=0.4, timeout=1.0)
+    assert [a.calls.get("info", 0) for a in actors] == [1, 1] and not any(s["up"] for s in rb.shards)
+
+
+class FakeRuntime:
+    was_current_actor_reconstructed = False
+
+    @staticmethod
+    def get_node_id() -> str:
+        return "node"
+
+
+@pytest.mark.parametrize("asked, found", [(0.7, 0.6), (None, 0.6), (0.6, None)])
+def test_a_shard_taken_over_with_another_priority_exponent_is_refused(name, monkeypatch, asked, found):
+    """create(..., exist_ok=True) over a shard left by an earlier run with the same fields
+    and capacity but another exponent (or none, or one where none is asked): the shard's
+    error says so (it took the shard over, and the cluster's draw mixed exponents)."""
+    import sys
+    import types
+    fake = types.SimpleNamespace(get_runtime_context=lambda: FakeRuntime)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    left = shmbuf.Buffer.create(X, 8, name=f"{name}.0", priority=found, seed=0)
+    try:
+        shard = ShardActor(f"{name}.0", "buffer", X, 8, {"priority": asked}, 0, True, None)
+        with pytest.raises(ValueError, match=r"the existing shard .* has (priority exponent 0\.6|no priorities), "
+                                              r"not (priority exponent 0\.[67]|no priorities) as asked"):
+            shard.info()
+        same = ShardActor(f"{name}.0", "buffer", X, 8, {"priority": found}, 0, True, None)
+        assert same.info()["alpha"] == found  # (the same exponent: taken over)
+        same.buf.close()
+    finally:
+        left.unlink()
+        left.close()

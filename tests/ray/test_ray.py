@@ -531,6 +531,8 @@ def test_exist_ok_takes_over_segments_left_behind(nodes, name):
         ShardedBuffer.create(FIELDS, 64, name=name, nodes=nodes[:1])
     with pytest.raises(ValueError, match="holds 64 rows"):
         ShardedBuffer.create(FIELDS, 32, name=name, nodes=nodes[:1], exist_ok=True)
+    with pytest.raises(ValueError, match="has no priorities, not priority exponent 0.6 as asked"):
+        ShardedBuffer.create(FIELDS, 64, name=name, nodes=nodes[:1], exist_ok=True, priority=0.6)
     with ShardedBuffer.create(FIELDS, 64, name=name, nodes=nodes[:1], exist_ok=True) as rb:
         assert len(rb) == 5
     assert shm_segments(name) == []

@@ -80,6 +80,10 @@ static inline int beyond_horizon(Ring *r, Py_ssize_t lane, int64_t end) {
 }
 
 static int64_t next_token = 0; /* unique per write in this process (with the pid) */
+/* Rows this thread has published here (written with the GIL held, right after their even
+ * stamps): a call that writes several rows tells by the difference how many of them an
+ * exception (Ctrl-C) left written (ring.py: rows_published()). */
+static __thread int64_t published_here = 0;
 static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protocol points */
 /* Tests only (trace_steps()): the steps of this process's writes in the order they were
  * taken, one letter each: 'o' the odd stamps stored, 'F' a store fence (sfence), 'S' a
@@ -94,7 +98,7 @@ static inline void step(char c) {
 static long faults = 0;         /* tests only: protection broken on purpose (ring.py) */
 enum { FAULT_NO_STAMP_CHECK = 1, FAULT_NO_WAIT = 2, FAULT_NO_SEGMENT_CHECK = 4 };
 
-/* Call the test hook at `point` ("locked", "reserved", "writing"): -1 if it raised. */
+/* Call the test hook at `point` ("locked", "reserved", "writing", "published"): -1 if it raised. */
 static int at(const char *point) {
     if (hook == NULL)
         return 0;

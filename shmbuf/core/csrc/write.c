@@ -217,12 +217,15 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     for (Py_ssize_t i = 0; i < n; i++)
         STORE_REL(stamp_of(r, slot_of(r, lane, first + i)), 2 * (first + i) + 2);
     step('e');
+    published_here += n;
 
     /* 6. Free the entry. */
     if (e)
         STORE_REL(&e[RES_PID], 0);
     else
         STORE_REL(&lt[LANE_OWN_COUNT], 0);
+    if (at("published") < 0)   /* (tests: an exception after the publish; the rows stay written) */
+        return -1;
 
     /* 7. Counters (diagnostics, not protocol): the lane's last writer and time. */
     if (r->stat_slot)
