@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core import queue as _queue
-from shmbuf.core import validate
+from shmbuf.core import durable, restart, validate
 from shmbuf.core.batch import count
 from shmbuf.core.engine import Engine
 from shmbuf.samplers.recent import FIELD
@@ -30,6 +30,8 @@ def plan(mode: Any, fields: Any, meta: Mapping[str, Any] | None, regions: dict[s
         raise ValueError(f"fields must be a mapping without {_queue.FIELD!r} (a queue keeps the "
                          "time each write began there)")
     regions[_queue.REGION] = _queue.region_bytes(count(lanes, "lanes", 1))
+    if durable.REGION in regions:  # (a queue in a file: snapshots of its words for a restart)
+        regions[restart.REGION] = restart.region_bytes(count(lanes, "lanes", 1))
     return {**fields, _queue.FIELD: ((), np.int64)}, {**(meta or {}), "queue": {"version": 1}}
 
 

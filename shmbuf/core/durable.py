@@ -160,16 +160,19 @@ def frontier(ring) -> np.ndarray:
     return front
 
 
-def flush(ring, seg, timeout: float) -> np.ndarray:
+def flush(ring, seg, timeout: float, keep=None) -> np.ndarray:
     """Make every row published before the call durable (see the module); returns the
     frontiers recorded. A no-op returning the heads for a ``/dev/shm`` segment.
 
     ``timeout`` bounds the two waits for the header lock, one deadline for both (the
     second gets what the first and the disk write left, at least ``LOCK_FLOOR``); the
-    writes to the disk themselves are not interrupted."""
+    writes to the disk themselves are not interrupted. ``keep()``: called with the
+    frontiers, under the lock (a queue's snapshot of its words, :mod:`shmbuf.core.restart`)."""
     deadline = Deadline(timeout)
     with ring.lock.hold(deadline.left()):
         front = frontier(ring)
+        if keep is not None:
+            keep()
     if not seg.durable:
         return front
     seg.sync()
@@ -182,9 +185,10 @@ def flush(ring, seg, timeout: float) -> np.ndarray:
     return front
 
 
-def recover(ring, timeout: float) -> bool:
+def recover(ring, timeout: float, rolled_back=None) -> bool:
     """On the first open of a buffer file after a restart of the machine, roll it back to
-    its last flush (see the module); True if it did."""
+    its last flush (see the module), then call ``rolled_back()`` under the same lock (a
+    queue's words, :mod:`shmbuf.core.restart`); True if it did."""
     boot = boot_id()
     control = ring.control
     if boot == 0 or int(control[CTRL_BOOT]) == boot:
@@ -195,6 +199,8 @@ def recover(ring, timeout: float) -> bool:
             return False  # another process did it meanwhile
         if before != 0:  # 0: new, never opened before
             rollback(ring)
+            if rolled_back is not None:
+                rolled_back()
         control[CTRL_BOOT] = boot
     return before != 0
 

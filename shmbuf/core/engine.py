@@ -37,7 +37,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from shmbuf.core import durable, native, procs, sampling, validate
+from shmbuf.core import durable, native, procs, restart, sampling, validate
 from shmbuf.core.counters import Counters
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
@@ -158,20 +158,19 @@ class Engine:
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
         wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
-        rewound = seg.durable and durable.recover(self.ring, wait())
+        # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
+        self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap,
+                                 layout.regions.get(restart.REGION)) if layout.meta.get("queue") is not None else \
+            Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
+        if seg.durable:  # (a queue's takes in flight at a restart give their rows back)
+            durable.recover(self.ring, wait(), self.writes.rolled_back)
         if counted:
             self.counters.claim(self.lock, min(wait(), 1.0))
-        # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
         rate = layout.meta.get("rate")
         self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap) \
-            if layout.meta.get("queue") is not None else \
-            Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
         self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
         self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
         self._names = [f.name for f in layout.fields]
-        if rewound:
-            self.writes.recovered(wait())  # a queue's takes in flight at the restart give their rows back
         self._lane: int | None = None  # the lane this handle claimed
         self._lane_pid = 0
         self.configure()
@@ -288,7 +287,7 @@ class Engine:
 
     def flush(self, timeout: float | None) -> None:
         """A durability point of a buffer file (see :mod:`shmbuf.core.durable`)."""
-        durable.flush(self.ring, self.seg, self.seconds(timeout))
+        durable.flush(self.ring, self.seg, self.seconds(timeout), self.writes.flushing)
 
     # -- reading ---------------------------------------------------------------------
 

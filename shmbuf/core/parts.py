@@ -98,8 +98,11 @@ class Replay:
     def reset(self, timeout: float) -> None:
         """After a restore: every row restored is one to use (nothing to do)."""
 
-    def recovered(self, timeout: float) -> None:
-        """After a buffer file's rollback at a restart (nothing to do)."""
+    def flushing(self) -> None:
+        """(Under the lock, at a flush) what to keep for a restart (nothing)."""
+
+    def rolled_back(self) -> None:
+        """(Under the lock, a buffer file's lanes rolled back at a restart) nothing to do."""
 
 
 TIMES = "times_sampled"

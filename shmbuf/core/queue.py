@@ -18,11 +18,10 @@ backing off, until takers free room. A region of the segment holds::
    rows are chosen: given-back ranges first, oldest first; then, per lane, the rows
    from ``next`` up to the first row a live writer still holds (rows of writers that
    died, and with a take's ``skip`` its stale rows, are passed over), merged across
-   lanes by the monotonic time each write began.
-   The chosen rows of a lane are always a prefix of its rows. ``next`` moves past
-   them (and the rows passed over); an entry of ours spans our rows of a range, the
-   stale ones between them unpublished (:func:`~shmbuf.core.takes.unpublish`); until
-   the change commits, nothing else changed.
+   lanes by the monotonic time each write began. The chosen rows of a lane are always a
+   prefix of its rows. ``next`` moves past them (and the rows passed over); an entry of
+   ours spans our rows of a range, the stale ones between them unpublished
+   (:func:`~shmbuf.core.takes.unpublish`); until the change commits, nothing else changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
@@ -34,9 +33,9 @@ A taker SIGKILLed before step 3's commit leaves entries with a dead pid: the nex
 gives them back and delivers them before newer rows. An exception (Ctrl-C) before the
 commit gives them back at once; a Ctrl-C that lands after it is raised once step 3 is
 done, and the rows, already delivered, are kept for this handle's next take, which
-returns them first and goes on past them. A writer
-killed mid-write leaves rows that are never published: takes skip them once no live
-writer holds them.
+returns them first and goes on past them. A writer killed mid-write leaves rows that are
+never published: takes skip them once no live writer holds them. A queue in a file takes
+up its words from its last flush after a restart (:mod:`shmbuf.core.restart`).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from shmbuf.core import procs, takes
+from shmbuf.core import procs, restart, takes
 from shmbuf.core.interrupts import Deferred
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.lock import HeaderLock, LockTimeout
@@ -76,17 +75,9 @@ _TOKENS = itertools.count(1)
 _TAKING: set[int] = set()  # tokens of this process's takes in flight
 
 
-def entries(lanes: int) -> int:
-    return 64 + 8 * lanes
-
-
-def _words(lanes: int) -> int:
-    """Words of the head, next and take table (the journal follows them)."""
-    return HEAD_WORDS + lanes + WIDTH * entries(lanes)
-
-
 def region_bytes(lanes: int) -> int:
-    return 8 * (_words(lanes) + 1 + 2 * _words(lanes))
+    """The words (:func:`~shmbuf.core.takes.words`), then the journal."""
+    return 8 * (takes.words(lanes) + 1 + 2 * takes.words(lanes))
 
 
 LOCK_FLOOR = 0.05
@@ -120,20 +111,22 @@ class Queue:
     mid-change), so a SIGKILL at any instant leaves the change made or not made.
     """
 
-    def __init__(self, ring: Any, lock: HeaderLock, region: tuple[int, int], mem: Any) -> None:
+    def __init__(self, ring: Any, lock: HeaderLock, region: tuple[int, int], mem: Any,
+                 kept: tuple[int, int] | None = None) -> None:
         off, size = region
         lanes = ring.lanes
         if size != region_bytes(lanes):
             from shmbuf.core.segment import FormatError
             raise FormatError(f"the queue region holds {size} bytes, expected {region_bytes(lanes)}")
         self.ring, self.lock, self.lanes = ring, lock, lanes
-        self.n = _words(lanes)
+        self.n = takes.words(lanes)
         words = np.ndarray((size // 8,), np.int64, mem, off)
         self.live = Words(words[:self.n], lanes)
         self.journal = words[self.n:]
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
         self._kept = takes.Kept()  # rows delivered to this handle's takes, not returned (a Ctrl-C)
+        self.kept = None if kept is None else restart.Kept(mem, kept, lanes)  # (a queue in a file's)
 
     # -- changes ---------------------------------------------------------------------
 
@@ -413,14 +406,16 @@ class Queue:
             s.table[:, E_STATE] = FREE
             s.next[:] = self.ring.lane_table[:, LANE_BASE]
 
-    def recovered(self, timeout: float) -> None:
-        """After a restart of the machine (a buffer file rolled back to its last flush):
-        takes in flight then, all of processes of the previous boot, give their rows
-        back; rows delivered stay delivered (``next`` is kept: the rows below it that
-        the rollback kept are not delivered again)."""
-        with self._edit(timeout) as s:
-            taking = np.flatnonzero(s.table[:, E_STATE] == TAKING)
-            self._give_back(s, taking)
+    def flushing(self) -> None:
+        """(Under the lock, at a flush) a snapshot of the words (:mod:`shmbuf.core.restart`)."""
+        if self.kept is not None:
+            self._replay()
+            self.kept.keep(self.live.w)
+
+    def rolled_back(self) -> None:
+        """(Under the lock, the lanes rolled back at a restart) the words of the newest
+        snapshot, fitted to the rows left; takes in flight then give their rows back."""
+        restart.recover(self.kept, self.live, self.journal, self.ring, self._give_back)
 
     def clear(self, timeout: float) -> None:
         """Drop every row not yet taken (takes in flight still deliver theirs)."""

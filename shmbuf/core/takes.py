@@ -28,6 +28,11 @@ E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
 FREE, TAKING, RETURNED = 0, 1, 2
 
 
+def words(lanes: int) -> int:
+    """Words of a queue's head, next and take table (of ``64 + 8 * lanes`` entries)."""
+    return HEAD_WORDS + lanes + WIDTH * (64 + 8 * lanes)
+
+
 def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Which rows ``seq`` of ``lane`` are published, and which of those a take with
     ``skip`` delivers: ``skip=(field, bound, newest)`` passes over the rows whose

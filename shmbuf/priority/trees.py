@@ -32,9 +32,8 @@ work is vectorised level by level, in C when the extension is there.
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -45,92 +44,22 @@ from shmbuf.core.read import SampleTimeout
 from shmbuf.core.seqlock import read_stable
 from shmbuf.core.engine import Engine
 from shmbuf.core.segment import FormatError
+from shmbuf.priority.values import (DEFAULT_BETA, LARGEST, check_alpha, check_beta, check_values,  # noqa: F401
+                                    largest_leaf, leaves)
 
 REGION = "priority"
 FIELD = "_priority"
-DEFAULT_BETA = 0.4  # cpprb's default
 _HEAD_WORDS = 8
-LARGEST = float(np.finfo(np.float64).max)
 H_VERSION, H_MAX = 0, 1  # H_MAX: float64 bits; 0.0 reads as 1.0 (no priority set yet)
-
-
-def leaves(capacity: int) -> int:
-    """P: the number of leaves, the power of two >= capacity."""
-    return 1 << max(capacity - 1, 0).bit_length()
+HOOK: Callable[[str], None] | None = None
+"""Test hook, called in every change of the trees (the lock held, the version odd) at
+"changing" (nothing changed yet), "leaves" (leaves set, their ancestors not yet; the
+native path's update of a few leaves sets both at once, then calls it) and "changed"
+(all done, the version not yet even). Never set outside tests."""
 
 
 def region_bytes(capacity: int, lanes: int) -> int:
     return 8 * (_HEAD_WORDS + 2 * lanes + 4 * leaves(capacity) + capacity)
-
-
-def _exponent(value: Any, what: str) -> float:
-    """``value`` as a float if it is a finite number >= 0, else ValueError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what}, got {value!r}")
-    return float(value)
-
-
-def check_alpha(alpha: Any) -> float:
-    """The priority exponent ``a`` (``priority=``), checked."""
-    return _exponent(alpha, "priority= is the exponent a of p**a: a finite number >= 0 (0.6 is usual, "
-                            "0 samples uniformly)")
-
-
-def check_beta(beta: Any) -> float:
-    """The importance-weight exponent ``b`` (``beta=``; None: :data:`DEFAULT_BETA`), checked."""
-    if beta is None:
-        return DEFAULT_BETA
-    return _exponent(beta, "beta= is the exponent b of the importance weights (N * P(i))**-b: a finite "
-                           "number >= 0 (0.4 is usual, annealed to 1 over training)")
-
-
-def largest_leaf(capacity: int) -> float:
-    """The largest ``p**a`` a leaf may hold in a buffer of ``capacity`` rows: the largest
-    float64 over the number of leaves, so that the sum of them all (the root of the sum
-    tree, which every draw scales by) stays finite. ``largest_leaf(1000)``: 1.8e308 / 1024."""
-    return LARGEST / leaves(capacity)
-
-
-def check_values(priorities: Any, n: int | None, what: str, alpha: float | None = None,
-                 capacity: int | None = None) -> np.ndarray:
-    """``priorities`` as float64 ``(n,)``; ValueError unless all are finite and > 0 and
-    (given ``alpha`` and ``capacity``) each ``p**alpha`` is in ``(0, largest_leaf(capacity)]``:
-    a larger one would make the trees' sum infinite, a 0 a row that is never drawn.
-
-    Examples:
-        >>> check_values([1e308], 1, "update_priorities", 1.0, 8)
-        Traceback (most recent call last):
-        ...
-        ValueError: update_priorities: p**a must be at most 2.24712e+307 in a buffer of 8 rows ...
-    """
-    p = np.asarray(priorities, dtype=np.float64)
-    if n is not None:
-        if p.size != n:
-            raise ValueError(f"{what}: expected {n} priorities (one per row), got shape {p.shape}")
-        p = p.reshape(n)
-    if p.size and not (p.min() > 0 and p.max() < math.inf):  # (a NaN makes the minimum NaN)
-        bad = ~((p > 0) & (p < math.inf))
-        raise ValueError(f"{what}: priorities must be finite and > 0, got {p[bad][:5].tolist()} "
-                         "(with TD errors, pass abs(td) + a small epsilon such as 1e-6)")
-    if alpha is None or capacity is None or not p.size:
-        return p
-    with np.errstate(over="ignore", under="ignore"):
-        leaf = p ** alpha
-    top = largest_leaf(capacity)
-    if leaf.max() > top:
-        bad = p[leaf > top][:5].tolist()
-        most = math.exp(math.log(top) / alpha)  # (alpha > 0 here: p**0 is 1)
-        raise ValueError(f"{what}: p**a must be at most {top:g} in a buffer of {capacity} rows (the largest "
-                         f"float64 over its {leaves(capacity)} leaves, so that the sum over the whole buffer stays "
-                         f"finite), got priorities {bad} with a = {alpha:g}: pass priorities <= {most:g} "
-                         "(clip them, or scale them all down)")
-    if leaf.min() == 0:
-        bad = p[leaf == 0][:5].tolist()
-        raise ValueError(f"{what}: priorities {bad} give p**a = 0 with a = {alpha:g} (below the smallest float64): "
-                         "such a row could never be drawn; pass larger priorities (with TD errors, abs(td) + a "
-                         "small epsilon such as 1e-6)")
-    return p
 
 
 class Trees:
@@ -179,15 +108,21 @@ class Trees:
         if len(slots) > self.leaves // 8:  # many (a learner's first sync): every node, once
             self.sum[slots + self.leaves] = values
             self.min[slots + self.leaves] = values
+            if HOOK is not None:
+                HOOK("leaves")
             self.rebuild()
             return
         if self._native is not None:
             self._native.tree_set(self.sum, self.min, np.ascontiguousarray(slots, np.int64),
                                   np.ascontiguousarray(values, np.float64))
+            if HOOK is not None:
+                HOOK("leaves")
             return
         nodes = slots + self.leaves
         self.sum[nodes] = values
         self.min[nodes] = values
+        if HOOK is not None:
+            HOOK("leaves")
         while nodes[0] > 1:
             nodes = np.unique(nodes >> 1)
             left, right = 2 * nodes, 2 * nodes + 1
@@ -213,7 +148,9 @@ class Trees:
         also rebuilds the inner nodes (the version was left odd). An unpublished row holds
         ``synced`` back only while a live writer may still publish it: a row that a dead
         writer reserved, or an abandoned write's, is passed over for good, so it never
-        makes every later sync read a whole lap again."""
+        makes every later sync read a whole lap again. A slot whose new row is not
+        published (being written, or never to be) loses the leaf of the row it held, now
+        outside the window: no draw lands there until the new row is synced."""
         ring, lc = self.ring, self.lc
         heads, bases = self.engine.heads(), self.engine.bases()
         for lane in np.flatnonzero((bases != self.synced[:, 1]) | (self.synced[:, 0] > heads)).tolist():
@@ -242,6 +179,11 @@ class Trees:
             again = late[~held]  # finished since (published now, or never)
             p[again], ok[again] = self._read(lane[again], rows[again])
             np.minimum.at(low, lane[late[held]], rows[late[held]])
+            gone = late[~ok[late]]  # unpublished: their slots' older rows left the window
+            gone = gone[(self.seq[slots[gone]] > 0) & (self.seq[slots[gone]] <= rows[gone])]
+            if len(gone):  # (their leaves out: a draw of them would be redrawn, the mass stuck there)
+                self.set(slots[gone], np.zeros(len(gone)))
+                self.seq[slots[gone]] = 0
         new = ok & (self.seq[slots] <= rows)  # (a later row's leaf is never set back)
         if new.any():
             top = self.headf[H_MAX] or 1.0
@@ -428,6 +370,8 @@ class _Change:
                 t.rebuild()
                 v += 1
             t.head[H_VERSION] = v + 1
+            if HOOK is not None:
+                HOOK("changing")
         except BaseException:
             self.held.__exit__()
             raise
@@ -437,6 +381,8 @@ class _Change:
         t = self.trees
         try:
             if kind is None:  # (an exception inside: left odd, the next changer rebuilds)
+                if HOOK is not None:
+                    HOOK("changed")
                 t.head[H_VERSION] += 1
         finally:
             self.held.__exit__()

@@ -1,6 +1,7 @@
 """The storm of a queue's lag limit (both paths: scripts/test runs this file on each):
 four writers share two lanes of a small queue created with ``versions=True`` (per lane
-one writes version 1, stale, one version 100), three takers take with min_version=100;
+one writes version 1, stale, one version 100; about half their writes are ``add_each``
+calls, each row its own write), three takers take with min_version=100;
 takers get SIGKILLs and real SIGINTs at random instants and at chosen points of a take
 (killed ones are replaced, interrupted ones go on). Last, with stale rows between fresh
 ones in both lanes, a taker claims everything and is SIGKILLed holding it: a state dict

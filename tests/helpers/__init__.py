@@ -15,4 +15,5 @@ from .compat import *  # noqa: F401,F403
 from .queues import *  # noqa: F401,F403
 from .limited import *  # noqa: F401,F403
 from .versions import *  # noqa: F401,F403
+from .prio_storm import *  # noqa: F401,F403
 from .frames import *  # noqa: F401,F403

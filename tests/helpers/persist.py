@@ -22,4 +22,25 @@ def save_and_hang(name: str, path: str, flag: str) -> None:
     with shmbuf.Buffer.attach(name) as buf:
         buf.save(path)
 
-__all__ = ['save_and_hang']
+
+
+def power_cut_images(flushed: bytes, memory: bytes, boot_offset: int, boot: int):
+    """Every file a power loss can leave between two durability points: the file as the
+    last one left it on the disk (``flushed``), with any combination of the pages that
+    changed since (in ``memory``) on the disk instead (the kernel writes pages back in no
+    order), and the header's boot id another boot's (``boot``, at ``boot_offset``).
+    Yields ``(pages on the disk, image)``."""
+    import itertools
+
+    page = 4096
+    dirty = [i for i in range(-(-len(flushed) // page))
+             if flushed[i * page:(i + 1) * page] != memory[i * page:(i + 1) * page]]
+    for chosen in itertools.product((False, True), repeat=len(dirty)):
+        out = bytearray(flushed)
+        for i, on in zip(dirty, chosen):
+            if on:
+                out[i * page:(i + 1) * page] = memory[i * page:(i + 1) * page]
+        out[boot_offset:boot_offset + 8] = boot.to_bytes(8, "little", signed=True)
+        yield [i for i, on in zip(dirty, chosen) if on], bytes(out)
+
+__all__ = ['power_cut_images', 'save_and_hang']

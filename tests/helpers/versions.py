@@ -61,15 +61,19 @@ def lagged_taker(name: str, log: str, stop: str, batch: int, min_version: int, h
 
 def lag_writer(name: str, writer: int, lane: int, version: int, chunk: int, stop: str, log: str) -> None:
     """Write rows (writer, 0, 1, ...) of ``version`` into ``lane`` (no lane claimed: other
-    writers share it) in chunks of 1 .. ``chunk`` until ``stop`` exists; log "W <count>"
-    after each write returned."""
+    writers share it) in chunks of 1 .. ``chunk``, every other one with ``add_each``
+    (a row a write: other writers' rows may come between them), until ``stop`` exists;
+    log "W <count>" after each write returned."""
     q = shmbuf.Buffer.attach(name, timeout=60)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     rng = np.random.default_rng(writer)
     i = 0
     while not os.path.exists(stop):
         k = int(rng.integers(1, chunk + 1))
-        q.extend(queue_rows(writer, i, i + k), version=version, lane=lane, timeout=120)
+        if rng.random() < 0.5:
+            q.extend(queue_rows(writer, i, i + k), version=version, lane=lane, timeout=120)
+        else:
+            q.add_each(queue_rows(writer, i, i + k), [lane] * k, version=version, timeout=120)
         i += k
         _log(fd, "W", [i])
 

@@ -358,3 +358,41 @@ def test_a_live_writers_row_holds_the_sync_back_until_it_is_published(name, tmp_
         assert child.exitcode == 0
         x = buf.sample(1000)["x"]
     assert (x == 99).sum() > 900, np.bincount(x)
+
+
+@pytest.mark.both_storages
+@pytest.mark.parametrize("point,fate", [("reserved", "killed"), ("writing", "killed"), ("writing", "stopped")])
+def test_a_row_overwritten_by_a_write_not_published_leaves_the_trees(name, tmp_path, point, fate):
+    """Row 0 holds almost all the mass (p**a half the largest a leaf may hold); the write
+    of the row after it in its slot stops at ``point`` (the writer SIGKILLed there, or
+    stopped there, alive). Row 0 has left the window: the sync takes its leaf out, and
+    samples get rows 1..7 (before: every draw landed on row 0's leaf and was redrawn,
+    SampleTimeout; and the trees' total counted a row no longer there). A stopped
+    writer's row, once published, gets its leaf."""
+    from shmbuf.priority.trees import largest_leaf
+
+    flag, go = str(tmp_path / "there"), str(tmp_path / "go")
+    with shmbuf.Buffer.create(X, 8, priority=1.0, seed=0, name=name) as buf:
+        buf.add({"x": 0}, priority=largest_leaf(8) / 2)
+        buf.extend({"x": np.arange(1, 8)}, priority=np.ones(7))
+        assert buf.sample(4)["x"].tolist() == [0, 0, 0, 0]  # synced: row 0's leaf is in
+        child = mp.get_context("fork").Process(target=helpers.add_rows_paused,
+                                                args=(name, 99, 3.0, point, flag, go))
+        child.start()
+        try:
+            helpers.wait_for_file(flag, child, f"the writer to stop at {point!r}")
+            if fate == "killed":
+                child.kill()
+                child.join(30)
+            x = buf.sample(200, timeout=2.0)["x"]
+            t = buf.engine.priorities
+            check_trees(t)
+            assert set(x.tolist()) <= set(range(1, 8)) and t.sum[1] == 7.0, (np.bincount(x), t.sum[1])
+        finally:
+            open(go, "w").close()
+            child.join(30)
+        if fate == "stopped":
+            assert child.exitcode == 0
+            x = buf.sample(1000)["x"]
+            assert 0 not in x and 200 < (x == 99).sum() < 400, np.bincount(x)  # 3 of the 10 of mass
+            check_trees(buf.engine.priorities)
