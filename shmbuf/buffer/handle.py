@@ -11,28 +11,28 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.priority import trees as _priority
-from shmbuf.buffer import queue_mode
-from shmbuf.core import counters, durable, procs, sampling, storage, validate
+from shmbuf.core import counters, durable, gather, procs, storage, validate
 from shmbuf.core.batch import Outputs, count
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
 from shmbuf import samplers
-from shmbuf.core.parts import NoPriorities, Replay
+from shmbuf.core.plain import NoPriorities, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
-from shmbuf.buffer.reads import Reads
-from shmbuf.samplers import limited
-from shmbuf.buffer import versions as versions_part
+from shmbuf.buffer.sample import Reads
+from shmbuf.limited import sampler as limited
+from shmbuf.queue import take as queue_part
+from shmbuf.versions import bound as versions_part
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, check_meta
-from shmbuf.core.ratelimit import RateLimit
+from shmbuf.rate.limit import RateLimit
 from shmbuf.core.segment import Segment
 
 
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_part.Bound):
+class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_part.Bound):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -117,7 +117,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                 ``index``; see :meth:`update_priorities` and :mod:`shmbuf.priority.trees`.
             mode: ``"replay"`` (default) or ``"queue"``: rows consumed in order by
                 :meth:`take`, each delivered once; writes wait while it is full
-                instead of overwriting (see :mod:`shmbuf.core.queue`).
+                instead of overwriting (see :mod:`shmbuf.queue.protocol`).
             path: keep the buffer in this file on a local disk instead of ``/dev/shm``
                 (the same as a ``name`` with a ``/``): it may be larger than memory,
                 it is persistent (``close`` never removes it), and :meth:`flush` makes
@@ -128,10 +128,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                 :mod:`shmbuf.samplers`). A prioritized buffer or a queue has its own.
             versions: keep each row's policy version (a ``"version"`` entry in samples;
                 ``add``/``extend`` take ``version=``; ``sample`` takes ``min_version=`` and
-                ``max_staleness=``): see :mod:`shmbuf.buffer.versions`.
+                ``max_staleness=``): see :mod:`shmbuf.versions.bound`.
             max_times_sampled: return each row from at most this many samples, across all
                 processes, then never again (a ``"times_sampled"`` entry in samples): see
-                :mod:`shmbuf.samplers.limited`.
+                :mod:`shmbuf.limited.sampler`.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -167,7 +167,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
-        fields, meta = queue_mode.plan(mode, fields, meta, regions, lanes, rate, priority)
+        fields, meta = queue_part.plan(mode, fields, meta, regions, lanes, rate, priority)
         fields, meta = versions_part.plan(versions, fields, meta)
         fields, meta = limited.plan(max_times_sampled, fields, meta,
                                     mode == "replay" and priority is None and sampler == samplers.DEFAULT)
@@ -306,7 +306,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         ``priority``: a prioritized buffer's priority for it (default: the largest
         priority ever set). ``version``: the policy version that made it, in a buffer
         created with ``versions=True`` (default: the bound ``Weights``' version; see
-        :mod:`shmbuf.buffer.versions`).
+        :mod:`shmbuf.versions.bound`).
 
         Examples:
             >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
@@ -393,7 +393,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         ``max_staleness`` versions older than the newest (``version``, else the bound
         ``Weights``' latest, else the newest row's); ``freshness=True`` (or a function of
         the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
-        :mod:`shmbuf.samplers.recent`.
+        :mod:`shmbuf.versions.recent`.
 
         Examples:
             >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
@@ -407,7 +407,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         plain = min_version is None and max_staleness is None and version is None and freshness is None
         if plain and self._uniform and beta is None:
             out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
-            sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
+            gather.sample_windows(engine.ring, engine.rng, n, 1, arrays,
                                     engine.timeout if timeout is None else validate.timeout(timeout))
             engine.counters.sampled(n)
             return out

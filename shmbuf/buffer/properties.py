@@ -10,7 +10,7 @@ import numpy as np
 
 from shmbuf.core.engine import Engine
 from shmbuf.priority.trees import FIELD
-from shmbuf.core.queue import FIELD as QUEUED
+from shmbuf.queue.protocol import FIELD as QUEUED
 from shmbuf.core.layout import FLAG_PERSIST, USER
 
 

@@ -13,7 +13,7 @@ What a capability may use:
 * ``layout``, ``fields``, ``schema``, ``seg``, ``name``: what the segment holds;
 * ``ring`` (lane table, stamps, arrays, ``put``, ``window``), ``native``, ``lock``;
 * ``rng``, ``seconds(timeout)``, ``counters``, and the parts a capability replaces
-  (:mod:`shmbuf.core.parts`): ``writes`` (rows into the ring, or a queue's),
+  (:mod:`shmbuf.core.plain`): ``writes`` (rows into the ring, or a queue's),
   ``priorities``, ``gate`` (the rate limit);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
   ``write_each(arrays, lanes, timeout)``: a row into each of several lanes, all or none;
@@ -37,19 +37,21 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from shmbuf.core import durable, native, procs, restart, sampling, validate
+from shmbuf.core import durable, gather, native, procs, storage, validate
 from shmbuf.core.counters import Counters
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
-from shmbuf.core.parts import Counted, NoPriorities, Replay
-from shmbuf.core.queue import REGION as QUEUE, Queue
-from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
+from shmbuf.core.plain import OPEN, NoPriorities, Replay
 from shmbuf.core.ring import Ring, WriteTimeout, rows_published
-from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
 from shmbuf.core.tables import check_tables
+# (capabilities, above the core: imported here until the registry of parts chooses them)
+from shmbuf.limited.counted import Counted
+from shmbuf.queue import restart
+from shmbuf.queue.protocol import REGION as QUEUE, Queue
+from shmbuf.rate.limit import Limiter, RateLimit, note, rest
 
 T = TypeVar("T")
 
@@ -158,7 +160,7 @@ class Engine:
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
         wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
-        # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
+        # the parts (see shmbuf.core.plain), chosen once from the segment's metadata
         self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap,
                                  layout.regions.get(restart.REGION)) if layout.meta.get("queue") is not None else \
             Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
@@ -369,10 +371,10 @@ class Engine:
         return self.ring.live_writers_in_flight()
 
     def gather(self, lane: Any, first: np.ndarray, length: int, out: list[Any], **filters: Any) -> np.ndarray | None:
-        """The checked gather (:func:`shmbuf.core.sampling.copy_windows`) of the windows
+        """The checked gather (:func:`shmbuf.core.gather.copy_windows`) of the windows
         ``(lane, first)`` of ``length`` rows into ``out`` (one array or None per field,
         in field order): None if all are intact, else the mask of the intact ones."""
-        return sampling.copy_windows(self.ring, lane, first, length, None, out, **filters)
+        return gather.copy_windows(self.ring, lane, first, length, None, out, **filters)
 
     def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
                        lane: int | None = None, index: np.ndarray | None = None) -> None:
@@ -383,7 +385,7 @@ class Engine:
         if lane is not None:
             lane = self.resolve_lane(lane, 0)
         self.sample(n, n * length, timeout,
-                    lambda left: sampling.sample_windows(self.ring, self.rng, n, length, arrays, left, lane, index))
+                    lambda left: gather.sample_windows(self.ring, self.rng, n, length, arrays, left, lane, index))
 
     # -- lanes -----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ user's keys and the library's mixed) still loads: its ``meta`` is read once by
 
 **Save** runs beside writers and samplers. The lane positions are read under the
 header lock (as long as a writer's reservation holds it); then, chunk by chunk and
-without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.state.copy_rows`). A
+without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.contents.copy_rows`). A
 row is saved only if it was published inside its lane's window when the positions
 were read and its stamp did not change during its copy, so the save holds exactly rows
 that were published at one moment, each whole. The priority leaves are read under the
@@ -40,7 +40,7 @@ symbolic link, and ``overwrite`` never deletes a file that is not a save's.
 free space from the metadata alone, then metadata types, a schema numpy accepts and
 that matches the files, each file's dtype and shape, stamps that name rows of their
 slots), then creates the buffer and writes the rows back under the header lock, each
-lane's kept rows consecutive (see :func:`shmbuf.core.state.check`); if anything fails after
+lane's kept rows consecutive (see :func:`shmbuf.core.contents.check`); if anything fails after
 the create, the new segment is removed.
 """
 
@@ -58,13 +58,15 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from shmbuf.priority import trees as _priority
-from shmbuf.core import state
-from shmbuf.core import procs, ratelimit, storage
+from shmbuf.core import contents, procs, storage
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
-from shmbuf.core.queue import FIELD as QUEUED
-from shmbuf.core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
+from shmbuf.queue.protocol import FIELD as QUEUED
+from shmbuf.core.plain import Replay
+from shmbuf.limited.counted import Counted
+from shmbuf.rate import limit
+from shmbuf.rate.limit import RateLimit  # (a save's rate limit, given back to create)
 from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from shmbuf.version import __version__
@@ -109,15 +111,15 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
         try:
             with engine.writes.quiet(deadline.left()) as pos:
                 if pos is None:
-                    pos = state.positions(ring, deadline.left())  # (after the leaves: rows newer are synced anew)
-                sampled = ratelimit.sampled(ring)
+                    pos = contents.positions(ring, deadline.left())  # (after the leaves: rows newer are synced anew)
+                sampled = limit.sampled(ring)
                 heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
                 for i, (name, (shape, dtype)) in enumerate(fields.items()):
                     files[name] = _field_file(i)
                     data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
                 stamps = np.empty(layout.capacity, np.int64)
                 bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
-                kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+                kept = contents.copy_rows(ring, heads, bases, data, stamps, progress=bar)
                 gone = engine.writes.delivered(stamps)  # (a queue's delivered rows are left out)
                 stamps[gone] = 0
                 kept -= int(gone.sum())
@@ -133,7 +135,7 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
             rows = stamps // 2 - 1  # (a saved row's sequence number)
             with private_file(tmp / PRIORITY_FILE) as f:
                 np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
-        lo = state.windows(heads, bases, layout.lane_capacity)
+        lo = contents.windows(heads, bases, layout.lane_capacity)
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
             "kind": engine.layout.meta.get("kind", "buffer"), "name": engine.name,
@@ -303,12 +305,14 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
                                 f"({' '.join(str(exc).split())})"[:500]) from None
     rng_state = got["rng"]
-    check = {"format": state.FORMAT, "version": state.VERSION, "fields": got["fields"],
+    check = {"format": contents.FORMAT, "version": contents.VERSION, "fields": got["fields"],
              "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
              "heads": got["heads"], "bases": got["bases"], "stamps": got["stamps"],
              "data": got["data"], "rng": rng_state if restore_rng else np.random.default_rng().bit_generator.state}
     try:
-        checked = state.check(check, got["layout"], got["fields"])
+        # (the buffer's write part checks the rows of its own field; the buffer is made after)
+        writes = Counted if got["meta"].get("max_times_sampled") is not None else Replay
+        checked = contents.check(check, got["layout"], got["fields"], writes)
     except (TypeError, ValueError) as exc:
         raise _bad(got["path"], str(exc)) from None
     checked["episodes"] = got["episodes"]
@@ -339,17 +343,17 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
-            state.restore(buf.engine.ring, checked, deadline.left(), progress=bar, seg=buf.engine.seg)
+            contents.restore(buf.engine.ring, checked, deadline.left(), progress=bar, seg=buf.engine.seg)
         else:
             readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
-                state.restore(buf.engine.ring, {**checked, "data": readers}, deadline.left(), progress=bar,
+                contents.restore(buf.engine.ring, {**checked, "data": readers}, deadline.left(), progress=bar,
                               seg=buf.engine.seg)
             finally:
                 for r in readers.values():
                     r.close()
         bar.close()
-        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], deadline.left())
+        limit.restore_sampled(buf.engine.ring, got["sampled"], deadline.left())
         buf.engine.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]

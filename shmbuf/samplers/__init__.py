@@ -2,9 +2,9 @@
 
 A handle has one sampler, chosen once when it opens from the segment's metadata
 (:func:`choose`), so a sample calls the sampler it has and branches on nothing. A queue
-gets :class:`~shmbuf.samplers.consumed.Consumed`, a buffer created with ``priority=``
-:class:`~shmbuf.samplers.prioritized.Prioritized`, one created with
-``max_times_sampled=`` :class:`~shmbuf.samplers.limited.Limited`, any other the sampler named at its
+gets :class:`~shmbuf.queue.consumed.Consumed`, a buffer created with ``priority=``
+:class:`~shmbuf.priority.prioritized.Prioritized`, one created with
+``max_times_sampled=`` :class:`~shmbuf.limited.sampler.Limited`, any other the sampler named at its
 creation (``Buffer.create(..., sampler=NAME)``): the class ``SAMPLER`` of the module
 ``shmbuf.samplers.NAME`` (``uniform``, the default, or ``newest``). A new selector is one
 such module, and its test.
@@ -38,9 +38,10 @@ DEFAULT = "uniform"
 
 def names() -> list[str]:
     """The names ``Buffer.create(sampler=...)`` takes: this folder's selectors (the
-    modules with a ``SAMPLER``, but those that other arguments choose)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "limited", "prioritized")
-                  and hasattr(importlib.import_module(f"{__name__}.{m.name}"), "SAMPLER"))
+    modules with a ``SAMPLER``; the samplers that other arguments choose live in their
+    capability's folder)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if hasattr(importlib.import_module(f"{__name__}.{m.name}"), "SAMPLER"))
 
 
 def check(name: Any) -> str:
@@ -51,11 +52,15 @@ def check(name: Any) -> str:
 
 
 def choose(meta: Mapping[str, Any]) -> type:
-    """The sampler class of a handle on a segment with metadata ``meta``."""
+    """The sampler class of a handle on a segment with metadata ``meta``: a queue's, a
+    prioritized buffer's and a ``max_times_sampled=`` buffer's (whose segment names its
+    sampler ``"limited"``) from their capability's folder, any other from this one."""
     if meta.get("queue") is not None:
-        name = "consumed"
+        module = "shmbuf.queue.consumed"
     elif meta.get("priority") is not None:
-        name = "prioritized"
+        module = "shmbuf.priority.prioritized"
+    elif meta.get("sampler") == "limited":
+        module = "shmbuf.limited.sampler"
     else:
-        name = meta.get("sampler", DEFAULT)
-    return importlib.import_module(f"{__name__}.{name}").SAMPLER
+        module = f"{__name__}.{meta.get('sampler', DEFAULT)}"
+    return importlib.import_module(module).SAMPLER

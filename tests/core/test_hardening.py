@@ -20,7 +20,7 @@ import pytest
 
 import _posixshmem
 import shmbuf
-from shmbuf.core import sampling, segment
+from shmbuf.core import gather, segment
 from shmbuf.demo import run as demo
 from conftest import shm_path
 from helpers import patch_schema_doc, start_hanging_writer, wait_for_file
@@ -416,13 +416,13 @@ def test_load_state_dict_checks_everything_before_changing_anything(name):
 def test_a_clear_during_a_multi_lane_sample_gives_a_clear_error(name, monkeypatch):
     with shmbuf.Buffer.create(X, 8, lanes=2, name=name, seed=0) as buf:
         buf.extend({"x": np.arange(3)}, lane=0)
-        real = sampling.copy_windows
+        real = gather.copy_windows
 
         def clear_then_fail(ring_, lane, first, *args):
             real(ring_, lane, first, *args)
             buf.clear()
             return np.zeros(len(first), bool)  # "every window was torn": draw again
-        monkeypatch.setattr(sampling, "copy_windows", clear_then_fail)
+        monkeypatch.setattr(gather, "copy_windows", clear_then_fail)
         with pytest.raises(ValueError, match="cannot sample from an empty buffer"):
             buf.sample(4)
 
@@ -446,7 +446,7 @@ def test_an_emptied_buffer_is_not_blamed_on_dead_writers(name):
     with shmbuf.Buffer.from_data({"x": np.arange(4)}, seed=0) as buf:
         buf.clear()
         with pytest.raises(ValueError, match="empty buffer"):
-            sampling._pool_or_raise(buf.engine.ring, 1, time.monotonic() + 1)
+            gather._pool_or_raise(buf.engine.ring, 1, time.monotonic() + 1)
 
 
 # -- arguments ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The sampler of a queue (``mode="queue"``): a queue is consumed with ``take``, never
-sampled (see :mod:`shmbuf.core.queue`)."""
+sampled (see :mod:`shmbuf.queue.protocol`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Queue mode (shmbuf.core.queue): order, exactly-once delivery, back-pressure, takers
+"""Queue mode (shmbuf.queue.protocol): order, exactly-once delivery, back-pressure, takers
 and writers that die at chosen points, persistence, bad input."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import shmbuf
 from helpers import QUEUE_FIELDS, keys, queue_rows, queue_taker, queue_torn, queue_writer, wait_for_file
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 
 CTX = mp.get_context("fork")
 
@@ -132,7 +132,7 @@ def test_a_taker_killed_inside_a_take_gives_its_rows_back(name, tmp_path, point)
 
 def test_without_the_give_back_a_killed_takers_rows_are_lost(name, tmp_path, monkeypatch):
     """The protection matters: with the give-back switched off, the same kill loses rows."""
-    monkeypatch.setattr(core_queue, "GIVE_BACK", False)
+    monkeypatch.setattr(queue_protocol, "GIVE_BACK", False)
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
         kill_taker_at(name, tmp_path, "claimed")
@@ -146,10 +146,10 @@ def test_an_interrupted_take_gives_its_rows_back_at_once(name, monkeypatch):
             raise KeyboardInterrupt
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 5))
-        monkeypatch.setattr(core_queue, "HOOK", hook)
+        monkeypatch.setattr(queue_protocol, "HOOK", hook)
         with pytest.raises(KeyboardInterrupt):
             q.take(3)
-        monkeypatch.setattr(core_queue, "HOOK", None)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
         assert len(q) == 5 and q.take(5)["i"].tolist() == [0, 1, 2, 3, 4]
 
 

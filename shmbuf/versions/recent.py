@@ -1,6 +1,6 @@
 """Rows of recent policies: a sample uniform over the rows whose ``version`` is at least
 a bound (``Buffer.sample(n, min_version=v)`` or ``max_staleness=k``, on a buffer created
-with ``versions=True``; see :mod:`shmbuf.buffer.versions`).
+with ``versions=True``; see :mod:`shmbuf.versions.bound`).
 
 A lane's versions never decrease (each writer's never do, and a lane has one writer at a
 time), so the rows of a lane that qualify are the newest ones: a suffix of its window.
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from shmbuf.core.read import Sampler
-from shmbuf.core.sampling import draw_in
+from shmbuf.core.gather import draw_in
 
 FIELD = "version"
 

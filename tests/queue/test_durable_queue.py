@@ -18,7 +18,7 @@ import pytest
 import shmbuf
 from helpers import QUEUE_FIELDS, keys, power_cut_images, queue_rows
 from shmbuf.core import durable
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 from shmbuf.core.layout import CTRL_BOOT
 
 BOUND = 100
@@ -34,7 +34,7 @@ HISTORIES = {
     "a take in flight across the flush": (1, "F0 F0 S0 F0 F0 F0 S0 F0", [(2, BOUND, "in flight"), (2, BOUND)],
                                           [(2, BOUND)]),
 }
-# a take's points (see shmbuf.core.queue.HOOK); from its delivery's commit on, its rows may be lost
+# a take's points (see shmbuf.queue.protocol.HOOK); from its delivery's commit on, its rows may be lost
 POINTS = ["commit@claim", "claimed", "copied", "delivering", "commit@delivery", "delivered"]
 DELIVERED = {"commit@delivery", "delivered"}
 
@@ -72,10 +72,10 @@ def run(tmp_path, history: str):
             def hook(where: str, _rows) -> None:
                 if where == "claimed":
                     raise RuntimeError("given back")
-            core_queue.HOOK = hook
+            queue_protocol.HOOK = hook
             with pytest.raises(RuntimeError, match="given back"):
                 q.take(n, partial=True, min_version=bound)
-            core_queue.HOOK = None
+            queue_protocol.HOOK = None
         elif how == ["in flight"]:  # (stopped at "claimed" until after the flush, in a thread)
             there, go = threading.Event(), threading.Event()
 
@@ -83,7 +83,7 @@ def run(tmp_path, history: str):
                 if where == "claimed" and threading.current_thread() is flight:
                     there.set()
                     go.wait(60)
-            core_queue.HOOK = hook
+            queue_protocol.HOOK = hook
             flight = threading.Thread(target=lambda: late.extend(keys(q.take(n, partial=True, min_version=bound))))
             flight.start()
             assert there.wait(60)
@@ -96,7 +96,7 @@ def run(tmp_path, history: str):
     if flight is not None:
         go.set()
         flight.join(60)
-        core_queue.HOOK = None
+        queue_protocol.HOOK = None
     with open(path, "rb") as f:
         flushed = f.read()
     cuts, taken, point = [], [set(late)], [0]
@@ -106,7 +106,7 @@ def run(tmp_path, history: str):
         point[0] += 1
         may_lose = set().union(*taken) | (set() if name not in DELIVERED else {"this take"})
         cuts.append((f"take {len(taken) - 1} at {name}", bytes(q.engine.seg.mmap[:len(flushed)]), may_lose))
-    core_queue.HOOK = hook
+    queue_protocol.HOOK = hook
     try:
         for n, bound in then:
             point[0] = 0
@@ -115,7 +115,7 @@ def run(tmp_path, history: str):
                        for c, m, lose in cuts]
             taken.append(set(got))
     finally:
-        core_queue.HOOK = None
+        queue_protocol.HOOK = None
     cuts.append(("returned", bytes(q.engine.seg.mmap[:len(flushed)]), set().union(*taken)))
     seg, sync = q.engine.seg, q.engine.seg.sync
 

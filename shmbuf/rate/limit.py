@@ -60,7 +60,7 @@ class RateLimit:
         >>> buf.sample(1, timeout=0.01)
         Traceback (most recent call last):
         ...
-        shmbuf.core.ratelimit.RateLimitTimeout: ...
+        shmbuf.rate.limit.RateLimitTimeout: ...
         >>> buf.close()
     """
 
@@ -139,25 +139,6 @@ def rest(left: float, timeout: float) -> float:
     at the deadline still lets a write take a lock held for microseconds, a read copy
     its rows. A call so ends within its timeout plus that floor, at most."""
     return max(left, min(timeout, LOCK_FLOOR))
-
-
-class Open:
-    """The gate of a buffer without a rate limit: lets every sample and insert through
-    (at once: all of their ``timeout`` is left for what follows)."""
-
-    limited = False
-
-    def before_sample(self, n: int, timeout: float, counted: list[int]) -> float:
-        return timeout
-
-    def give_back(self, n: int, exc: BaseException) -> None:
-        pass
-
-    def before_insert(self, n: int, timeout: float) -> float:
-        return timeout
-
-
-OPEN = Open()
 
 
 class Limiter:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import sampling
+from shmbuf.core import gather
 from shmbuf.core.engine import Engine
 from shmbuf.core.read import Sampler, read
 from shmbuf.samplers.uniform import Uniform
@@ -58,7 +58,7 @@ class Rows(Sampler):
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
         s, leaf, q, _, ok = drawn
         out["_slot"][:], out["_seq"][:], out["_p"][:] = s, q, leaf
-        got = sampling.copy_windows(self.engine.ring, s // self.trees.lc, q, 1, None,
+        got = gather.copy_windows(self.engine.ring, s // self.trees.lc, q, 1, None,
                                     [out.get(f.name) for f in self.fields])
         return ok if got is None else ok & got
 

@@ -1,9 +1,9 @@
-"""Which rows a queue's take gets (part of :mod:`shmbuf.core.queue`, step 1 of a
+"""Which rows a queue's take gets (part of :mod:`shmbuf.queue.protocol`, step 1 of a
 take): rows given back first, oldest first; then per lane the rows from ``next`` up to
 the first row a live writer still holds (rows of writers that died are skipped), merged
 across lanes by the time their writes began, each lane's share a prefix of its rows.
 :func:`claim` and :func:`skipped` work on a copy of the queue's words
-(:class:`~shmbuf.core.queue.Words`) that the caller commits. Also here: the rows a take
+(:class:`~shmbuf.queue.protocol.Words`) that the caller commits. Also here: the rows a take
 delivered and its handle keeps (:class:`Kept`), the rows a give-back holds
 (:func:`waiting`), the hidden field of a write (:func:`stamp`), and the message of a
 write that found no room (:func:`full`)."""
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import sampling
+from shmbuf.core import gather
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD, published
 from shmbuf.core.read import Sampler
 
@@ -296,4 +296,4 @@ class Taken(Sampler):
         return self.lanes[todo], self.seqs[todo]
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
-        return sampling.copy_windows(self.ring, drawn[0], drawn[1], 1, None, [out.get(f.name) for f in self.fields])
+        return gather.copy_windows(self.ring, drawn[0], drawn[1], 1, None, [out.get(f.name) for f in self.fields])

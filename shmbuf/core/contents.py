@@ -25,13 +25,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.core import durable, sampling
+from shmbuf.core import durable, gather
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_EPISODES, LANE_FLUSHED, LANE_HEAD, LANE_OWN_COUNT, RES_PID, Layout
 from shmbuf.core.layout import published
 from shmbuf.core.lock import LockTimeout
 from shmbuf.core.ring import Ring
-from shmbuf.core.parts import TIMES
 
 FORMAT = "shmbuf.Buffer"
 VERSION = 1
@@ -74,7 +73,7 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
     """Copy the rows of the lane windows ``heads``/``bases`` into ``data`` (``{field: array
     of capacity rows}``, private arrays or files written front to back), slot order,
     about ``chunk_bytes`` at a time, through the read path's checked gather
-    (:func:`shmbuf.core.sampling.copy_windows`); into ``stamps`` each slot's stamp if its
+    (:func:`shmbuf.core.gather.copy_windows`); into ``stamps`` each slot's stamp if its
     row was copied intact, else 0 (and zeros into ``data``). No lock is held: rows
     written or overwritten meanwhile are left out. Returns the rows kept;
     ``progress(bytes)`` is called after each chunk."""
@@ -91,10 +90,10 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
         live = np.flatnonzero(seq >= oldest[lane])
         out = [np.zeros((hi - lo,) + f.shape, f.dtype) for f in fields]
         if len(live) == hi - lo:  # (the common case: the copy goes straight into out)
-            ok = sampling.copy_windows(ring, lane, seq, 1, None, out)
+            ok = gather.copy_windows(ring, lane, seq, 1, None, out)
         elif len(live):
             got = [np.empty((len(live),) + f.shape, f.dtype) for f in fields]
-            ok = sampling.copy_windows(ring, lane[live], seq[live], 1, None, got)
+            ok = gather.copy_windows(ring, lane[live], seq[live], 1, None, got)
             for dst, src in zip(out, got):
                 dst[live] = src
         if len(live):
@@ -118,7 +117,7 @@ def copy_rows(ring: Ring, heads: np.ndarray, bases: np.ndarray, data: Mapping[st
 def snapshot(ring: Ring, fields: dict[str, Any], rng_state: dict[str, Any],
              timeout: float, writes: Any) -> dict[str, Any]:
     """A consistent copy of ``ring``'s rows (see the module docstring). ``writes``: the
-    engine's write part (:mod:`shmbuf.core.parts`), held quiet during the copy (a
+    engine's write part (:mod:`shmbuf.core.plain`), held quiet during the copy (a
     queue's: its rows not yet taken, exactly; delivered ones are left out). ``timeout``
     bounds its waits (the write part's quiet, then the lock), one deadline for both."""
     deadline = Deadline(timeout)
@@ -152,9 +151,11 @@ def sequence_fields(layout: Layout) -> tuple[str, ...]:
     return ("_start",) if layout.meta.get("kind") == "episodes" else ()
 
 
-def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
+def check(state: Any, layout: Layout, fields: dict[str, Any], writes: Any) -> dict[str, Any]:
     """Validate a state dict for a buffer of ``layout``; return it normalised, every
     lane made contiguous (its published rows, consecutive: see :func:`_contiguous`).
+    ``writes``: the buffer's write part (or its class), whose ``check_rows`` checks the
+    values of the field it keeps.
 
     Raises ``ValueError``/``TypeError`` that say what is wrong; touches nothing.
     """
@@ -208,13 +209,7 @@ def check(state: Any, layout: Layout, fields: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"state_dict['data'][{name!r}] must have shape "
                              f"{(layout.capacity,) + shape} and dtype {dtype}, got {a.shape} {a.dtype}")
         arrays[name] = a
-    if TIMES in arrays:  # (a buffer created with max_times_sampled=: counts from 0)
-        low = np.asarray(arrays[TIMES][kept])
-        if (low < 0).any():
-            raise ValueError(f"state_dict['data'][{TIMES!r}] holds counts below 0 ({int((low < 0).sum())} "
-                             f"row(s), the least {int(low.min())}): each is how many samples returned its row, "
-                             "from 0, and would let the row out more than max_times_sampled times; restore "
-                             "an unedited state_dict() or save")
+    writes.check_rows(arrays, kept)  # (a write part's own field: max_times_sampled's counts)
     rng = np.random.default_rng()
     try:
         rng.bit_generator.state = state["rng"]

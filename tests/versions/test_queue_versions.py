@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 
 from helpers import (QUEUE_FIELDS, lagged_taker, queue_rows, queue_taker, read_log, stop_and_join, wait_for_file,
                      versioned_writer)
@@ -108,7 +108,7 @@ def interleaved(q, other):
 def _sigint_at(point):
     def hook(where, rows):
         if where == point:
-            core_queue.HOOK = None
+            queue_protocol.HOOK = None
             os.kill(os.getpid(), signal.SIGINT)  # (a real Ctrl-C, raised inside the take)
     return hook
 
@@ -123,12 +123,12 @@ def test_a_lag_limited_taker_that_dies_or_is_interrupted_gives_back_no_stale_row
     with queue(name, 32, fields=QUEUE_FIELDS) as q, shmbuf.Buffer.attach(name) as other:
         interleaved(q, other)
         if end == "sigint":
-            core_queue.HOOK = _sigint_at(point)
+            queue_protocol.HOOK = _sigint_at(point)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     q.take(3, min_version=2)
             finally:
-                core_queue.HOOK = None
+                queue_protocol.HOOK = None
         else:
             flag = str(tmp_path / "flag")
             p = CTX.Process(target=lagged_taker, args=(name, str(tmp_path / "t.log"), str(tmp_path / "stop"), 3,

@@ -8,7 +8,7 @@ weights it last pulled (``shmbuf.Actors`` binds each actor's handle so), or a
 one is refused and changes nothing), so with one writer per lane a lane's versions
 never decrease. Samples carry a ``"version"`` entry; ``sample(n, min_version=v)`` and
 ``sample(n, max_staleness=k)`` (``v`` = the newest version minus ``k``) draw uniformly
-over the rows of version ``>= v`` (see :mod:`shmbuf.samplers.recent`). The newest
+over the rows of version ``>= v`` (see :mod:`shmbuf.versions.recent`). The newest
 version is the bound ``Weights``' latest, else ``version=`` given to ``sample``, else
 the newest row's.
 """
@@ -21,7 +21,7 @@ import numpy as np
 
 from shmbuf.core.batch import rows_of
 from shmbuf.core.ring import rows_published
-from shmbuf.samplers.recent import FIELD, Recent, freshness_table, weights
+from shmbuf.versions.recent import FIELD, Recent, freshness_table, weights
 
 
 def plan(versions: Any, fields: Any, meta: Mapping[str, Any] | None) -> tuple[Any, Mapping[str, Any] | None]:
@@ -140,7 +140,7 @@ class Versions:
 
     def sample(self, engine: Any, n: int, out: Any, timeout: Any, min_version: Any, max_staleness: Any,
                version: Any, freshness: Any) -> Any:
-        """``Buffer.sample`` with these arguments (see :mod:`shmbuf.samplers.recent`)."""
+        """``Buffer.sample`` with these arguments (see :mod:`shmbuf.versions.recent`)."""
         window = engine.window()
         bound, newest = self.bound(engine, window, min_version, max_staleness, version, freshness is not None)
         table = freshness_table(freshness, max(newest - bound, 0))

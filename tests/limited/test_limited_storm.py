@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from helpers import counted_buffer, limited_sampler, limited_writer, returned_keys, storm_torn, wait_for_file
-from shmbuf.samplers import limited
+from shmbuf.limited import sampler as limited
 
 import shmbuf
 

@@ -17,7 +17,7 @@ import numpy as np
 import shmbuf
 import pytest
 from helpers import QUEUE_FIELDS, keys, queue_taker, queue_writer, read_log, wait_for_file
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 
 pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
 
@@ -135,6 +135,6 @@ def test_queue_storm_delivers_every_row_exactly_once(name, tmp_path):
 def test_the_storm_loses_rows_without_the_give_back(name, tmp_path, monkeypatch):
     """With the give-back off, the takers killed at chosen points lose their rows and
     the storm's check sees it."""
-    monkeypatch.setattr(core_queue, "GIVE_BACK", False)  # (forked children inherit it)
+    monkeypatch.setattr(queue_protocol, "GIVE_BACK", False)  # (forked children inherit it)
     got = storm(name, tmp_path, rounds=2)
     assert got["missing_unexplained"] > 0, got

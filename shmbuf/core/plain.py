@@ -4,13 +4,14 @@ An :class:`~shmbuf.core.engine.Engine` holds one of each, chosen once when the h
 opens (from the segment's metadata), and calls it without asking which it is:
 
 * the **write part** (``engine.writes``): :class:`Replay`, rows straight into the ring,
-  which overwrites the oldest; :class:`Counted` (``max_times_sampled=``) in its place
-  starts each row's count of samples at 0 and lets only its sampler read; a queue's
-  :class:`~shmbuf.core.queue.Queue` stamps each row, waits for room and hands rows out once;
+  which overwrites the oldest; :class:`~shmbuf.limited.counted.Counted`
+  (``max_times_sampled=``) in its place starts each row's count of samples at 0 and lets
+  only its sampler read; a queue's :class:`~shmbuf.queue.protocol.Queue` stamps each row,
+  waits for room and hands rows out once;
 * the **priorities** (``engine.priorities``): :class:`NoPriorities`; a prioritized
   buffer's :class:`~shmbuf.priority.trees.Trees` in their place;
-* the **rate gate** (``engine.gate``): :data:`~shmbuf.core.ratelimit.OPEN`, or a
-  :class:`~shmbuf.core.ratelimit.Limiter`.
+* the **rate gate** (``engine.gate``): :data:`OPEN`, or a
+  :class:`~shmbuf.rate.limit.Limiter`.
 
 A write goes through them in this order (the order is the protocol: a write that waits
 for room must not move a buffer file's horizon first): the gate (before anything), the
@@ -30,11 +31,10 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager
 
 import numpy as np
 
-from shmbuf.core.batch import rows_of
 from shmbuf.core.tables import BeyondHorizon
 
 
@@ -80,6 +80,12 @@ class Replay:
     def check_sample(self) -> None:
         """Raise the ``ValueError`` of a buffer that is not sampled (never: this one is)."""
 
+    @staticmethod
+    def check_rows(arrays: dict[str, np.ndarray], kept: np.ndarray) -> None:
+        """Raise the ``ValueError`` of a state dict whose rows (``arrays``, the slots
+        ``kept`` restored) hold values of this part's own field that it never writes
+        (nothing to check: this part keeps no field)."""
+
     def clear(self, timeout: float) -> None:
         self.ring.clear(timeout)
 
@@ -105,38 +111,6 @@ class Replay:
         """(Under the lock, a buffer file's lanes rolled back at a restart) nothing to do."""
 
 
-TIMES = "times_sampled"
-"""The field of a buffer created with ``max_times_sampled=``: how many samples returned the row."""
-
-
-class Counted(Replay):
-    """The write part of a buffer created with ``max_times_sampled=k``: every row is
-    written with its count of samples at 0 (:data:`TIMES`), which its sampler
-    (:mod:`shmbuf.samplers.limited`) counts up; every other read is refused, since it
-    would return rows without counting them."""
-
-    adds = True
-
-    def stamp(self, data: Any, single: bool) -> Any:
-        if not isinstance(data, Mapping):
-            return data  # (the schema check explains what is wrong)
-        if TIMES in data:
-            raise ValueError(f"{TIMES!r} is kept by shmbuf: it counts the samples that returned each row")
-        return {**data, TIMES: 0 if single else np.zeros(rows_of(data), np.int64)}
-
-    def stats(self) -> dict[str, Any]:
-        """``rows_used_up``: rows held that ``max_times_sampled`` samples returned (a scan)."""
-        k, lc, times = self.ring.layout.meta["max_times_sampled"], self.ring.lane_capacity, self.ring.arrays[TIMES]
-        lo, head = self.ring.window()
-        used = sum(int((times[lane * lc + np.arange(a, b) % lc] >= k).sum())
-                   for lane, (a, b) in enumerate(zip(lo.tolist(), head.tolist())))
-        return {"max_times_sampled": k, "rows_used_up": used}
-
-    def check_sample(self) -> None:
-        raise ValueError("this buffer counts the samples of each row (max_times_sampled=): only sample() "
-                         "reads it, one row at a time, since other reads would return rows uncounted")
-
-
 class NoPriorities:
     """The priorities of a buffer created without ``priority=`` (see the module)."""
 
@@ -152,3 +126,22 @@ class NoPriorities:
     def snapshot(self, timeout: float) -> None:
         """The leaves a save keeps (none)."""
         return None
+
+
+class Open:
+    """The gate of a buffer without a rate limit: lets every sample and insert through
+    (at once: all of their ``timeout`` is left for what follows)."""
+
+    limited = False
+
+    def before_sample(self, n: int, timeout: float, counted: list[int]) -> float:
+        return timeout
+
+    def give_back(self, n: int, exc: BaseException) -> None:
+        pass
+
+    def before_insert(self, n: int, timeout: float) -> float:
+        return timeout
+
+
+OPEN = Open()

@@ -1,5 +1,5 @@
 """Queue mode for :class:`shmbuf.Buffer`: what ``create(..., mode="queue")`` adds, and
-``take``. The protocol is :mod:`shmbuf.core.queue`'s."""
+``take``. The protocol is :mod:`shmbuf.queue.protocol`'s."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.core import queue as _queue
-from shmbuf.core import durable, restart, validate
+from shmbuf.core import durable, validate
 from shmbuf.core.batch import count
 from shmbuf.core.engine import Engine
-from shmbuf.samplers.recent import FIELD
+from shmbuf.queue import protocol, restart
+from shmbuf.versions.recent import FIELD
 
 Batch = dict[str, np.ndarray]
 
@@ -26,13 +26,13 @@ def plan(mode: Any, fields: Any, meta: Mapping[str, Any] | None, regions: dict[s
         return fields, meta
     if rate is not None or priority is not None:
         raise ValueError("a queue (mode='queue') is consumed in order: it takes no rate= or priority=")
-    if not isinstance(fields, Mapping) or _queue.FIELD in fields:
-        raise ValueError(f"fields must be a mapping without {_queue.FIELD!r} (a queue keeps the "
+    if not isinstance(fields, Mapping) or protocol.FIELD in fields:
+        raise ValueError(f"fields must be a mapping without {protocol.FIELD!r} (a queue keeps the "
                          "time each write began there)")
-    regions[_queue.REGION] = _queue.region_bytes(count(lanes, "lanes", 1))
+    regions[protocol.REGION] = protocol.region_bytes(count(lanes, "lanes", 1))
     if durable.REGION in regions:  # (a queue in a file: snapshots of its words for a restart)
         regions[restart.REGION] = restart.region_bytes(count(lanes, "lanes", 1))
-    return {**fields, _queue.FIELD: ((), np.int64)}, {**(meta or {}), "queue": {"version": 1}}
+    return {**fields, protocol.FIELD: ((), np.int64)}, {**(meta or {}), "queue": {"version": 1}}
 
 
 class Queues:

@@ -134,7 +134,7 @@ def test_a_sample_at_its_deadline_still_waits_a_moment_for_the_lock(name, monkey
     """The header lock is held for microseconds: a rate-limited sample whose time is up
     still gives a holder LOCK_FLOOR to let go, and then says the rate limit held it back
     (RateLimitTimeout), never that the lock could not be had in 0 s."""
-    from shmbuf.core import ratelimit
+    from shmbuf.rate import limit as ratelimit
 
     rate = shmbuf.RateLimit(min_size=100, samples_per_insert=1.0, error_buffer=10.0)
     with shmbuf.Buffer.create({"x": ((), "int64")}, 16, name=name, rate=rate) as buf:

@@ -21,7 +21,7 @@ backing off, until takers free room. A region of the segment holds::
    lanes by the monotonic time each write began. The chosen rows of a lane are always a
    prefix of its rows. ``next`` moves past them (and the rows passed over); an entry of
    ours spans our rows of a range, the stale ones between them unpublished
-   (:func:`~shmbuf.core.takes.unpublish`); until the change commits, nothing else changed.
+   (:func:`~shmbuf.queue.takes.unpublish`); until the change commits, nothing else changed.
 2. Outside the lock: copy the rows through the read path's checked gather. They cannot
    change meanwhile (writers wait for ``base``, which our entries hold back).
 3. Under the lock, with Ctrl-C held off (:mod:`shmbuf.core.interrupts`): free our
@@ -35,7 +35,7 @@ commit gives them back at once; a Ctrl-C that lands after it is raised once step
 done, and the rows, already delivered, are kept for this handle's next take, which
 returns them first and goes on past them. A writer killed mid-write leaves rows that are
 never published: takes skip them once no live writer holds them. A queue in a file takes
-up its words from its last flush after a restart (:mod:`shmbuf.core.restart`).
+up its words from its last flush after a restart (:mod:`shmbuf.queue.restart`).
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from shmbuf.core import procs, restart, takes
+from shmbuf.core import procs
 from shmbuf.core.interrupts import Deferred
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.lock import HeaderLock, LockTimeout
 from shmbuf.core.read import SampleTimeout, read
 from shmbuf.core.ring import QueueFull, WriteTimeout
 from shmbuf.core.tables import BeyondHorizon
-
-from shmbuf.core.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
+from shmbuf.queue import restart, takes
+from shmbuf.queue.takes import (E_COUNT, E_CTIME, E_LANE, E_PID, E_START, E_STATE, E_TOKEN, FIELD, FREE,  # noqa: F401
                     H_RETURNED, H_SKIPPED, H_STALE, H_TAKE_WAIT, H_TAKEN, H_TAKES, H_WRITE_WAIT, HEAD_WORDS,
                     RETURNED, TAKING, WIDTH)
 
@@ -76,7 +76,7 @@ _TAKING: set[int] = set()  # tokens of this process's takes in flight
 
 
 def region_bytes(lanes: int) -> int:
-    """The words (:func:`~shmbuf.core.takes.words`), then the journal."""
+    """The words (:func:`~shmbuf.queue.takes.words`), then the journal."""
     return 8 * (takes.words(lanes) + 1 + 2 * takes.words(lanes))
 
 
@@ -227,12 +227,12 @@ class Queue:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
         bound, newest)``: rows whose ``field`` is below ``bound`` are passed over, counted
-        as stale, and never delivered (see :func:`shmbuf.core.takes.usable`); the rows
+        as stale, and never delivered (see :func:`shmbuf.queue.takes.usable`); the rows
         delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
 
         Rows kept for this handle come first, then, if fewer than ``n``, a take for
         the rest (partial: of what is there, without waiting), each lane's rows in order
-        (:class:`~shmbuf.core.takes.Kept`). An exception (Ctrl-C) after rows were
+        (:class:`~shmbuf.queue.takes.Kept`). An exception (Ctrl-C) after rows were
         delivered to this call keeps them all for the next take."""
         kept = more = None
         try:
@@ -397,7 +397,7 @@ class Queue:
 
     def delivered(self, stamps: np.ndarray) -> np.ndarray:
         """(Under :meth:`quiet`) which of ``stamps`` name rows already delivered (see
-        :func:`shmbuf.core.takes.delivered`): a snapshot leaves them out."""
+        :func:`shmbuf.queue.takes.delivered`): a snapshot leaves them out."""
         return takes.delivered(self.live, self.ring.lane_capacity, stamps)
 
     def reset(self, timeout: float) -> None:
@@ -407,7 +407,7 @@ class Queue:
             s.next[:] = self.ring.lane_table[:, LANE_BASE]
 
     def flushing(self) -> None:
-        """(Under the lock, at a flush) a snapshot of the words (:mod:`shmbuf.core.restart`)."""
+        """(Under the lock, at a flush) a snapshot of the words (:mod:`shmbuf.queue.restart`)."""
         if self.kept is not None:
             self._replay()
             self.kept.keep(self.live.w)
@@ -428,6 +428,10 @@ class Queue:
 
     def check_take(self) -> None:
         pass
+
+    @staticmethod
+    def check_rows(arrays: dict[str, np.ndarray], kept: np.ndarray) -> None:
+        """Raise the ``ValueError`` of a state dict with rows this part refuses (none)."""
 
     def check_truncate(self) -> None:
         raise ValueError("a queue never drops rows: truncate_ok= is for replay buffers")

@@ -1,5 +1,5 @@
 """A queue in a buffer file across a restart of the machine (part of
-:mod:`shmbuf.core.queue`; see :mod:`shmbuf.core.durable` for the rows).
+:mod:`shmbuf.queue.protocol`; see :mod:`shmbuf.core.durable` for the rows).
 
 The queue's words (its position per lane, its take table, its counts) and its redo
 journal span several pages, and the kernel writes pages back in no order: after a power
@@ -33,14 +33,14 @@ from typing import Any, Callable
 import numpy as np
 
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
-from shmbuf.core.takes import E_COUNT, E_LANE, E_START, E_STATE, FREE, RETURNED, TAKING, words
+from shmbuf.queue.takes import E_COUNT, E_LANE, E_START, E_STATE, FREE, RETURNED, TAKING, words
 
 REGION = "queue_flushed"
 """The region of a queue in a buffer file that holds the snapshots of its words."""
 
 
 def region_bytes(lanes: int) -> int:
-    """Two slots of the queue's words (:func:`~shmbuf.core.takes.words`), each with a
+    """Two slots of the queue's words (:func:`~shmbuf.queue.takes.words`), each with a
     generation number and a checksum."""
     return 16 * (words(lanes) + 2)
 
@@ -77,7 +77,7 @@ class Kept:
 def recover(kept: Kept | None, live: Any, journal: np.ndarray, ring: Any,
             give_back: Callable[[Any, np.ndarray], None]) -> None:
     """(Under the lock, the lanes rolled back) the queue's words ``live`` (a
-    :class:`~shmbuf.core.queue.Words`) from the newest snapshot, fitted to the rows left
+    :class:`~shmbuf.queue.protocol.Words`) from the newest snapshot, fitted to the rows left
     (see the module); ``give_back(live, entries)`` gives back the takes in flight."""
     journal[0] = 0  # (its pages may hold parts of different changes)
     lt = ring.lane_table

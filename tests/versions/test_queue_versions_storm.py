@@ -26,8 +26,8 @@ import numpy as np
 
 import shmbuf
 from helpers import QUEUE_FIELDS, keys, lag_taker, lag_writer, queue_rows, queue_torn, read_log, wait_for_file
-from shmbuf.core import queue as core_queue
-from shmbuf.core import takes
+from shmbuf.queue import protocol as queue_protocol
+from shmbuf.queue import takes
 
 CTX = mp.get_context("fork")
 BOUND, BATCH = 100, 5
@@ -171,6 +171,6 @@ def test_the_storm_sees_stale_rows_given_back_without_their_unpublish(name, tmp_
 
 
 def test_the_storm_loses_fresh_rows_without_the_give_back(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(core_queue, "GIVE_BACK", False)  # (forked children inherit it)
+    monkeypatch.setattr(queue_protocol, "GIVE_BACK", False)  # (forked children inherit it)
     got = storm(name, tmp_path, rounds=2)
     assert got["missing_unexplained"] > 0, got

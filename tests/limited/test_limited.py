@@ -15,7 +15,7 @@ import pytest
 
 import shmbuf
 from shmbuf.core import segment
-from shmbuf.samplers import limited
+from shmbuf.limited import sampler as limited
 
 from helpers import (count_and_stop, counted_buffer, counting_sampler, returned_keys, stop_and_join, storm_torn,
                      wait_for_file, write_keys)

@@ -2,7 +2,7 @@
 every process: Reverb's ``max_times_sampled``, TorchRL's ``consume_after_n_samples``.
 
 Each row keeps its count in the field ``times_sampled`` (written as 0 with the row by
-the write part, :class:`shmbuf.core.parts.Counted`). A sample draws rows uniformly over
+the write part, :class:`shmbuf.limited.counted.Counted`). A sample draws rows uniformly over
 the published ones, then, under the header lock, *counts* them: a drawn row is granted
 if its stamp names it before and after the count and it has been returned fewer than
 ``k`` times (the same row twice in a batch counts twice). Only then is it copied, by
@@ -43,9 +43,9 @@ import numpy as np
 
 from shmbuf.core.engine import Engine
 from shmbuf.core.lock import LockTimeout
-from shmbuf.core.parts import TIMES
+from shmbuf.limited.counted import TIMES
 from shmbuf.core.read import Sampler, read
-from shmbuf.core.sampling import draw_in
+from shmbuf.core.gather import draw_in
 from shmbuf.samplers.uniform import Uniform
 
 LOCK_FLOOR = 0.05  # seconds a count waits for the header lock, even at its deadline

@@ -15,8 +15,9 @@ import pytest
 
 import shmbuf
 from helpers import QUEUE_FIELDS, queue_rows, queue_taker, wait_for_file
-from shmbuf.core import durable, takes
-from shmbuf.core import queue as core_queue
+from shmbuf.core import durable
+from shmbuf.queue import takes
+from shmbuf.queue import protocol as queue_protocol
 from shmbuf.core.layout import CTRL_BOOT
 
 CTX = mp.get_context("fork")
@@ -131,10 +132,10 @@ def _sigint_at(point: str, nth: int = 1):
 def test_a_sigint_before_the_delivery_commits_gives_the_rows_back(name, monkeypatch, point):
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
-        monkeypatch.setattr(core_queue, "HOOK", _sigint_at(point))
+        monkeypatch.setattr(queue_protocol, "HOOK", _sigint_at(point))
         with pytest.raises(KeyboardInterrupt):
             q.take(4)
-        monkeypatch.setattr(core_queue, "HOOK", None)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
         assert len(q) == 6 and q.stats()["rows_taken"] == 0
         assert q.take(6)["i"].tolist() == [0, 1, 2, 3, 4, 5]
 
@@ -145,10 +146,10 @@ def test_a_sigint_after_the_delivery_committed_keeps_the_rows_for_the_next_take(
     this handle's next take's, before newer rows, and counted once."""
     with make(name, 16) as q:
         q.extend(queue_rows(0, 0, 6))
-        monkeypatch.setattr(core_queue, "HOOK", _sigint_at("commit", 2))
+        monkeypatch.setattr(queue_protocol, "HOOK", _sigint_at("commit", 2))
         with pytest.raises(KeyboardInterrupt):
             q.take(4)
-        monkeypatch.setattr(core_queue, "HOOK", None)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
         assert len(q) == 6
         with shmbuf.Buffer.attach(name) as other:  # another handle takes only the rest
             assert other.take(6, partial=True)["i"].tolist() == [4, 5]
@@ -159,10 +160,10 @@ def test_a_sigint_after_the_delivery_committed_keeps_the_rows_for_the_next_take(
 def _kept(q, monkeypatch, n):
     """Take ``n`` rows with a real SIGINT right after the delivery's commit: they are
     kept for this handle's next take."""
-    monkeypatch.setattr(core_queue, "HOOK", _sigint_at("commit", 2))
+    monkeypatch.setattr(queue_protocol, "HOOK", _sigint_at("commit", 2))
     with pytest.raises(KeyboardInterrupt):
         q.take(n)
-    monkeypatch.setattr(core_queue, "HOOK", None)
+    monkeypatch.setattr(queue_protocol, "HOOK", None)
 
 
 @pytest.mark.timeout(60)
@@ -218,7 +219,7 @@ def test_a_sigint_between_the_delivery_and_the_return_loses_no_row(name, monkeyp
         q.extend(queue_rows(0, 0, 8))
         if kept:
             _kept(q, monkeypatch, kept)
-        monkeypatch.setattr(core_queue, "HOOK", _sigint_at("delivered"))
+        monkeypatch.setattr(queue_protocol, "HOOK", _sigint_at("delivered"))
         with pytest.raises(KeyboardInterrupt):
             q.take(4)
         if kept:
@@ -231,7 +232,7 @@ def test_a_sigint_between_the_delivery_and_the_return_loses_no_row(name, monkeyp
             monkeypatch.setattr(takes, "merged", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 q.take(1)
-        monkeypatch.setattr(core_queue, "HOOK", None)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
         assert q.take(8, partial=True)["i"].tolist() == list(range(8))
         assert q.stats()["rows_taken"] == 8 and len(q) == 0
 
@@ -311,12 +312,12 @@ def test_a_take_honours_its_timeout_when_the_lock_is_kept_from_it(name, tmp_path
                 p.start()
                 holder.append(p)
                 wait_for_file(flag, p, "the other process to hold the lock")
-        monkeypatch.setattr(core_queue, "HOOK", hook)
+        monkeypatch.setattr(queue_protocol, "HOOK", hook)
         t0 = time.monotonic()
         with pytest.raises(shmbuf.LockTimeout):
             q.take(2, timeout=1.0)
         took = time.monotonic() - t0
-        monkeypatch.setattr(core_queue, "HOOK", None)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
         os.kill(holder[0].pid, signal.SIGKILL)
         holder[0].join(30)
         assert took < 8.0, took  # (1 s and the lock's floor; it was 11 s and more)
