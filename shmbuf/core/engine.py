@@ -39,7 +39,7 @@ import numpy as np
 
 from shmbuf.core import durable, gather, native, procs, storage, validate
 from shmbuf.core.counters import Counters
-from shmbuf.core.deadline import Deadline
+from shmbuf.core.deadline import Deadline, note, rest
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
 from shmbuf.core.plain import OPEN, NoPriorities, Replay
@@ -48,10 +48,6 @@ from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
 from shmbuf.core.tables import check_tables
 # (capabilities, above the core: imported here until the registry of parts chooses them)
-from shmbuf.limited.counted import Counted
-from shmbuf.queue import restart
-from shmbuf.queue.protocol import REGION as QUEUE, Queue
-from shmbuf.rate.limit import Limiter, RateLimit, note, rest
 
 T = TypeVar("T")
 
@@ -133,7 +129,8 @@ class Engine:
     """
 
     def __init__(self, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-                 timeout: float, counted: bool = True, deadline: Deadline | None = None) -> None:
+                 timeout: float, counted: bool = True, deadline: Deadline | None = None,
+                 parts: Callable[["Engine"], Any] | None = None) -> None:
         self.seg = seg
         self.name = seg.name
         self.layout = layout
@@ -156,21 +153,20 @@ class Engine:
                                        procs.is_alive, WriteTimeout, self.lock.timeout_error)
         self.counters = self.lock.stats = Counters(layout, seg.mmap)
         self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native, self.counters,
-                              durable.horizon(layout, seg.mmap, self.name), layout.meta.get("queue") is not None)
+                              durable.horizon(layout, seg.mmap, self.name))
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
         wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
-        # the parts (see shmbuf.core.plain), chosen once from the segment's metadata
-        self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap,
-                                 layout.regions.get(restart.REGION)) if layout.meta.get("queue") is not None else \
-            Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
+        # the parts (shmbuf.parts), opened once, each in the role it plays; the plain
+        # ones (shmbuf.core.plain) where none does
+        roles = dict(parts(self)) if parts is not None else {}
+        self.writes: Any = roles.get("writes") or Replay(self.ring)
+        self.gate: Any = roles.get("gate") or OPEN
+        self.priorities: Any = roles.get("priorities") or NoPriorities()
         if seg.durable:  # (a queue's takes in flight at a restart give their rows back)
             durable.recover(self.ring, wait(), self.writes.rolled_back)
         if counted:
             self.counters.claim(self.lock, min(wait(), 1.0))
-        rate = layout.meta.get("rate")
-        self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
         self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
         self._names = [f.name for f in layout.fields]
         self._lane: int | None = None  # the lane this handle claimed

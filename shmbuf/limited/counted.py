@@ -30,6 +30,10 @@ class Counted(Replay):
 
     adds = True
 
+    def __init__(self, ring: Any, k: int) -> None:
+        super().__init__(ring)
+        self.k = k  # (the most samples a row may be returned by)
+
     def stamp(self, data: Any, single: bool) -> Any:
         if not isinstance(data, Mapping):
             return data  # (the schema check explains what is wrong)
@@ -39,7 +43,7 @@ class Counted(Replay):
 
     def stats(self) -> dict[str, Any]:
         """``rows_used_up``: rows held that ``max_times_sampled`` samples returned (a scan)."""
-        k, lc, times = self.ring.layout.meta["max_times_sampled"], self.ring.lane_capacity, self.ring.arrays[TIMES]
+        k, lc, times = self.k, self.ring.lane_capacity, self.ring.arrays[TIMES]
         lo, head = self.ring.window()
         used = sum(int((times[lane * lc + np.arange(a, b) % lc] >= k).sum())
                    for lane, (a, b) in enumerate(zip(lo.tolist(), head.tolist())))

@@ -55,22 +55,6 @@ written) and "released" (the lock released, nothing copied yet); and in a give-b
 "giving back" (under the lock, the rows still in their slots found, not yet counted down)."""
 
 
-def plan(k: Any, fields: Any, meta: Mapping[str, Any] | None, ordinary: bool) -> tuple[Any, Any]:
-    """The fields and meta of a new buffer created with ``max_times_sampled=k``
-    (``ordinary``: a replay buffer with the default sampler and no priorities)."""
-    if k is None:
-        return fields, meta
-    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"max_times_sampled must be an int >= 1 (or None: no limit), got {k!r}")
-    if not ordinary:
-        raise ValueError("max_times_sampled= is for a replay buffer sampled uniformly (no mode='queue', "
-                         "priority= or sampler=)")
-    if not isinstance(fields, Mapping) or TIMES in fields:
-        raise ValueError(f"fields must be a mapping without {TIMES!r}: a buffer created with "
-                         "max_times_sampled= counts each row's samples there")
-    return {**fields, TIMES: ((), np.int64)}, {**(meta or {}), "sampler": "limited", "max_times_sampled": int(k)}
-
-
 class Limited(Uniform):
     """The sampler of a buffer created with ``max_times_sampled=k`` (see the module)."""
 
@@ -88,7 +72,7 @@ class Counts(Sampler):
 
     def __init__(self, engine: Engine, timeout: float) -> None:
         self.engine, self.timeout = engine, timeout
-        self.k = int(engine.layout.meta["max_times_sampled"])
+        self.k = engine.writes.k  # (the write part of such a buffer: shmbuf.limited.counted)
         self.fields, self.lc = engine.fields, engine.layout.lane_capacity
         self.times = engine.column(TIMES)
         self.delay, self.deadline = 0.0, 0.0

@@ -1,11 +1,11 @@
 """Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
 
-**Format** (``FORMAT_VERSION`` 2). A save is a directory::
+**Format** (``FORMAT_VERSION`` 3). A save is a directory::
 
     shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
                      kind ("buffer" or "episodes"), name, capacity, lanes, the fields
                      in schema order ({name, dtype, shape, file}), meta (the
-                     segment's: the capabilities' settings, the user's ``meta=``
+                     segment's: the parts' specs under "parts", the user's ``meta=``
                      under "user"; see :mod:`shmbuf.core.layout`), per lane head / base / episodes, rows
                      sampled (rate limit), the largest priority, the saving handle's
                      RNG state, rows kept, times, and each array file's dtype and shape
@@ -19,9 +19,10 @@
 The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
 with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
 buffer streams from the page cache into shared memory without a second private copy.
-Files the format does not name are ignored. A save of format 1 (one flat ``meta``, the
-user's keys and the library's mixed) still loads: its ``meta`` is read once by
-:func:`shmbuf.core.layout.from_flat`.
+Files the format does not name are ignored. Saves of formats 1 and 2 still load: format 1
+kept one flat ``meta``, the user's keys and the library's mixed (read once by
+:func:`shmbuf.core.layout.from_flat`), and both kept the capabilities' settings as keys
+of it (read once by :func:`shmbuf.parts.legacy`).
 
 **Save** runs beside writers and samplers. The lane positions are read under the
 header lock (as long as a writer's reservation holds it); then, chunk by chunk and
@@ -57,22 +58,19 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
+from shmbuf import parts
 from shmbuf.priority import trees as _priority
 from shmbuf.core import contents, procs, storage
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
-from shmbuf.queue.protocol import FIELD as QUEUED
-from shmbuf.core.plain import Replay
-from shmbuf.limited.counted import Counted
 from shmbuf.rate import limit
-from shmbuf.rate.limit import RateLimit  # (a save's rate limit, given back to create)
 from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from shmbuf.version import __version__
 
 FORMAT = "shmbuf-save"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FLAT_META_FORMAT = 1  # (its meta: the user's keys and the library's in one object)
 STAMPS_FILE = "stamps.npy"
 PRIORITY_FILE = "priority.npy"
@@ -235,9 +233,9 @@ def _read(path: Path) -> dict[str, Any]:
         raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
-    if meta.get("format_version") not in (FLAT_META_FORMAT, FORMAT_VERSION):
+    if meta.get("format_version") not in (FLAT_META_FORMAT, 2, FORMAT_VERSION):
         raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
-                         f"({__version__}) reads versions {FLAT_META_FORMAT} and {FORMAT_VERSION}")
+                         f"({__version__}) reads versions {FLAT_META_FORMAT} to {FORMAT_VERSION}")
     capacity = _get(meta, "capacity", int, path)
     lanes = _get(meta, "lanes", int, path)
     name = _get(meta, "name", str, path)
@@ -290,20 +288,15 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     user = meta.pop(USER)  # the user's, given back as given; the rest: the library's
-    kwargs: dict[str, Any] = {}
     try:
-        if "rate" in meta:
-            kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
-        if "priority" in meta:
-            kwargs["priority"] = meta.pop("priority").get("alpha")
-            fields.pop(_priority.FIELD, None)
-        if "queue" in meta:
-            meta.pop("queue")
-            kwargs["mode"] = "queue"
-            fields.pop(QUEUED, None)
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
+        meta = meta if "parts" in meta else parts.legacy(meta)  # (a save of format 1 or 2: read once, there)
+        described = parts.Parts(meta)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        raise _bad(got["path"], f"{META_FILE}: bad settings of the buffer's parts "
                                 f"({' '.join(str(exc).split())})"[:500]) from None
+    meta.pop("parts")  # (the rest: what the layers on Buffer describe themselves with)
+    for own in parts.own_fields(described.specs):  # (create adds them back)
+        fields.pop(own, None)
     rng_state = got["rng"]
     check = {"format": contents.FORMAT, "version": contents.VERSION, "fields": got["fields"],
              "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
@@ -311,8 +304,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
              "data": got["data"], "rng": rng_state if restore_rng else np.random.default_rng().bit_generator.state}
     try:
         # (the buffer's write part checks the rows of its own field; the buffer is made after)
-        writes = Counted if got["meta"].get("max_times_sampled") is not None else Replay
-        checked = contents.check(check, got["layout"], got["fields"], writes)
+        checked = contents.check(check, got["layout"], got["fields"], described)
     except (TypeError, ValueError) as exc:
         raise _bad(got["path"], str(exc)) from None
     checked["episodes"] = got["episodes"]
@@ -329,13 +321,13 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
             raise _bad(got["path"], f"{META_FILE}: max_priority is {top!r}, expected a number >= 0")
         if top > 0:  # (0: none set yet) new rows enter at top**a
             try:
-                _priority.check_values([top], 1, "max_priority", _priority.check_alpha(kwargs["priority"]),
+                _priority.check_values([top], 1, "max_priority", described.keywords["priority"],
                                        got["layout"].capacity)
             except ValueError as exc:
                 raise _bad(got["path"], f"{META_FILE}: {exc}") from None
     buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
                      name=got["name"] if name is None else name, persist=persist, seed=seed,
-                     timeout=timeout, meta=user, _library=meta, **kwargs)
+                     timeout=timeout, meta=user, _library=meta, _parts=described.specs)
     try:
         if buf.engine.layout.stored() != got["fields"]:  # (cannot happen: create makes the same layout)
             raise _bad(got["path"], "the buffer made from it has another schema")

@@ -119,6 +119,7 @@ class Queue:
             from shmbuf.core.segment import FormatError
             raise FormatError(f"the queue region holds {size} bytes, expected {region_bytes(lanes)}")
         self.ring, self.lock, self.lanes = ring, lock, lanes
+        ring.bounded = True  # (its writes never pass a lane's room)
         self.n = takes.words(lanes)
         words = np.ndarray((size // 8,), np.int64, mem, off)
         self.live = Words(words[:self.n], lanes)

@@ -16,25 +16,6 @@ from shmbuf.versions.recent import FIELD
 Batch = dict[str, np.ndarray]
 
 
-def plan(mode: Any, fields: Any, meta: Mapping[str, Any] | None, regions: dict[str, int], lanes: Any,
-         rate: Any, priority: Any) -> tuple[Any, Mapping[str, Any] | None]:
-    """The fields and meta of a new buffer of ``mode`` (adds the queue's region to
-    ``regions``)."""
-    if mode not in ("replay", "queue"):
-        raise ValueError(f"mode must be 'replay' or 'queue', got {mode!r}")
-    if mode == "replay":
-        return fields, meta
-    if rate is not None or priority is not None:
-        raise ValueError("a queue (mode='queue') is consumed in order: it takes no rate= or priority=")
-    if not isinstance(fields, Mapping) or protocol.FIELD in fields:
-        raise ValueError(f"fields must be a mapping without {protocol.FIELD!r} (a queue keeps the "
-                         "time each write began there)")
-    regions[protocol.REGION] = protocol.region_bytes(count(lanes, "lanes", 1))
-    if durable.REGION in regions:  # (a queue in a file: snapshots of its words for a restart)
-        regions[restart.REGION] = restart.region_bytes(count(lanes, "lanes", 1))
-    return {**fields, protocol.FIELD: ((), np.int64)}, {**(meta or {}), "queue": {"version": 1}}
-
-
 class Queues:
     """``Buffer.take`` (see :class:`shmbuf.Buffer`)."""
 

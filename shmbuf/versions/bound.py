@@ -24,18 +24,6 @@ from shmbuf.core.ring import rows_published
 from shmbuf.versions.recent import FIELD, Recent, freshness_table, weights
 
 
-def plan(versions: Any, fields: Any, meta: Mapping[str, Any] | None) -> tuple[Any, Mapping[str, Any] | None]:
-    """The fields and meta of a new buffer created with ``versions``."""
-    if not isinstance(versions, bool):
-        raise TypeError(f"versions must be True or False, got {versions!r}")
-    if not versions:
-        return fields, meta
-    if not isinstance(fields, Mapping) or FIELD in fields:
-        raise ValueError(f"fields must be a mapping without {FIELD!r}: a buffer created with versions=True "
-                         "keeps each row's policy version there")
-    return {**fields, FIELD: ((), np.int64)}, {**(meta or {}), "versions": True}
-
-
 def check_version(value: Any, what: str = "version") -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{what} must be an int >= 0, got {value!r}")
