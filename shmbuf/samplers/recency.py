@@ -18,12 +18,13 @@ still sampled as it should be). Never torn, never unpublished.
 The batch carries ``weight``: each row's importance weight ``(P_min / P_i) ** beta``,
 ``P_i`` the probability with which it was drawn and ``P_min`` the smallest probability
 of a row held (the oldest row of the largest lane), so weights are <= 1 and the row held
-least likely to be drawn has weight 1 (with ``beta=1``, the default, a weighted mean
-is a uniform sample's mean up to a constant factor). ``beta`` is ``sample``'s
-``beta=``: a float in [0, 1] (0: all weights 1). Rows far older than ``tau`` make the
-newest rows' weights underflow to 0 (``exp(-(size - 1) / tau)``): pick ``tau`` and
-``beta`` for the sizes the lanes reach. ``out=`` is refused (the batch gains
-``weight``, which no ``empty_batch`` holds).
+least likely to be drawn has weight 1 (with ``beta=1``, the default, the mean of
+``weight * f(row)`` is in expectation a uniform sample's mean of ``f``, times ``P_min``
+times the rows held). ``beta`` is ``sample``'s ``beta=``: a float in [0, 1] (0: all
+weights 1). Lanes much longer than ``tau`` make the newest rows' weights tiny
+(``exp(-beta * (size - 1) / tau)``, 0 in float64 once that exponent passes about 745):
+pick ``tau`` and ``beta`` for the sizes the lanes reach. ``out=`` is refused (the batch
+gains ``weight``, which no ``empty_batch`` holds).
 
 ``ValueError`` if the buffer holds no rows, or holds some but none is published and no
 live writer is writing one; while live writers hold every row, the sample waits for them
