@@ -74,7 +74,9 @@ def each_writer(name: str, w: int, lanes: list[int], claim: bool, log: str, stop
     ``s`` and after it "W s seq..." (the rows' sequence numbers in their lanes), "I s"
     (interrupted: a SIGINT raises KeyboardInterrupt inside ``add_each`` only), "R s"
     (refused, none written: a lane claimed by another process) or "P s" (stopped after
-    some rows: the message names them).
+    some rows: the message names them). While ``stop + ".refusing"`` exists, it logs "H s"
+    before step ``s`` and holds until ``stop + ".claimed"`` exists, writes that step, then
+    writes no more (the storm claims a lane meanwhile, and looks at that step's rows).
 
     ``hang="point@k@s"``: at the ``k``-th call of the ring's hook ``point`` in step
     ``s`` (0 if left out), touch ``flag`` and wait for ``go`` (for good, without it; a
@@ -119,6 +121,11 @@ def each_writer(name: str, w: int, lanes: list[int], claim: bool, log: str, stop
                                                                family(keys[1:], capacity)[:, 1]]
         while before and step == at_step and not os.path.exists(before):
             time.sleep(0.005)
+        refusing = os.path.exists(stop + ".refusing")  # (the storm's refusal round: see below)
+        if refusing:
+            _log(fd, "H", step)
+            while not os.path.exists(stop + ".claimed") and not os.path.exists(stop):
+                time.sleep(0.005)
         _log(fd, "B", step)
         try:
             inside[0] = True
@@ -132,6 +139,8 @@ def each_writer(name: str, w: int, lanes: list[int], claim: bool, log: str, stop
             inside[0] = False
             _log(fd, "R" if "none of the" in str(exc) else "P", step)
         step += 1
+        while refusing and not os.path.exists(stop):  # (its rows stay as this step left them)
+            time.sleep(0.005)
     for h in owners:
         h.close()
     buf.close()

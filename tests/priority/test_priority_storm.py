@@ -175,16 +175,24 @@ def storm(name: str, tmp_path, rounds: int = 2 * len(CHOSEN)) -> dict:
                     open(go, "w").close()  # (Ctrl-C is held off in a tree change: raised once it is done)
             else:  # a lane of the sharing writer claimed here: its next step is refused whole
                 w = next(w for w, (g, _) in writers.items() if g == 1)
+                open(stop + ".refusing", "w").close()  # (the writer holds before its next step)
+
+                def logged(kinds: str, at: int | None = None) -> list:
+                    deadline = time.monotonic() + 120
+                    while not (got_ := [e for e in read_events(wlogs[w]) if e[0] in kinds
+                                        and (at is None or int(e[1]) == at)]):
+                        assert time.monotonic() < deadline and writers[w][1].is_alive(), "the writer never came"
+                        time.sleep(0.005)
+                    return got_
+                step = int(logged("H")[0][1])
                 with shmbuf.Buffer.attach(name) as intruder:
                     intruder.claim_lane(GROUPS[1][0][2])
-                    begun = max([int(e[1]) for e in read_events(wlogs[w]) if e[0] == "B"], default=-1)
-                    deadline = time.monotonic() + 120
-                    while not (after := [e for e in read_events(wlogs[w]) if e[0] in "WIRP" and int(e[1]) > begun]):
-                        assert time.monotonic() < deadline and writers[w][1].is_alive(), "the writer never came back"
-                        time.sleep(0.005)
+                    open(stop + ".claimed", "w").close()  # (its step begins after the claim)
+                    after = logged("WIRP", step)
                     writers.pop(w)[1].kill()  # (nothing more written to its lanes while we look)
+                    os.remove(stop + ".refusing")
+                    os.remove(stop + ".claimed")
                     held = held_rows(buf, GROUPS[1][0])
-                    step = int(after[0][1])
                     got["refused"] = after[0][0]
                     got["refused_rows_held"] = int(np.isin(held["key"] // 16, w * 10**9 // 16 + step).sum())
                 start_writer(1)
