@@ -44,6 +44,7 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from shmbuf.core.batch import count
+from shmbuf.core.segment import FormatError
 
 MODULES = ("shmbuf.queue.part", "shmbuf.versions.part", "shmbuf.priority.part", "shmbuf.limited.part",
            "shmbuf.rate.part", "shmbuf.samplers.part")
@@ -177,9 +178,15 @@ class Parts:
     """
 
     def __init__(self, meta: Mapping[str, Any]) -> None:
-        recorded = meta.get("parts") if "parts" in meta else legacy(meta)["parts"]
-        self.specs = check(recorded)
-        self.keywords = keywords(self.specs)
+        try:
+            recorded = meta.get("parts") if "parts" in meta else legacy(meta)["parts"]
+            self.specs = check(recorded)
+            self.keywords = keywords(self.specs)
+            for m in modules():  # (each spec as its part makes it from its keyword: checked so)
+                if m.KEY in self.specs and m.spec(self.keywords[m.KEYWORD]) != self.specs[m.KEY]:
+                    raise ValueError(f"{m.KEY!r}: {self.specs[m.KEY]!r:.200} is not a spec its part makes")
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise FormatError(f"the buffer's record of its parts cannot be opened: {exc}") from None
         self.roles: dict[str, Any] = {}
 
     def open(self, engine: Any) -> dict[str, Any]:

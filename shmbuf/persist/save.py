@@ -244,6 +244,13 @@ def _read(path: Path) -> dict[str, Any]:
         described = from_flat(described)
     elif not isinstance(described.get(USER), dict):
         raise _bad(path, f"{META_FILE}: meta has no object under {USER!r} (the user's metadata)")
+    try:
+        if "parts" not in described:  # (formats 1 and 2: the capabilities' settings read once, there)
+            described = parts.legacy(described)
+        opened = parts.Parts(described)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        raise _bad(path, f"{META_FILE}: bad settings of the buffer's parts ({' '.join(str(exc).split())})"[:500]) \
+            from None
     specs = _get(meta, "fields", list, path)
     try:
         fields = {}
@@ -267,11 +274,11 @@ def _read(path: Path) -> dict[str, Any]:
         files[f.name] = path / s["file"]
     stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
     prio = None
-    if "priority" in described:
+    if opened.keywords["priority"] is not None:
         prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
     sampled = _get(meta, "sampled", int, path)
     return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
-            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described,
+            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described, "parts": opened,
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
             "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
             "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
@@ -288,12 +295,7 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     user = meta.pop(USER)  # the user's, given back as given; the rest: the library's
-    try:
-        meta = meta if "parts" in meta else parts.legacy(meta)  # (a save of format 1 or 2: read once, there)
-        described = parts.Parts(meta)
-    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
-        raise _bad(got["path"], f"{META_FILE}: bad settings of the buffer's parts "
-                                f"({' '.join(str(exc).split())})"[:500]) from None
+    described = got["parts"]
     meta.pop("parts")  # (the rest: what the layers on Buffer describe themselves with)
     for own in parts.own_fields(described.specs):  # (create adds them back)
         fields.pop(own, None)

@@ -23,7 +23,7 @@ Examples:
     >>> spec("lifo")
     Traceback (most recent call last):
     ...
-    ValueError: sampler must be one of ['newest', 'uniform'], ("name", {options}), a sampler class or "package.module:Class"; got 'lifo'
+    ValueError: sampler must be one of [...'uniform'], ("name", {options}), a sampler class or "package.module:Class"; got 'lifo'
 """
 
 from __future__ import annotations

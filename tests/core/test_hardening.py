@@ -262,7 +262,15 @@ BAD_SEGMENTS = {
     "region past the end": (_with_doc(lambda d: d.update(regions={"priority": [64 * 10**6, 8]})), "outside"),
     "region over the rows": (_with_doc(lambda d: d.update(regions={"priority": [d["fields"][0]["offset"]
                                                                                  // 64 * 64, 64]})), "overlaps"),
-    "priority without its region": (_with_doc(lambda d: d["meta"].update(priority={"alpha": 0.5})), "priority"),
+    "priority without its region": (_with_doc(lambda d: d["meta"]["parts"].update(priority={"alpha": 0.5})),
+                                    "priority"),
+    "parts of another library": (_with_doc(lambda d: d["meta"]["parts"].update(cache={})), "record of its parts"),
+    "a part's spec damaged": (_with_doc(lambda d: d["meta"]["parts"].update(priority={"alpha": -1})),
+                              "record of its parts"),
+    "a sampler not there": (_with_doc(lambda d: d["meta"]["parts"].update(sampler={"name": "lifo", "options": {}})),
+                            "record of its parts"),
+    "a sampler's options damaged": (_with_doc(lambda d: d["meta"]["parts"].update(
+        sampler={"name": "recency", "options": {"tau": -1}})), "record of its parts"),
     "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),
 }
 

@@ -202,7 +202,7 @@ def test_a_queue_is_taken_from_and_a_replay_buffer_sampled(name):
             buf.take(1)
     with pytest.raises(ValueError, match="mode must be"):
         shmbuf.Buffer.create(QUEUE_FIELDS, 8, mode="fifo")
-    with pytest.raises(ValueError, match="no rate= or priority="):
+    with pytest.raises(ValueError, match="mode=.queue. and priority=0.6 do not go together: a queue is consumed in order"):
         shmbuf.Buffer.create(QUEUE_FIELDS, 8, mode="queue", priority=0.6)
 
 

@@ -58,7 +58,7 @@ def test_create_checks_tau(name):
         shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, sampler="recency")
     with pytest.raises(ValueError, match="must be a finite number of rows > 0, got -2.0"):
         recency(name, tau=-2.0)
-    with pytest.raises(ValueError, match="is for a replay buffer without priority="):
+    with pytest.raises(ValueError, match="do not go together"):
         shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, sampler=("recency", {"tau": 1.0}), priority=0.6)
 
 
