@@ -82,7 +82,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         self._stamped = engine.native if direct and self._plain is None else None
         self._outputs = Outputs(layout.fields)
         self.sampler = (described.roles.get("sampler") or Uniform)(engine, self._outputs)
-        self._uniform = direct and self.sampler.inline  # (sample() inlines it)
+        self._uniform = direct and type(self.sampler) is Uniform  # (sample() inlines it; not a subclass's)
         return self
 
     @classmethod
@@ -403,7 +403,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
             return out
         if plain:
             return self.sampler.sample(n, out, timeout, beta)
-        if beta is not None or not self.sampler.inline:
+        if beta is not None or type(self.sampler) is not Uniform:
             raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
                              "priority= or another sampler")
         if freshness is not None and out is not None:

@@ -58,7 +58,6 @@ written) and "released" (the lock released, nothing copied yet); and in a give-b
 class Limited(Uniform):
     """The sampler of a buffer created with ``max_times_sampled=k`` (see the module)."""
 
-    inline = False
 
     def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> Any:
         if beta is not None:
@@ -177,6 +176,3 @@ class Counts(Sampler):
         ok = self.engine.gather(lane, seq, 1, [out[f.name] for f in self.fields])
         out[TIMES][:] = counts
         return granted if ok is None else granted & ok
-
-
-SAMPLER = Limited  # (what shmbuf.samplers.choose takes from this module)

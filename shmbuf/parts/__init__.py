@@ -162,8 +162,8 @@ def legacy(meta: Mapping[str, Any]) -> dict[str, Any]:
     if rate is not None:
         found["rate"] = importlib.import_module("shmbuf.rate.limit").RateLimit.from_meta(rate)
     sampler = meta.pop("sampler", None)
-    if sampler not in (None, "limited"):
-        found["sampler"] = sampler
+    if sampler not in (None, "limited") and not found.keys() & {"mode", "priority", "max_times_sampled"}:
+        found["sampler"] = sampler  # (a queue's, a prioritized or limited buffer's own came first, as they read)
     meta["parts"] = specs(found)
     return meta
 
@@ -190,7 +190,12 @@ class Parts:
         self.roles: dict[str, Any] = {}
 
     def open(self, engine: Any) -> dict[str, Any]:
-        """Open every part on ``engine``; returns the roles (``{role: object}``)."""
+        """Open every part on ``engine``; returns the roles (``{role: object}``).
+        ``FormatError`` if the segment lacks a field a part keeps."""
+        missing = own_fields(self.specs) - {f.name for f in engine.fields}
+        if missing:
+            raise FormatError(f"buffer {engine.name!r} records the parts {sorted(self.specs)}, but it has no field "
+                              f"{sorted(missing)} they keep: it is damaged")
         roles: dict[str, Any] = {}
         for m in modules():
             if m.KEY in self.specs:

@@ -242,6 +242,7 @@ def _read(path: Path) -> dict[str, Any]:
     described = _get(meta, "meta", dict, path)  # (the segment's: see shmbuf.core.layout)
     if meta["format_version"] == FLAT_META_FORMAT:
         described = from_flat(described)
+        described.pop("parts", None)  # (a user's key: its settings are read as format 2's)
     elif not isinstance(described.get(USER), dict):
         raise _bad(path, f"{META_FILE}: meta has no object under {USER!r} (the user's metadata)")
     try:
@@ -262,6 +263,10 @@ def _read(path: Path) -> dict[str, Any]:
         layout = Layout.plan(fields, capacity, lanes, meta=described)
     except (TypeError, ValueError, KeyError) as exc:
         raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
+    missing = parts.own_fields(opened.specs) - set(fields)
+    if missing:
+        raise _bad(path, f"{META_FILE}: its parts {sorted(opened.specs)} keep the fields {sorted(missing)}, "
+                         "which it does not hold")
     lane_state = _get(meta, "lanes_state", dict, path)
     heads = _ints(lane_state.get("head"), lanes, "lanes_state.head", path)
     bases = _ints(lane_state.get("base"), lanes, "lanes_state.base", path)

@@ -19,7 +19,6 @@ class Prioritized(Uniform):
     """Rows drawn by priority (see the module), with ``weight`` and ``index``: the
     sampler of a buffer created with ``priority=``."""
 
-    inline = False
 
     def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> dict[str, np.ndarray]:
         if out is not None:
@@ -73,6 +72,3 @@ def sample(engine: Engine, n: int, beta: float, timeout: float) -> dict[str, np.
     out["weight"] = np.power(rows.low / p, beta)
     out["index"] = np.stack([out.pop("_slot"), out.pop("_seq")], axis=1)
     return out
-
-
-SAMPLER = Prioritized  # (what shmbuf.samplers.choose takes from this module)

@@ -11,7 +11,6 @@ import numpy as np
 class Consumed:
     """The sampler of a queue: a queue is consumed with ``take``, never sampled."""
 
-    inline = False
 
     def __init__(self, engine: Any, outputs: Any) -> None:
         self.engine = engine
@@ -26,6 +25,3 @@ class Consumed:
 
     def restore(self, rng: np.random.Generator) -> None:
         self.engine.rng = rng
-
-
-SAMPLER = Consumed  # (what shmbuf.samplers.choose takes from this module)

@@ -25,7 +25,7 @@ that keeps this contract:
 * ``update(index, priorities, timeout)``: set priorities (or raise the ``ValueError``
   of a buffer without them, as :class:`~shmbuf.samplers.uniform.Uniform` does);
 * ``state()`` / ``restore(rng)``: what it keeps between calls beyond the segment (its
-  generator's state), for ``state_dict``; ``inline = False``.
+  generator's state), for ``state_dict``.
 
 Subclassing :class:`~shmbuf.samplers.uniform.Uniform` gives the last three. A class of
 your own module works the same way (``sampler=MySampler`` or

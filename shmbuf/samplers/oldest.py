@@ -49,7 +49,6 @@ class Oldest(Uniform, read.Sampler):
     the batch is sorted at the end."""
 
     what = "oldest rows"
-    inline = False
 
     @classmethod
     def options(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,4 +137,4 @@ def oldest_first(lo: np.ndarray, head: np.ndarray, upto: int) -> tuple[np.ndarra
     return lanes, (lo + head - 1)[lanes] - seqs
 
 
-SAMPLER = Oldest  # (what shmbuf.samplers.choose takes from this module)
+SAMPLER = Oldest  # (what sampler="<this module>" opens: shmbuf.samplers.part)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import pkgutil
 from typing import Any, Mapping
 
@@ -51,13 +52,30 @@ def _bad(given: Any, why: str = "") -> ValueError:
 
 
 def _path(cls: type) -> str:
-    """``cls``'s import path, if every process can import it from there."""
-    module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", "")
-    if module in (None, "__main__") or "<locals>" in qualname:
-        raise ValueError(f"sampler class {qualname or cls!r} is defined in {module or 'no module'}"
-                         f"{' inside a function' if '<locals>' in qualname else ''}: other processes attach "
-                         "by importing it, so define it in a module of its own (package.module:Class)")
-    return f"{module}:{qualname}"
+    """``cls``'s import path (its name, for a sampler of this folder), if every
+    process can import it from there."""
+    for name in names():
+        if importlib.import_module(f"shmbuf.samplers.{name}").SAMPLER is cls:
+            return name
+    return _check_path(f"{getattr(cls, '__module__', None)}:{getattr(cls, '__qualname__', '')}")
+
+
+def _check_path(path: str) -> str:
+    """``path`` (``"package.module:Class"``) if another process may import it: not from
+    ``__main__`` (each process has its own), not inside a function, no dunder step."""
+    module, _, qualname = path.partition(":")
+    steps = qualname.split(".")
+    if module in ("", "__main__", "None") or module.startswith(".") or "<locals>" in qualname \
+            or not all(steps) or any(x.startswith("__") for x in steps):
+        where = "inside a function" if "<locals>" in qualname else f"in {module or 'no module'}"
+        raise ValueError(f"sampler class {qualname or path!r} is defined {where}: other processes attach by "
+                         "importing it, so define it in a module of its own and pass the class or "
+                         "\"package.module:Class\"")
+    return path
+
+
+METHODS = ("sample", "update", "state", "restore")
+"""What a sampler class has (see the contract in :mod:`shmbuf.samplers`)."""
 
 
 def resolve(spec_: Mapping[str, Any]) -> type:
@@ -66,16 +84,18 @@ def resolve(spec_: Mapping[str, Any]) -> type:
         if spec_["name"] not in names():
             raise _bad(spec_["name"])
         return importlib.import_module(f"shmbuf.samplers.{spec_['name']}").SAMPLER
-    module, _, qualname = str(spec_["class"]).partition(":")
+    module, _, qualname = _check_path(str(spec_["class"])).partition(":")
     try:
         obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"sampler class {spec_['class']!r} cannot be imported in this process ({exc}): "
-                         "make its module importable here (installed, or on sys.path)") from None
-    if not isinstance(obj, type):
-        raise ValueError(f"sampler {spec_['class']!r} is a {type(obj).__name__}, not a class")
+        for step in qualname.split("."):
+            obj = getattr(obj, step)
+    except Exception as exc:  # (whatever importing it raises: SyntaxError, the module's own errors)
+        raise ValueError(f"sampler class {spec_['class']!r} cannot be imported in this process "
+                         f"({type(exc).__name__}: {exc}): make its module importable here") from None
+    lacks = [m for m in METHODS if not callable(getattr(obj, m, None))]
+    if not isinstance(obj, type) or lacks:
+        raise ValueError(f"{spec_['class']!r} is not a sampler class ("
+                         f"{'it lacks ' + ', '.join(lacks) if lacks else 'not a class'}): see shmbuf.samplers")
     return obj
 
 
@@ -87,16 +107,28 @@ def _options(cls: type, given: Any) -> dict[str, Any]:
         if given:
             raise ValueError(f"sampler {cls.__qualname__} takes no options, got {dict(given)!r:.200}")
         return {}
-    return check(dict(given))
+    if not callable(check):
+        raise ValueError(f"sampler {cls.__qualname__}'s options is not a classmethod (see shmbuf.samplers)")
+    made = check(dict(given))
+    try:
+        same = json.loads(json.dumps(made, allow_nan=False)) == made
+    except (TypeError, ValueError):
+        same = False
+    if not isinstance(made, dict) or not same:
+        raise ValueError(f"sampler {cls.__qualname__}'s options() gave {made!r:.200}, not a dict that JSON keeps "
+                         "as it is (recorded in the segment, options come back the same: numbers, strings, "
+                         "booleans, lists, dicts of str keys; no NaN, no tuples)")
+    return made
 
 
 def spec(sampler: Any) -> dict | None:
     """The spec of ``sampler=`` (None: the default, uniform without options)."""
     given, options = (sampler if isinstance(sampler, tuple) and len(sampler) == 2 else (sampler, {}))
     if isinstance(given, type):
-        out = {"class": _path(given)}
+        path = _path(given)
+        out = {"class": path} if ":" in path else {"name": path}
     elif isinstance(given, str) and ":" in given:
-        out = {"class": given}
+        out = {"class": _check_path(given)}
     elif isinstance(given, str) and given in names():
         out = {"name": given}
     else:

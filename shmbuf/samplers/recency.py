@@ -61,7 +61,6 @@ class Recency(Uniform):
     """Rows drawn with probability proportional to ``exp(-age / tau)``, with
     ``weight`` (see the module)."""
 
-    inline = False
 
     @classmethod
     def options(cls, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,4 +214,4 @@ class Rows(Sampler):
         return self.engine.gather(lanes, seqs, 1, [out[name] for name in self.names])
 
 
-SAMPLER = Recency  # (what shmbuf.samplers.choose takes from this module)
+SAMPLER = Recency  # (what sampler="<this module>" opens: shmbuf.samplers.part)

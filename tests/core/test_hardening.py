@@ -269,6 +269,9 @@ BAD_SEGMENTS = {
                               "record of its parts"),
     "a sampler not there": (_with_doc(lambda d: d["meta"]["parts"].update(sampler={"name": "lifo", "options": {}})),
                             "record of its parts"),
+    "a part without its field": (_with_doc(lambda d: d["meta"]["parts"].update(versions={})), "no field"),
+    "a sampler class that is not one": (_with_doc(lambda d: d["meta"]["parts"].update(
+        sampler={"class": "builtins:dict", "options": {}})), "record of its parts"),
     "a sampler's options damaged": (_with_doc(lambda d: d["meta"]["parts"].update(
         sampler={"name": "recency", "options": {"tau": -1}})), "record of its parts"),
     "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),

@@ -16,7 +16,6 @@ class Stride(Uniform):
     """The ``n`` rows ``0, step, 2 * step, ...`` of lane 0's window (a toy, but one
     that draws through the read path and takes an option)."""
 
-    inline = False
 
     @classmethod
     def options(cls, given: Mapping[str, Any]) -> dict[str, Any]:

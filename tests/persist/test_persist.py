@@ -520,7 +520,14 @@ def test_a_save_of_the_previous_format_loads_as_it_was_made(name, tmp_path):
     with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
         assert b.meta == flat and type(b.sampler).__name__ == "Newest"
         assert sorted(b.sample(3)["x"].tolist()) == [5, 6, 7]
-    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2))
+    mixed = {"sampler": "uniform", "parts": {"sampler": {"name": "newest", "options": {}}}}  # (a user's "parts")
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=1, meta=mixed))
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == mixed and type(b.sampler).__name__ == "Uniform" and b.parts.specs == {}
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2, meta={"sampler": "newest", "user": {"run": 7}}))
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == {"run": 7} and type(b.sampler).__name__ == "Newest"
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2, meta=flat))
     with pytest.raises(ValueError, match="meta has no object under 'user'"):
         shmbuf.Buffer.load(tmp_path / "s", name=name)
     _edit_meta(tmp_path / "s", lambda m: m.update(format_version=0))
