@@ -47,7 +47,6 @@ from shmbuf.core.ring import Ring, WriteTimeout, rows_published
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
 from shmbuf.core.tables import check_tables
-# (capabilities, above the core: imported here until the registry of parts chooses them)
 
 T = TypeVar("T")
 

@@ -13,8 +13,9 @@ from shmbuf.limited.sampler import Limited
 KEY = KEYWORD = "max_times_sampled"
 EXCLUDES = {
     "priority": "max_times_sampled= is for a replay buffer sampled uniformly (a count of samples per row "
-                "needs every row equally likely)",
-    "sampler": "max_times_sampled= is for a replay buffer sampled uniformly (its own sampler counts each row)",
+                "needs every row equally likely); choose one",
+    "sampler": "max_times_sampled= is for a replay buffer sampled uniformly (its own sampler counts each row); "
+               "leave sampler= out",
 }
 
 

@@ -13,7 +13,8 @@ from shmbuf.priority.prioritized import Prioritized
 from shmbuf.priority.values import check_alpha
 
 KEY = KEYWORD = "priority"
-EXCLUDES = {"sampler": "a prioritized buffer is sampled by priority"}
+EXCLUDES = {"sampler": "a prioritized buffer is sampled by priority: leave sampler= out, or priority= for "
+                       "another sampler"}
 
 
 def spec(alpha: Any) -> dict | None:

@@ -16,9 +16,9 @@ KEYWORD = "mode"
 EXCLUDES = {
     "priority": "a queue is consumed in order with take(), never sampled by priority; create a replay "
                 "buffer (the default mode) for priority=",
-    "rate": "a queue's writers wait for room and its takers for rows: it keeps no rate limit",
-    "max_times_sampled": "a queue delivers each row once, to one take",
-    "sampler": "a queue is consumed in order with take(), never sampled",
+    "rate": "a queue's writers wait for room and its takers for rows: it keeps no rate limit; leave rate= out",
+    "max_times_sampled": "a queue delivers each row once, to one take; leave max_times_sampled= out",
+    "sampler": "a queue is consumed in order with take(), never sampled; leave sampler= out",
 }
 
 
