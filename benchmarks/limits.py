@@ -112,7 +112,7 @@ def pieces(r: Results, cfg: Config) -> None:
 
 def _check_cost(wl: Workload, seconds: float) -> float:
     """Microseconds per batch that the torn-read check adds: the stamp reads before and
-    after the copy and the comparisons, as sampling.py does them."""
+    after the copy and the comparisons, as shmbuf/core/gather.py does them."""
     # the check reads stamps only: a one-byte field with the workload's capacity will do
     with shmbuf.Buffer.create({"x": ((), np.int8)}, wl.capacity, name=f"bench-check-{os.getpid()}") as buf:
         step = min(4096, wl.capacity)

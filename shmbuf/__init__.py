@@ -14,7 +14,7 @@ from shmbuf.episodes import EpisodeBuffer, EpisodeWriter
 from shmbuf.episodes.her import HER
 from shmbuf.core.layout import FormatError
 from shmbuf.core.lock import LockTimeout
-from shmbuf.core.ratelimit import RateLimit, RateLimitTimeout
+from shmbuf.rate.limit import RateLimit, RateLimitTimeout
 from shmbuf.core.ring import WriteTimeout
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.segment import ShmSpaceError

@@ -121,11 +121,11 @@ def break_protection(monkeypatch):
     """``break_protection("stamp check")`` or ``("waiting")``: switch a protection off
     on purpose, on both paths (in this process and the children it forks), to prove
     that a stress test would see what it protects against."""
-    from shmbuf.core import native, ring, sampling
+    from shmbuf.core import gather, native, ring
 
     def brk(what):
         if what == "stamp check":
-            monkeypatch.setattr(sampling, "FAULTS", 1)
+            monkeypatch.setattr(gather, "FAULTS", 1)
             bits = 1
         else:
             monkeypatch.setattr(ring.Ring, "_older_done", lambda self, first, runs: True)

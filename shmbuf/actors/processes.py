@@ -52,7 +52,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from shmbuf.core.ratelimit import RateLimitTimeout
+from shmbuf.rate.limit import RateLimitTimeout
 from shmbuf.actors.weights import Weights
 
 

@@ -10,29 +10,28 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.priority import trees as _priority
-from shmbuf.buffer import queue_mode
-from shmbuf.core import counters, durable, procs, sampling, storage, validate
+from shmbuf import parts
+from shmbuf.core import counters, durable, gather, procs, storage, validate
 from shmbuf.core.batch import Outputs, count
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
-from shmbuf import samplers
-from shmbuf.core.parts import NoPriorities, Replay
+from shmbuf.core.plain import NoPriorities, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
-from shmbuf.buffer.reads import Reads
-from shmbuf.samplers import limited
-from shmbuf.buffer import versions as versions_part
+from shmbuf.buffer.sample import Reads
+from shmbuf.queue import take as queue_part
+from shmbuf.versions import bound as versions_part
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, check_meta
-from shmbuf.core.ratelimit import RateLimit
+from shmbuf.rate.limit import RateLimit
+from shmbuf.samplers.uniform import Uniform
 from shmbuf.core.segment import Segment
 
 
 Batch = dict[str, np.ndarray]
 
 
-class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_part.Bound):
+class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_part.Bound):
     """A FIFO replay buffer in one shared-memory segment, shared by name.
 
     Many processes may :meth:`add`/:meth:`extend` at once (writers run in parallel;
@@ -69,22 +68,21 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
               timeout: float, counted: bool = True, deadline: Any = None) -> "Buffer":
         """A handle on a mapped, validated segment (see :class:`~shmbuf.core.engine.Engine`)."""
         self = object.__new__(cls)
-        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted, deadline=deadline)
-        prio = layout.meta.get("priority")
-        if prio is not None:
-            engine.priorities = _priority.Trees(engine, prio)
+        self.parts = described = parts.Parts(layout.meta)
+        self.engine = engine = Engine(seg, layout, owner=owner, rng=rng, timeout=timeout, counted=counted,
+                                      deadline=deadline, parts=described.open)
         self._native = engine.native  # None: pure Python, or closed
         # The hot paths, chosen once: the C ring for whole writes when no part adds to
         # a row (no queue, no priorities, no rate gate); the C ring for rows the parts
         # have stamped when no part waits (no queue, no rate gate); a plain uniform sample.
-        self._versions = versions_part.Versions() if layout.meta.get("versions") else versions_part.NoVersions()
+        self._versions = described.roles.get("versions") or versions_part.NoVersions()
         direct = isinstance(engine.writes, Replay) and not engine.gate.limited
         self._plain = engine.native if direct and not engine.writes.adds and isinstance(engine.priorities, NoPriorities) \
             and isinstance(self._versions, versions_part.NoVersions) else None
         self._stamped = engine.native if direct and self._plain is None else None
         self._outputs = Outputs(layout.fields)
-        self.sampler = samplers.choose(layout.meta)(engine, self._outputs)
-        self._uniform = direct and self.sampler.inline  # (sample() inlines it)
+        self.sampler = (described.roles.get("sampler") or Uniform)(engine, self._outputs)
+        self._uniform = direct and type(self.sampler) is Uniform  # (sample() inlines it; not a subclass's)
         return self
 
     @classmethod
@@ -92,9 +90,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                lanes: int = 1, seed: Any = None, persist: bool = False,
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
-               mode: str = "replay", path: str | None = None, sampler: str = samplers.DEFAULT,
+               mode: str = "replay", path: str | None = None, sampler: Any = "uniform",
                versions: bool = False, max_times_sampled: int | None = None,
-               _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None) -> "Buffer":
+               _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None,
+               _parts: Mapping[str, Any] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
         Args:
@@ -117,21 +116,24 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
                 ``index``; see :meth:`update_priorities` and :mod:`shmbuf.priority.trees`.
             mode: ``"replay"`` (default) or ``"queue"``: rows consumed in order by
                 :meth:`take`, each delivered once; writes wait while it is full
-                instead of overwriting (see :mod:`shmbuf.core.queue`).
+                instead of overwriting (see :mod:`shmbuf.queue.protocol`).
             path: keep the buffer in this file on a local disk instead of ``/dev/shm``
                 (the same as a ``name`` with a ``/``): it may be larger than memory,
                 it is persistent (``close`` never removes it), and :meth:`flush` makes
                 it survive a restart of the machine (see :mod:`shmbuf.core.durable`).
                 Others attach with ``Buffer.attach(path)``.
             sampler: which rows a sample holds, for every handle: ``"uniform"`` (the
-                default) or ``"newest"``, the most recent rows first (see
-                :mod:`shmbuf.samplers`). A prioritized buffer or a queue has its own.
+                default), ``"newest"`` or ``"oldest"`` first, or another module of
+                :mod:`shmbuf.samplers`; with options, ``(name, {options})`` (e.g.
+                ``("recency", {"tau": 10_000})``); or a sampler class of yours, or
+                ``"package.module:Class"``, recorded by its import path (see
+                :mod:`shmbuf.samplers.part`). A prioritized buffer or a queue has its own.
             versions: keep each row's policy version (a ``"version"`` entry in samples;
                 ``add``/``extend`` take ``version=``; ``sample`` takes ``min_version=`` and
-                ``max_staleness=``): see :mod:`shmbuf.buffer.versions`.
+                ``max_staleness=``): see :mod:`shmbuf.versions.bound`.
             max_times_sampled: return each row from at most this many samples, across all
                 processes, then never again (a ``"times_sampled"`` entry in samples): see
-                :mod:`shmbuf.samplers.limited`.
+                :mod:`shmbuf.limited.sampler`.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -146,10 +148,11 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
             >>> buf.close()
         """
         # _library: what the layers built on Buffer (EpisodeBuffer, the compat facades, a
-        # loaded save) describe themselves with, kept beside the capabilities' settings in
+        # loaded save) describe themselves with, kept beside the parts' specs ("parts") in
         # the layout's meta and read back from engine.layout.meta; the user's meta= goes
         # under its own key, USER (see shmbuf.core.layout); _regions: {name: bytes} of the
-        # blocks they keep in the segment (engine.layout.regions). Not for users.
+        # blocks they keep in the segment (engine.layout.regions); _parts: the specs of the
+        # parts (shmbuf.parts) in place of the keywords that make them (a load's). Not for users.
         user = json.loads(json.dumps(check_meta(meta)))  # (a copy: stored as given, never read)
         meta = dict(_library or {})
         if path is not None and name is not None:
@@ -160,30 +163,17 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         persist = validate.flag(persist, "persist") or store.durable
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
-        if rate is not None:
-            if not isinstance(rate, RateLimit):
-                raise TypeError(f"rate must be a shmbuf.RateLimit, got {type(rate).__name__}")
-            meta = {**meta, "rate": rate.to_meta()}
+        specs = parts.check(_parts) if _parts is not None else parts.specs(
+            {"mode": mode, "priority": priority, "versions": versions, "max_times_sampled": max_times_sampled,
+             "rate": rate, "sampler": sampler})
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
-        fields, meta = queue_mode.plan(mode, fields, meta, regions, lanes, rate, priority)
-        fields, meta = versions_part.plan(versions, fields, meta)
-        fields, meta = limited.plan(max_times_sampled, fields, meta,
-                                    mode == "replay" and priority is None and sampler == samplers.DEFAULT)
-        if samplers.check(sampler) != samplers.DEFAULT:
-            if mode != "replay" or priority is not None:
-                raise ValueError(f"sampler={sampler!r} is for a replay buffer without priority= (a queue is taken "
-                                 "in order, a prioritized buffer is sampled by priority)")
-            meta = {**meta, "sampler": sampler}
-        if priority is not None:
-            meta = {**meta, "priority": {"alpha": _priority.check_alpha(priority)}}
-            if not isinstance(fields, Mapping) or _priority.FIELD in fields:
-                raise ValueError(f"fields must be a mapping without {_priority.FIELD!r} (a prioritized "
-                                 "buffer keeps the priority a writer passes there)")
-            fields = {**fields, _priority.FIELD: ((), np.float64)}
-            regions[_priority.REGION] = _priority.region_bytes(count(capacity, "capacity", 1),
-                                                               count(lanes, "lanes", 1))
+        planned = parts.plan(specs, parts.Plan(fields, capacity, lanes, regions, store.durable))
+        fields, regions = planned.fields, planned.regions
+        if "parts" in meta or USER in meta:
+            raise ValueError(f"_library holds the keys 'parts' or {USER!r}, which are not a library's")
+        meta["parts"] = specs
         for key, size in (_regions or {}).items():
             if key in regions:
                 raise ValueError(f"region {key!r} is a capability's own")
@@ -306,7 +296,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         ``priority``: a prioritized buffer's priority for it (default: the largest
         priority ever set). ``version``: the policy version that made it, in a buffer
         created with ``versions=True`` (default: the bound ``Weights``' version; see
-        :mod:`shmbuf.buffer.versions`).
+        :mod:`shmbuf.versions.bound`).
 
         Examples:
             >>> buf = Buffer.create({"obs": ((2,), "float32"), "done": ((), bool)}, 4)
@@ -393,7 +383,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         ``max_staleness`` versions older than the newest (``version``, else the bound
         ``Weights``' latest, else the newest row's); ``freshness=True`` (or a function of
         the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
-        :mod:`shmbuf.samplers.recent`.
+        :mod:`shmbuf.versions.recent`.
 
         Examples:
             >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
@@ -407,13 +397,13 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_mode.Queues, versions_pa
         plain = min_version is None and max_staleness is None and version is None and freshness is None
         if plain and self._uniform and beta is None:
             out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
-            sampling.sample_windows(engine.ring, engine.rng, n, 1, arrays,
+            gather.sample_windows(engine.ring, engine.rng, n, 1, arrays,
                                     engine.timeout if timeout is None else validate.timeout(timeout))
             engine.counters.sampled(n)
             return out
         if plain:
             return self.sampler.sample(n, out, timeout, beta)
-        if beta is not None or not self.sampler.inline:
+        if beta is not None or type(self.sampler) is not Uniform:
             raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
                              "priority= or another sampler")
         if freshness is not None and out is not None:

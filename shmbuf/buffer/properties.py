@@ -10,7 +10,7 @@ import numpy as np
 
 from shmbuf.core.engine import Engine
 from shmbuf.priority.trees import FIELD
-from shmbuf.core.queue import FIELD as QUEUED
+from shmbuf.queue.protocol import FIELD as QUEUED
 from shmbuf.core.layout import FLAG_PERSIST, USER
 
 
@@ -19,6 +19,9 @@ class Properties:
 
     engine: Engine
     _native: Any
+    parts: Any
+    """The buffer's parts (:class:`shmbuf.parts.Parts`): ``parts.specs``, as recorded in
+    the segment, and ``parts.keywords``, the :meth:`create` keywords that make them."""
 
     @property
     def timeout(self) -> float:
@@ -84,17 +87,17 @@ class Properties:
     @property
     def versioned(self) -> bool:
         """True for a buffer created with ``versions=True`` (a policy version per row)."""
-        return bool(self.engine.layout.meta.get("versions"))
+        return self.parts.keywords["versions"]
 
     @property
     def max_times_sampled(self) -> int | None:
         """How many samples may return a row (``create(max_times_sampled=k)``); None: no limit."""
-        return self.engine.layout.meta.get("max_times_sampled")
+        return self.parts.keywords["max_times_sampled"]
 
     @property
     def prioritized(self) -> bool:
         """True for a buffer created with ``priority=`` (sampled by priority)."""
-        return self.engine.layout.meta.get("priority") is not None
+        return self.parts.keywords["priority"] is not None
 
     @property
     def capacity(self) -> int:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from shmbuf.core import state as _state
-from shmbuf.core import stats
+from shmbuf.core import contents, report
 from shmbuf.core import validate
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine
@@ -20,7 +19,7 @@ class Snapshots:
 
     engine: Engine
     sampler: Any  # the handle's sampler (shmbuf.samplers)
-    _versions: Any  # the handle's versions part (shmbuf.buffer.versions)
+    _versions: Any  # the handle's versions part (shmbuf.versions.bound)
 
     def clear(self, *, timeout: float | None = None) -> None:
         """Forget every row (all lanes). Safe while writers run: their rows in flight
@@ -59,13 +58,13 @@ class Snapshots:
 
     def stats(self) -> dict[str, Any]:
         """Counters of the buffer, kept by every handle of every process in the segment
-        (no lock on the hot path; see :mod:`shmbuf.core.stats`): rows held and inserted,
+        (no lock on the hot path; see :mod:`shmbuf.core.report`): rows held and inserted,
         batches and rows sampled, torn-read retries, lock acquisitions and seconds
         waited for the lock, write calls; per process (pid, alive, its counts) and per
         lane (rows, last writer's pid, whether it is alive, time of the last write,
         claimer; in a buffer created with ``versions=True``, the newest row's
         ``newest_version``, and ``sampled_staleness``: see
-        :meth:`~shmbuf.buffer.versions.Versions.describe`). ``shmbuf stat NAME`` prints
+        :meth:`~shmbuf.versions.bound.Versions.describe`). ``shmbuf stat NAME`` prints
         the same from a shell.
 
         Examples:
@@ -78,7 +77,7 @@ class Snapshots:
             >>> buf.close()
         """
         e = self.engine
-        out = {**stats.read(e), **e.writes.stats()}
+        out = {**report.read(e), **e.writes.stats()}
         self._versions.describe(e, out)
         return out
 
@@ -86,7 +85,7 @@ class Snapshots:
         """A copy of the contents, positions and this handle's RNG state.
 
         Safe while other processes write and sample: rows being written or overwritten
-        during the copy are left out (see :mod:`shmbuf.core.state`).
+        during the copy are left out (see :mod:`shmbuf.core.contents`).
         :meth:`load_state_dict` on a buffer with the same fields, capacity and lanes
         restores it; the following samples are then identical.
 
@@ -101,7 +100,7 @@ class Snapshots:
             >>> a.close(); b.close()
         """
         e = self.engine
-        return _state.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
+        return contents.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
                                e.writes)  # (its waits: one deadline)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
@@ -116,9 +115,9 @@ class Snapshots:
         file's writes to the disk, are not interrupted.
         """
         e = self.engine
-        checked = _state.check(state, e.layout, e.layout.stored())
+        checked = contents.check(state, e.layout, e.layout.stored(), e.writes)
         deadline = Deadline(e.seconds(timeout))
-        _state.restore(e.ring, checked, deadline.left(), seg=e.seg)
+        contents.restore(e.ring, checked, deadline.left(), seg=e.seg)
         e.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)
         self.sampler.restore(checked["rng"])
 

@@ -51,7 +51,7 @@ def describe(name: str) -> dict[str, Any]:
         s = buf.stats()
         writers = {d["writer_pid"] for d in s["lanes"] if d["writer_alive"]}
         writers |= {d["claimed_by"] for d in s["lanes"] if d["claimed_by"] and d["claim_alive"]}
-        kind = "queue" if "queue" in lay.meta else lay.meta.get("kind", "buffer")
+        kind = "queue" if buf.parts.keywords["mode"] == "queue" else lay.meta.get("kind", "buffer")
         where = {"storage": "file", "flushes": buf.engine.flushes} \
             if storage.of(name).kind == "file" else {}
         return {"name": name, **where, "kind": kind, "rows": len(buf),  # (a queue's: its depth)
@@ -59,7 +59,7 @@ def describe(name: str) -> dict[str, Any]:
                 "lane_rows": buf.lane_sizes(), "total_added": buf.total_added,
                 "bytes": lay.total_size, "bytes_per_row": lay.row_bytes + 8,
                 "persist": bool(lay.flags & FLAG_PERSIST), "creator_pid": lay.creator_pid,
-                "creator_alive": alive, "writers_alive": len(writers),
+                "creator_alive": alive, "writers_alive": len(writers), "parts": buf.parts.specs,
                 "fields": {k: [list(s_), str(d)] for k, (s_, d) in buf.fields.items()}}
 
 

@@ -5,8 +5,11 @@ storages) chosen by :mod:`storage`, :mod:`layout` and :mod:`schema` (where every
 lies), :mod:`lock` and :mod:`interrupts` (the header lock, Ctrl-C held off around it),
 :mod:`ring` with :mod:`claims` and :mod:`tables` (reserve, write, publish), :mod:`durable`
 (a file's horizon and rollback), :mod:`native` (the optional C path), :mod:`read` and
-:mod:`sampling` (the one read path and the checked gather), :mod:`queue` and :mod:`takes`,
-:mod:`ratelimit`, :mod:`counters` and :mod:`stats`, :mod:`state` (copies and restores),
-:mod:`parts` (the plain parts a capability replaces), :mod:`engine` (one handle, wired).
-Nothing here imports anything above ``shmbuf.core``.
+:mod:`gather` (the one read path and the checked gather), :mod:`counters` and
+:mod:`report` (``stats()``), :mod:`contents` (copies and restores), :mod:`plain` (the
+plain parts a capability replaces, the open rate gate among them), :mod:`engine` (one
+handle, wired). The capabilities live above, each in its folder: ``shmbuf.queue``,
+``shmbuf.rate``, ``shmbuf.limited``, ``shmbuf.versions``, ``shmbuf.priority``.
+Nothing here imports anything above ``shmbuf.core`` (but the engine, until the registry
+of parts chooses its write part and rate gate).
 """

@@ -5,7 +5,7 @@
  *
  * The protocol is the one described at the top of ring.py (stamps 2s+1 / 2s+2, the
  * reservation entry before the head, lanes owned by one process written without the
- * lock); shmbuf/ring.py and shmbuf/sampling.py are the pure-Python path. Both run on
+ * lock); shmbuf/core/ring.py and shmbuf/core/gather.py are the pure-Python path. Both run on
  * the same segments at the same time. Everything else (claims, restores, reclaiming a
  * dead writer's entries, every error message about bad input) stays in Python: when a
  * call here meets anything but the common case *before it changed anything*, it

@@ -46,3 +46,28 @@ class Deadline:
     def spent(self) -> float:
         """Seconds of the timeout gone so far."""
         return self.timeout - (self.at - time.monotonic())
+
+
+def note(exc: BaseException, timeout: float, left: float, what: str = "") -> None:
+    """Add to the message of ``exc``, raised after the rate gate of a call given
+    ``timeout`` seconds left ``left`` of them: what the call wrote (``what``), and for a
+    timeout, how much of it the gate's wait took. A ``KeyboardInterrupt`` (no message
+    of its own) gets ``what`` as a note (``add_note``; before Python 3.11, as its message)."""
+    if left < timeout and isinstance(exc, TimeoutError):
+        what = f"{timeout - left:.3g} s of timeout={timeout:g} s went to the rate limit's wait before it" \
+            + (f"; {what}" if what else "")
+    if what and isinstance(exc, Exception) and exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} ({what})",) + exc.args[1:]
+    elif what and isinstance(exc, KeyboardInterrupt):
+        if hasattr(exc, "add_note"):
+            exc.add_note(what)
+        elif not exc.args:
+            exc.args = (what,)
+
+
+def rest(left: float, timeout: float) -> float:
+    """The seconds the stages after the rate gate get of a call's ``timeout``: the
+    ``left`` the gate's wait left, but at least :data:`LOCK_FLOOR` (if ``timeout`` is), as the gate's own look at the counts gets: a gate that opened
+    at the deadline still lets a write take a lock held for microseconds, a read copy
+    its rows. A call so ends within its timeout plus that floor, at most."""
+    return max(left, min(timeout, LOCK_FLOOR))

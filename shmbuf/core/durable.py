@@ -167,7 +167,7 @@ def flush(ring, seg, timeout: float, keep=None) -> np.ndarray:
     ``timeout`` bounds the two waits for the header lock, one deadline for both (the
     second gets what the first and the disk write left, at least ``LOCK_FLOOR``); the
     writes to the disk themselves are not interrupted. ``keep()``: called with the
-    frontiers, under the lock (a queue's snapshot of its words, :mod:`shmbuf.core.restart`)."""
+    frontiers, under the lock (a queue's snapshot of its words, :mod:`shmbuf.queue.restart`)."""
     deadline = Deadline(timeout)
     with ring.lock.hold(deadline.left()):
         front = frontier(ring)
@@ -188,7 +188,7 @@ def flush(ring, seg, timeout: float, keep=None) -> np.ndarray:
 def recover(ring, timeout: float, rolled_back=None) -> bool:
     """On the first open of a buffer file after a restart of the machine, roll it back to
     its last flush (see the module), then call ``rolled_back()`` under the same lock (a
-    queue's words, :mod:`shmbuf.core.restart`); True if it did."""
+    queue's words, :mod:`shmbuf.queue.restart`); True if it did."""
     boot = boot_id()
     control = ring.control
     if boot == 0 or int(control[CTRL_BOOT]) == boot:

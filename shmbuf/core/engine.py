@@ -13,7 +13,7 @@ What a capability may use:
 * ``layout``, ``fields``, ``schema``, ``seg``, ``name``: what the segment holds;
 * ``ring`` (lane table, stamps, arrays, ``put``, ``window``), ``native``, ``lock``;
 * ``rng``, ``seconds(timeout)``, ``counters``, and the parts a capability replaces
-  (:mod:`shmbuf.core.parts`): ``writes`` (rows into the ring, or a queue's),
+  (:mod:`shmbuf.core.plain`): ``writes`` (rows into the ring, or a queue's),
   ``priorities``, ``gate`` (the rate limit);
 * ``write(arrays, n, lane, timeout)``: rows through the rate gate into a lane;
   ``write_each(arrays, lanes, timeout)``: a row into each of several lanes, all or none;
@@ -37,16 +37,13 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from shmbuf.core import durable, native, procs, restart, sampling, validate
+from shmbuf.core import durable, gather, native, procs, storage, validate
 from shmbuf.core.counters import Counters
-from shmbuf.core.deadline import Deadline
+from shmbuf.core.deadline import Deadline, note, rest
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
-from shmbuf.core.parts import Counted, NoPriorities, Replay
-from shmbuf.core.queue import REGION as QUEUE, Queue
-from shmbuf.core.ratelimit import OPEN, Limiter, RateLimit, note, rest
+from shmbuf.core.plain import OPEN, NoPriorities, Replay
 from shmbuf.core.ring import Ring, WriteTimeout, rows_published
-from shmbuf.core import storage
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
 from shmbuf.core.tables import check_tables
@@ -131,7 +128,8 @@ class Engine:
     """
 
     def __init__(self, seg: Segment, layout: Layout, *, owner: bool, rng: np.random.Generator,
-                 timeout: float, counted: bool = True, deadline: Deadline | None = None) -> None:
+                 timeout: float, counted: bool = True, deadline: Deadline | None = None,
+                 parts: Callable[["Engine"], Any] | None = None) -> None:
         self.seg = seg
         self.name = seg.name
         self.layout = layout
@@ -154,21 +152,20 @@ class Engine:
                                        procs.is_alive, WriteTimeout, self.lock.timeout_error)
         self.counters = self.lock.stats = Counters(layout, seg.mmap)
         self.ring: Any = Ring(layout, seg.mmap, self.lock, self.native, self.counters,
-                              durable.horizon(layout, seg.mmap, self.name), layout.meta.get("queue") is not None)
+                              durable.horizon(layout, seg.mmap, self.name))
         if self.ring.horizon is not None:  # a buffer file: its horizon moves ahead of its writes
             self.ring.reach = durable.Horizon(self.ring, seg)
         wait = (deadline or Deadline(timeout)).left  # (one deadline for the waits of opening)
-        # the parts (see shmbuf.core.parts), chosen once from the segment's metadata
-        self.writes: Any = Queue(self.ring, self.lock, layout.regions.get(QUEUE, (0, -1)), seg.mmap,
-                                 layout.regions.get(restart.REGION)) if layout.meta.get("queue") is not None else \
-            Counted(self.ring) if layout.meta.get("max_times_sampled") is not None else Replay(self.ring)
+        # the parts (shmbuf.parts), opened once, each in the role it plays; the plain
+        # ones (shmbuf.core.plain) where none does
+        roles = dict(parts(self)) if parts is not None else {}
+        self.writes: Any = roles.get("writes") or Replay(self.ring)
+        self.gate: Any = roles.get("gate") or OPEN
+        self.priorities: Any = roles.get("priorities") or NoPriorities()
         if seg.durable:  # (a queue's takes in flight at a restart give their rows back)
             durable.recover(self.ring, wait(), self.writes.rolled_back)
         if counted:
             self.counters.claim(self.lock, min(wait(), 1.0))
-        rate = layout.meta.get("rate")
-        self.gate: Any = OPEN if rate is None else Limiter(RateLimit.from_meta(rate), self.ring)
-        self.priorities: Any = NoPriorities()  # a prioritized buffer's Trees (chosen by its handle as it opens)
         self._rows = self.native if not self.ring.bounded else None  # (write_each's one call: not a queue's)
         self._names = [f.name for f in layout.fields]
         self._lane: int | None = None  # the lane this handle claimed
@@ -369,10 +366,10 @@ class Engine:
         return self.ring.live_writers_in_flight()
 
     def gather(self, lane: Any, first: np.ndarray, length: int, out: list[Any], **filters: Any) -> np.ndarray | None:
-        """The checked gather (:func:`shmbuf.core.sampling.copy_windows`) of the windows
+        """The checked gather (:func:`shmbuf.core.gather.copy_windows`) of the windows
         ``(lane, first)`` of ``length`` rows into ``out`` (one array or None per field,
         in field order): None if all are intact, else the mask of the intact ones."""
-        return sampling.copy_windows(self.ring, lane, first, length, None, out, **filters)
+        return gather.copy_windows(self.ring, lane, first, length, None, out, **filters)
 
     def sample_windows(self, n: int, length: int, arrays: list[np.ndarray], timeout: float | None,
                        lane: int | None = None, index: np.ndarray | None = None) -> None:
@@ -383,7 +380,7 @@ class Engine:
         if lane is not None:
             lane = self.resolve_lane(lane, 0)
         self.sample(n, n * length, timeout,
-                    lambda left: sampling.sample_windows(self.ring, self.rng, n, length, arrays, left, lane, index))
+                    lambda left: gather.sample_windows(self.ring, self.rng, n, length, arrays, left, lane, index))
 
     # -- lanes -----------------------------------------------------------------------
 

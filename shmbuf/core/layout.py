@@ -23,14 +23,16 @@ same line. Larger fields (image frames) keep an array of their own. A field's sc
 entry gives its ``offset`` (of row 0) and its ``stride`` (bytes from one row to the
 next).
 
-**Metadata.** The schema's ``meta`` is the library's: the capabilities' settings
-(``sampler``, ``versions``, ``priority``, ``queue``, ``rate``, ...) and what the layers
-built on Buffer describe themselves with (an episode buffer's observation fields, a
-facade's kind). The user's ``meta=`` (``Buffer.create``'s) lives apart, under the one
-reserved key :data:`USER`, returned exactly as given and never read by the library.
-Version 4 kept one flat object, the user's keys and the library's mixed (a user's
-``{"sampler": "newest"}`` switched the sampler): such a segment still attaches, its
-object read once by :func:`from_flat`.
+**Metadata.** The schema's ``meta`` is the library's: the specs of the buffer's parts
+under ``"parts"`` (:mod:`shmbuf.parts`: ``{"queue": {}, "priority": {"alpha": 0.6},
+"sampler": {"name": "newest", "options": {}}, ...}``), and what the layers built on
+Buffer describe themselves with (an episode buffer's observation fields, a facade's
+kind). The user's ``meta=`` (``Buffer.create``'s) lives apart, under the one reserved
+key :data:`USER`, returned exactly as given and never read by the library. Older
+segments still attach: version 5 kept the capabilities' settings as keys of ``meta``
+itself (read once by :func:`shmbuf.parts.legacy`), version 4 besides kept one flat
+object, the user's keys and the library's mixed (a user's ``{"sampler": "newest"}``
+switched the sampler; read once by :func:`from_flat`).
 
 Every block starts on a 64-byte boundary (a cache line). The tables' spare words keep
 room for later features without moving the existing ones; any change of meaning bumps
@@ -52,7 +54,10 @@ from shmbuf.core.schema import MAX_DIMS, Field, as_count, dtype_from_json, norma
 from shmbuf.core.segment import FormatError, NotReadyError
 
 MAGIC = b"\x93SHMBUF\x01"
-VERSION = 5
+VERSION = 6
+SETTINGS_META_VERSION = 5
+"""The last version whose ``meta`` kept the capabilities' settings as keys of its own
+(read by :func:`shmbuf.parts.legacy`), not as the parts' specs under ``"parts"``."""
 FLAT_META_VERSION = 4
 """The last version whose schema kept the user's metadata and the library's in one
 object (read by :func:`from_flat`); everything else in it is as in :data:`VERSION`."""
@@ -79,7 +84,7 @@ LANE_EPISODES = 6  # the number of the lane's newest episode (shmbuf.episodes nu
 LANE_FLUSHED = 7  # a buffer file's: rows below it were on the disk at the last flush (core/durable.py)
 RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
-CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.core.ratelimit)
+CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.rate.limit)
 CTRL_BOOT, CTRL_FLUSHES, CTRL_FLUSHED_AT = 2, 3, 4  # a buffer file's: see shmbuf.core.durable
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
 CONTROL_WORDS = 16
@@ -154,10 +159,10 @@ class Layout:
              meta: Mapping[str, Any] | None = None, regions: Mapping[str, int] | None = None) -> "Layout":
         """Lay out a new buffer; validates the schema, capacity and lanes. ``meta``: a
         JSON object that the layers above Buffer keep with the schema (an episode
-        buffer's observation fields, say). ``regions``: ``{name: bytes}`` of blocks for
-        them (zeros when created)."""
+        buffer's observation fields, say; ``"parts"`` and :data:`USER` are ``{}`` unless
+        given). ``regions``: ``{name: bytes}`` of blocks for them (zeros when created)."""
         specs = normalize_fields(fields)
-        meta = check_meta(meta)
+        meta = {"parts": {}, USER: {}, **check_meta(meta)}
         regions = dict(regions or {})
         for key, size in regions.items():
             if not isinstance(key, str) or not key or as_count(size, f"region {key!r}: size") > 1 << 50:
@@ -247,8 +252,8 @@ class Layout:
                     f"shared-memory segment {name!r} is not ready: its header is not written "
                     "(it is still being created, or its creator died while creating it)")
             raise bad(f"bad magic {magic!r}")
-        if version not in (VERSION, FLAT_META_VERSION):
-            raise bad(f"format version {version}, but this shmbuf reads versions {FLAT_META_VERSION} and "
+        if version not in (VERSION, SETTINGS_META_VERSION, FLAT_META_VERSION):
+            raise bad(f"format version {version}, but this shmbuf reads versions {FLAT_META_VERSION} to "
                       f"{VERSION}; use the shmbuf release that created it")
         if flags & ~FLAG_PERSIST:
             raise bad(f"unknown flags {flags:#x}")
@@ -269,8 +274,12 @@ class Layout:
             raise bad(str(exc)) from None
         if version == FLAT_META_VERSION:
             meta = from_flat(meta)
+            meta.pop("parts", None)  # (a user's key: its settings are read as version 5's)
         elif not isinstance(meta.get(USER), dict):
             raise bad(f"the schema's meta has no object under {USER!r} (the user's metadata)")
+        if (version == VERSION) != isinstance(meta.get("parts"), dict):
+            raise bad("the schema's meta has no object under 'parts' (the specs of the buffer's parts)"
+                      if version == VERSION else f"the schema's meta of version {version} has a key 'parts'")
         blocks = [("schema", schema_off, schema_size), ("control table", control, CONTROL_WORDS * 8),
                   ("lane table", lanes_off, lanes * TABLE_WIDTH * 8),
                   ("reservation table", res_off, n_res * TABLE_WIDTH * 8),

@@ -133,7 +133,7 @@ def configure(ring: Any, fd: int, lane: int | None, timeout: float, slot_offset:
               lane_stats_offset: int = -1, horizon_offset: int = -1) -> None:
     """Tell the C ring who this process is, the handle's defaults and where its counters
     and a buffer file's horizon are (byte offsets in the segment, -1: none; see
-    :mod:`shmbuf.core.stats` and :mod:`shmbuf.core.durable`)."""
+    :mod:`shmbuf.core.report` and :mod:`shmbuf.core.durable`)."""
     pid, ctime = procs.identity()
     ring.configure(pid, ctime, fd, -1 if lane is None else lane, timeout, slot_offset, lane_stats_offset,
                    horizon_offset)

@@ -3,7 +3,7 @@
 Every way data leaves a segment (uniform rows and windows, the newest rows, priorities,
 transitions and n-step sums, trajectories, whole episodes, HER goals, a queue's take, a
 facade's own draws) is a :class:`Sampler`: it *draws* candidates and *gathers* them
-with the checked gather (:func:`shmbuf.core.sampling.copy_windows`: stamps before and
+with the checked gather (:func:`shmbuf.core.gather.copy_windows`: stamps before and
 after, plus the sampler's own predicate such as "same episode" or "not a final row"),
 saying which candidates it copied intact. :func:`read` drives any sampler: it keeps
 each position's intact candidate, gives the failed positions the intact spares, draws

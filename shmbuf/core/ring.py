@@ -124,11 +124,11 @@ class Ring(Claims):
     write_timeout = WriteTimeout
 
     def __init__(self, layout: Layout, mem: Any, lock: HeaderLock, native: Any, counters: Any,
-                 horizon: Any = None, bounded: bool = False) -> None:
+                 horizon: Any = None) -> None:
         """``counters``: the handle's :class:`~shmbuf.core.counters.Counters`;
         ``horizon``: a buffer file's horizon words (:func:`shmbuf.core.durable.horizon`),
-        whose mover the engine sets as :attr:`reach`; ``bounded``: a queue's ring, which
-        never reserves past a lane's base plus its capacity."""
+        whose mover the engine sets as :attr:`reach`. ``bounded`` (set True by a queue's
+        write part as it opens): never reserve past a lane's base plus its capacity."""
         self.layout = layout
         self.lock = lock
         self.native = native
@@ -152,7 +152,8 @@ class Ring(Claims):
         self.scratch = threading.local()  # per-thread scratch space of the samplers
         self._hint = threading.local()
         self._own_lock = owner_lock(lock)
-        self.counters, self.horizon, self.bounded = counters, horizon, bounded
+        self.counters, self.horizon = counters, horizon
+        self.bounded = False  # (a queue's part sets it: see below)
         self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None  # (a file's: durable.Horizon)
 
     # -- lane state ------------------------------------------------------------------

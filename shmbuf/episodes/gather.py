@@ -3,7 +3,7 @@ the raw reads that guide the samplers and counts (the only module of the episode
 that reads the ring's tables, beside the writer that numbers episodes in them).
 
 Every sampler of the package reads rows through :func:`rows`, which calls the core's
-:func:`shmbuf.core.sampling.copy_windows` (the one torn-read check of the library) with
+:func:`shmbuf.core.gather.copy_windows` (the one torn-read check of the library) with
 only the fields it needs, and :func:`stacks`, which builds frame stacks out of single
 stored frames with the same check.
 """
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from shmbuf.core import sampling
+from shmbuf.core import gather
 from shmbuf.core.ring import Ring
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.episodes.rows import FINAL
@@ -29,7 +29,7 @@ def rows(ring: Ring, lane: np.ndarray, seq: np.ndarray, want: Mapping[str, np.nd
     if not len(seq):
         return np.ones(0, bool)
     outs = [want.get(f.name) for f in ring.layout.fields]
-    ok = sampling.copy_windows(ring, lane, np.ascontiguousarray(seq, np.int64), 1, None, outs)
+    ok = gather.copy_windows(ring, lane, np.ascontiguousarray(seq, np.int64), 1, None, outs)
     return np.ones(len(seq), bool) if ok is None else ok.copy()  # (the native mask is read-only)
 
 
@@ -42,7 +42,7 @@ def windows(ring: Ring, lane: np.ndarray, first: np.ndarray, want: Sequence[Mapp
     lane's newest row, or its episode's end)."""
     names = [f.name for f in ring.layout.fields]
     outs = [[pos.get(name) for name in names] for pos in want]
-    ok = sampling.copy_windows(ring, lane, first, len(want), None, outs, per_row,
+    ok = gather.copy_windows(ring, lane, first, len(want), None, outs, per_row,
                                same="_start", skip=("_flags", FINAL))
     if ok is None:
         return np.ones((len(first), len(want)) if per_row else len(first), bool)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import sampling
+from shmbuf.core import gather as core_gather
 from shmbuf.core.read import Sampler, read
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather
@@ -174,7 +174,7 @@ def draw_pairs(ebuf: Episodes, m: int) -> tuple[Any, np.ndarray]:
     that are not transitions are rejected by the gather)."""
     ring = ebuf.engine.ring
     try:
-        lane, t, _ = sampling.draw_windows(ring, ebuf.engine.rng, m, 2, None)
+        lane, t, _ = core_gather.draw_windows(ring, ebuf.engine.rng, m, 2, None)
     except ValueError:
         if ring.size() == 0:
             raise  # "empty buffer"
@@ -209,7 +209,7 @@ def copy_transitions(ebuf: Episodes, plan: _Reads, out: dict[str, np.ndarray], g
         after: list = [None] * plan.width
         for i, name in plan.next:
             after[i] = out[name]
-        ok = sampling.copy_windows(ring, lane, t, 2, None, [first, after], False, "_start", ("_flags", FINAL))
+        ok = core_gather.copy_windows(ring, lane, t, 2, None, [first, after], False, "_start", ("_flags", FINAL))
         valid = None if ok is None else ok.copy()
         steps, last = 1, fl
     elif ring.native is not None:  # n steps, summed in one native call
@@ -307,7 +307,7 @@ def _n_step_python(plan: _Reads, ring: Any, lane: Any, t: np.ndarray, first: lis
             pos[i] = a[j - 1]
         pos[plan.flags], pos[plan.reward_at] = flags[j], rews[j]  # (the reward wins, if an observation too)
         positions.append(pos)
-    ok = sampling.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
+    ok = core_gather.copy_windows(ring, lane, t, n + 1, None, positions, True, "_start", ("_flags", FINAL))
     for i, _, a in nobs:
         if i == plan.reward_at:  # the reward is an observation field too: its next values
             a[:] = rews[1:].reshape(a.shape)

@@ -9,7 +9,7 @@ import numpy as np
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import LANE_EPISODES, LANE_HEAD
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED, VERSION, flags_of
-from shmbuf.buffer.versions import floor
+from shmbuf.versions.bound import floor
 from shmbuf.episodes.parts import Episodes
 
 _BOOL = np.dtype(np.bool_)

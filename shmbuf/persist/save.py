@@ -1,11 +1,11 @@
 """Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
 
-**Format** (``FORMAT_VERSION`` 2). A save is a directory::
+**Format** (``FORMAT_VERSION`` 3). A save is a directory::
 
     shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
                      kind ("buffer" or "episodes"), name, capacity, lanes, the fields
                      in schema order ({name, dtype, shape, file}), meta (the
-                     segment's: the capabilities' settings, the user's ``meta=``
+                     segment's: the parts' specs under "parts", the user's ``meta=``
                      under "user"; see :mod:`shmbuf.core.layout`), per lane head / base / episodes, rows
                      sampled (rate limit), the largest priority, the saving handle's
                      RNG state, rows kept, times, and each array file's dtype and shape
@@ -19,13 +19,14 @@
 The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
 with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
 buffer streams from the page cache into shared memory without a second private copy.
-Files the format does not name are ignored. A save of format 1 (one flat ``meta``, the
-user's keys and the library's mixed) still loads: its ``meta`` is read once by
-:func:`shmbuf.core.layout.from_flat`.
+Files the format does not name are ignored. Saves of formats 1 and 2 still load: format 1
+kept one flat ``meta``, the user's keys and the library's mixed (read once by
+:func:`shmbuf.core.layout.from_flat`), and both kept the capabilities' settings as keys
+of it (read once by :func:`shmbuf.parts.legacy`).
 
 **Save** runs beside writers and samplers. The lane positions are read under the
 header lock (as long as a writer's reservation holds it); then, chunk by chunk and
-without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.state.copy_rows`). A
+without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.contents.copy_rows`). A
 row is saved only if it was published inside its lane's window when the positions
 were read and its stamp did not change during its copy, so the save holds exactly rows
 that were published at one moment, each whole. The priority leaves are read under the
@@ -40,7 +41,7 @@ symbolic link, and ``overwrite`` never deletes a file that is not a save's.
 free space from the metadata alone, then metadata types, a schema numpy accepts and
 that matches the files, each file's dtype and shape, stamps that name rows of their
 slots), then creates the buffer and writes the rows back under the header lock, each
-lane's kept rows consecutive (see :func:`shmbuf.core.state.check`); if anything fails after
+lane's kept rows consecutive (see :func:`shmbuf.core.contents.check`); if anything fails after
 the create, the new segment is removed.
 """
 
@@ -57,20 +58,19 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
+from shmbuf import parts
 from shmbuf.priority import trees as _priority
-from shmbuf.core import state
-from shmbuf.core import procs, ratelimit, storage
+from shmbuf.core import contents, procs, storage
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
-from shmbuf.core.queue import FIELD as QUEUED
-from shmbuf.core.ratelimit import RateLimit  # (a save's rate limit, given back to create)
+from shmbuf.rate import limit
 from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from shmbuf.version import __version__
 
 FORMAT = "shmbuf-save"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FLAT_META_FORMAT = 1  # (its meta: the user's keys and the library's in one object)
 STAMPS_FILE = "stamps.npy"
 PRIORITY_FILE = "priority.npy"
@@ -109,15 +109,15 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
         try:
             with engine.writes.quiet(deadline.left()) as pos:
                 if pos is None:
-                    pos = state.positions(ring, deadline.left())  # (after the leaves: rows newer are synced anew)
-                sampled = ratelimit.sampled(ring)
+                    pos = contents.positions(ring, deadline.left())  # (after the leaves: rows newer are synced anew)
+                sampled = limit.sampled(ring)
                 heads, bases = pos[:, 0].copy(), pos[:, 1].copy()
                 for i, (name, (shape, dtype)) in enumerate(fields.items()):
                     files[name] = _field_file(i)
                     data[name] = NpyOut(tmp / files[name], dtype, (layout.capacity,) + shape)
                 stamps = np.empty(layout.capacity, np.int64)
                 bar = Progress(f"shmbuf save {engine.name}", layout.capacity * (layout.row_bytes + 8), progress)
-                kept = state.copy_rows(ring, heads, bases, data, stamps, progress=bar)
+                kept = contents.copy_rows(ring, heads, bases, data, stamps, progress=bar)
                 gone = engine.writes.delivered(stamps)  # (a queue's delivered rows are left out)
                 stamps[gone] = 0
                 kept -= int(gone.sum())
@@ -133,7 +133,7 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
             rows = stamps // 2 - 1  # (a saved row's sequence number)
             with private_file(tmp / PRIORITY_FILE) as f:
                 np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
-        lo = state.windows(heads, bases, layout.lane_capacity)
+        lo = contents.windows(heads, bases, layout.lane_capacity)
         meta = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
             "kind": engine.layout.meta.get("kind", "buffer"), "name": engine.name,
@@ -233,17 +233,25 @@ def _read(path: Path) -> dict[str, Any]:
         raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
-    if meta.get("format_version") not in (FLAT_META_FORMAT, FORMAT_VERSION):
+    if meta.get("format_version") not in (FLAT_META_FORMAT, 2, FORMAT_VERSION):
         raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
-                         f"({__version__}) reads versions {FLAT_META_FORMAT} and {FORMAT_VERSION}")
+                         f"({__version__}) reads versions {FLAT_META_FORMAT} to {FORMAT_VERSION}")
     capacity = _get(meta, "capacity", int, path)
     lanes = _get(meta, "lanes", int, path)
     name = _get(meta, "name", str, path)
     described = _get(meta, "meta", dict, path)  # (the segment's: see shmbuf.core.layout)
     if meta["format_version"] == FLAT_META_FORMAT:
         described = from_flat(described)
+        described.pop("parts", None)  # (a user's key: its settings are read as format 2's)
     elif not isinstance(described.get(USER), dict):
         raise _bad(path, f"{META_FILE}: meta has no object under {USER!r} (the user's metadata)")
+    try:
+        if "parts" not in described:  # (formats 1 and 2: the capabilities' settings read once, there)
+            described = parts.legacy(described)
+        opened = parts.Parts(described)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        raise _bad(path, f"{META_FILE}: bad settings of the buffer's parts ({' '.join(str(exc).split())})"[:500]) \
+            from None
     specs = _get(meta, "fields", list, path)
     try:
         fields = {}
@@ -255,6 +263,10 @@ def _read(path: Path) -> dict[str, Any]:
         layout = Layout.plan(fields, capacity, lanes, meta=described)
     except (TypeError, ValueError, KeyError) as exc:
         raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
+    missing = parts.own_fields(opened.specs) - set(fields)
+    if missing:
+        raise _bad(path, f"{META_FILE}: its parts {sorted(opened.specs)} keep the fields {sorted(missing)}, "
+                         "which it does not hold")
     lane_state = _get(meta, "lanes_state", dict, path)
     heads = _ints(lane_state.get("head"), lanes, "lanes_state.head", path)
     bases = _ints(lane_state.get("base"), lanes, "lanes_state.base", path)
@@ -267,11 +279,11 @@ def _read(path: Path) -> dict[str, Any]:
         files[f.name] = path / s["file"]
     stamps = _array(path, STAMPS_FILE, np.dtype(np.int64), (capacity,))
     prio = None
-    if "priority" in described:
+    if opened.keywords["priority"] is not None:
         prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
     sampled = _get(meta, "sampled", int, path)
     return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
-            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described,
+            "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described, "parts": opened,
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
             "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
             "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
@@ -288,27 +300,18 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     storage.of(got["name"] if name is None else name).check_space(got["layout"].total_size)
     fields, meta = dict(got["fields"]), dict(got["meta"])
     user = meta.pop(USER)  # the user's, given back as given; the rest: the library's
-    kwargs: dict[str, Any] = {}
-    try:
-        if "rate" in meta:
-            kwargs["rate"] = RateLimit.from_meta(meta.pop("rate"))
-        if "priority" in meta:
-            kwargs["priority"] = meta.pop("priority").get("alpha")
-            fields.pop(_priority.FIELD, None)
-        if "queue" in meta:
-            meta.pop("queue")
-            kwargs["mode"] = "queue"
-            fields.pop(QUEUED, None)
-    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise _bad(got["path"], f"{META_FILE}: bad rate limit or priority settings "
-                                f"({' '.join(str(exc).split())})"[:500]) from None
+    described = got["parts"]
+    meta.pop("parts")  # (the rest: what the layers on Buffer describe themselves with)
+    for own in parts.own_fields(described.specs):  # (create adds them back)
+        fields.pop(own, None)
     rng_state = got["rng"]
-    check = {"format": state.FORMAT, "version": state.VERSION, "fields": got["fields"],
+    check = {"format": contents.FORMAT, "version": contents.VERSION, "fields": got["fields"],
              "capacity": got["layout"].capacity, "lanes": got["layout"].lanes,
              "heads": got["heads"], "bases": got["bases"], "stamps": got["stamps"],
              "data": got["data"], "rng": rng_state if restore_rng else np.random.default_rng().bit_generator.state}
     try:
-        checked = state.check(check, got["layout"], got["fields"])
+        # (the buffer's write part checks the rows of its own field; the buffer is made after)
+        checked = contents.check(check, got["layout"], got["fields"], described)
     except (TypeError, ValueError) as exc:
         raise _bad(got["path"], str(exc)) from None
     checked["episodes"] = got["episodes"]
@@ -325,13 +328,13 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
             raise _bad(got["path"], f"{META_FILE}: max_priority is {top!r}, expected a number >= 0")
         if top > 0:  # (0: none set yet) new rows enter at top**a
             try:
-                _priority.check_values([top], 1, "max_priority", _priority.check_alpha(kwargs["priority"]),
+                _priority.check_values([top], 1, "max_priority", described.keywords["priority"],
                                        got["layout"].capacity)
             except ValueError as exc:
                 raise _bad(got["path"], f"{META_FILE}: {exc}") from None
     buf = cls.create(fields, got["layout"].capacity, lanes=got["layout"].lanes,
                      name=got["name"] if name is None else name, persist=persist, seed=seed,
-                     timeout=timeout, meta=user, _library=meta, **kwargs)
+                     timeout=timeout, meta=user, _library=meta, _parts=described.specs)
     try:
         if buf.engine.layout.stored() != got["fields"]:  # (cannot happen: create makes the same layout)
             raise _bad(got["path"], "the buffer made from it has another schema")
@@ -339,17 +342,17 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
         bar = Progress(f"shmbuf load {buf.name}", lay.capacity * (lay.row_bytes + 8), progress)
         buf.prefault()  # its pages mapped at once, not one fault at a time
         if checked["source"] is not None:  # rows move to close holes: gathered from the maps
-            state.restore(buf.engine.ring, checked, deadline.left(), progress=bar, seg=buf.engine.seg)
+            contents.restore(buf.engine.ring, checked, deadline.left(), progress=bar, seg=buf.engine.seg)
         else:
             readers = {k: NpyIn(got["files"][k], got["data"][k]) for k in checked["data"]}
             try:
-                state.restore(buf.engine.ring, {**checked, "data": readers}, deadline.left(), progress=bar,
+                contents.restore(buf.engine.ring, {**checked, "data": readers}, deadline.left(), progress=bar,
                               seg=buf.engine.seg)
             finally:
                 for r in readers.values():
                     r.close()
         bar.close()
-        ratelimit.restore_sampled(buf.engine.ring, got["sampled"], deadline.left())
+        limit.restore_sampled(buf.engine.ring, got["sampled"], deadline.left())
         buf.engine.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)
         if prio is not None:
             leaf = np.asarray(prio) if checked["source"] is None else np.asarray(prio)[checked["source"]]

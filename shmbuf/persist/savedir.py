@@ -54,7 +54,7 @@ class Progress:
 
 class NpyOut:
     """A ``.npy`` file written front to back: its header, then rows in order, by slice
-    assignment (``out[lo:hi] = rows``, as :func:`shmbuf.core.state.copy_rows` does). Plain
+    assignment (``out[lo:hi] = rows``, as :func:`shmbuf.core.contents.copy_rows` does). Plain
     ``write`` calls: no memory-mapped pages of a new file to fault in one by one."""
 
     def __init__(self, path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:

@@ -1,2 +1,4 @@
-"""Prioritized replay: the shared sum and min trees (:mod:`~shmbuf.priority.trees`) and
-the sampler that draws by them (:mod:`~shmbuf.samplers.prioritized`)."""
+"""Prioritized replay (``Buffer.create(..., priority=alpha)``): the shared sum and min
+trees (:mod:`~shmbuf.priority.trees`), the checks of priority values
+(:mod:`~shmbuf.priority.values`) and the sampler that draws by the trees
+(:mod:`~shmbuf.priority.prioritized`)."""

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from shmbuf.core import native, sampling
+from shmbuf.core import gather, native
 from shmbuf.core.batch import rows_of
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.read import SampleTimeout
@@ -195,11 +195,11 @@ class Trees:
 
     def _read(self, lane: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The priority fields of the rows ``(lane, rows)``, and which were read intact
-        (published, and unchanged during the read: :func:`sampling.copy_windows`)."""
+        (published, and unchanged during the read: :func:`gather.copy_windows`)."""
         p = np.empty(len(rows))
         if not len(rows):
             return p, np.ones(0, bool)
-        ok = sampling.copy_windows(self.ring, lane, rows, 1, None, [p if f.name == FIELD else None
+        ok = gather.copy_windows(self.ring, lane, rows, 1, None, [p if f.name == FIELD else None
                                                                     for f in self.ring.layout.fields])
         return p, np.ones(len(rows), bool) if ok is None else np.array(ok)  # (a mask of our own)
 
@@ -303,7 +303,7 @@ class Trees:
             node = left + right
         return node - self.leaves
 
-    # -- the part's operations (shmbuf.core.parts: NoPriorities is the plain one) ----------
+    # -- the part's operations (shmbuf.core.plain: NoPriorities is the plain one) ----------
 
     def stamp(self, data: Any, priority: Any, axis: int | None) -> dict[str, Any]:
         """``data`` (of ``add``: ``axis`` None, or ``extend``: 0) with the hidden priority

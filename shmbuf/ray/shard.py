@@ -203,7 +203,7 @@ def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int, alpha: Any) 
                          f"{capacity} rows of {want}: remove it with `shmbuf rm {buf.name}` on its node, "
                          "or use another name")
     core = getattr(buf, "core", buf)  # (an EpisodeBuffer's Buffer)
-    have = core.engine.priorities.alpha if core.prioritized else None
+    have = core.parts.keywords["priority"]
     if (have is None) != (alpha is None) or have is not None and have != float(alpha):
         def said(a: Any) -> str:
             return "no priorities" if a is None else f"priority exponent {a:g}"

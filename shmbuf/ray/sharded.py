@@ -29,7 +29,7 @@ from shmbuf.priority.trees import check_beta, check_values
 from shmbuf.ray import shard as _shard
 from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from shmbuf.ray.shard import NAMESPACE
-from shmbuf.buffer.versions import check_version
+from shmbuf.versions.bound import check_version
 
 class ShardedBuffer(ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.

@@ -1,61 +1,46 @@
 """Samplers: the part of a handle that decides which rows a sample holds.
 
-A handle has one sampler, chosen once when it opens from the segment's metadata
-(:func:`choose`), so a sample calls the sampler it has and branches on nothing. A queue
-gets :class:`~shmbuf.samplers.consumed.Consumed`, a buffer created with ``priority=``
-:class:`~shmbuf.samplers.prioritized.Prioritized`, one created with
-``max_times_sampled=`` :class:`~shmbuf.samplers.limited.Limited`, any other the sampler named at its
-creation (``Buffer.create(..., sampler=NAME)``): the class ``SAMPLER`` of the module
-``shmbuf.samplers.NAME`` (``uniform``, the default, or ``newest``). A new selector is one
-such module, and its test.
+A handle has one sampler, opened once from the segment's record of its parts
+(:mod:`shmbuf.parts`), so a sample calls the sampler it has and branches on nothing. A
+queue's is :class:`~shmbuf.queue.consumed.Consumed`, a prioritized buffer's
+:class:`~shmbuf.priority.prioritized.Prioritized`, a ``max_times_sampled=`` buffer's
+:class:`~shmbuf.limited.sampler.Limited`; any other buffer's is the one named at its
+creation (``Buffer.create(..., sampler=...)``, see :mod:`shmbuf.samplers.part`): the
+class ``SAMPLER`` of a module of this folder (:func:`names`), or a class of yours.
 
-Every sampler has the same interface:
+**A new sampler is one module and its test.** The module defines ``SAMPLER``, a class
+that keeps this contract:
 
-* ``sample(n, out, timeout, beta)``: a batch of ``n`` drawn through the one read path
-  (:func:`shmbuf.core.read.read`, with a :class:`shmbuf.core.read.Sampler` of its own
-  that draws candidates and gathers them with the checked gather);
-* ``update(index, priorities, timeout)``: set priorities (samplers that have them);
+* ``SAMPLER.options(given)`` (a classmethod; leave it out for a sampler without
+  options): the create-time options checked, returned JSON-able (they are recorded in
+  the segment, and given back to it on every attach); bad ones raise ``ValueError`` or
+  ``TypeError`` saying which, what was expected and what was given;
+* ``SAMPLER(engine, outputs, **options)``: the handle's
+  :class:`~shmbuf.core.engine.Engine` and :class:`~shmbuf.core.batch.Outputs`;
+* ``sample(n, out, timeout, beta)``: a batch of ``n``, read through the one read path
+  (``engine.read`` with a :class:`shmbuf.core.read.Sampler` of its own that *draws*
+  candidates from ``engine.window()`` and *gathers* them with ``engine.gather``, the
+  checked gather): never copy rows any other way, and the read path guarantees what
+  every sampler guarantees (no torn, unpublished or overwritten row; one deadline);
+* ``update(index, priorities, timeout)``: set priorities (or raise the ``ValueError``
+  of a buffer without them, as :class:`~shmbuf.samplers.uniform.Uniform` does);
 * ``state()`` / ``restore(rng)``: what it keeps between calls beyond the segment (its
   generator's state), for ``state_dict``.
+
+Subclassing :class:`~shmbuf.samplers.uniform.Uniform` gives the last three. A class of
+your own module works the same way (``sampler=MySampler`` or
+``sampler="mypackage.mymodule:MySampler"``): every process that attaches imports it by
+that path. ``docs/guides/sampling.md`` walks through ``oldest.py`` as the example.
 
 Examples:
     >>> import numpy as np, shmbuf
     >>> buf = shmbuf.Buffer.create({"x": ((), "int64")}, 8, sampler="newest")
     >>> buf.extend({"x": np.arange(5)})
-    >>> type(buf.sampler).__name__, buf.sample(3)["x"].tolist()
-    ('Newest', [4, 3, 2])
+    >>> type(buf.sampler).__name__, buf.sample(3)["x"].tolist(), buf.parts.specs
+    ('Newest', [4, 3, 2], {'sampler': {'name': 'newest', 'options': {}}})
     >>> buf.close()
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from typing import Any, Mapping
-
-DEFAULT = "uniform"
-
-
-def names() -> list[str]:
-    """The names ``Buffer.create(sampler=...)`` takes: this folder's selectors (the
-    modules with a ``SAMPLER``, but those that other arguments choose)."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("consumed", "limited", "prioritized")
-                  and hasattr(importlib.import_module(f"{__name__}.{m.name}"), "SAMPLER"))
-
-
-def check(name: Any) -> str:
-    """``name`` if it names a sampler, else the ``ValueError`` that lists them."""
-    if not isinstance(name, str) or name not in names():
-        raise ValueError(f"sampler must be one of {names()}, got {name!r}")
-    return name
-
-
-def choose(meta: Mapping[str, Any]) -> type:
-    """The sampler class of a handle on a segment with metadata ``meta``."""
-    if meta.get("queue") is not None:
-        name = "consumed"
-    elif meta.get("priority") is not None:
-        name = "prioritized"
-    else:
-        name = meta.get("sampler", DEFAULT)
-    return importlib.import_module(f"{__name__}.{name}").SAMPLER
+from shmbuf.samplers.part import DEFAULT, names  # noqa: F401  (the names sampler= takes)

@@ -43,7 +43,6 @@ class Newest(Uniform, read.Sampler):
     private ``_rank``), by which it is sorted at the end."""
 
     what = "newest rows"
-    inline = False
 
     def sample(self, n: int, out: Any, timeout: float | None, beta: Any) -> dict[str, np.ndarray]:
         if beta is not None:
@@ -119,4 +118,4 @@ def newest_first(lo: np.ndarray, head: np.ndarray, upto: int) -> tuple[np.ndarra
         ranks = min(2 * ranks, int(sizes.max()))
 
 
-SAMPLER = Newest  # (what shmbuf.samplers.choose takes from this module)
+SAMPLER = Newest  # (what sampler="<this module>" opens: shmbuf.samplers.part)

@@ -23,7 +23,6 @@ from shmbuf.core.engine import Engine
 class Uniform:
     """Rows uniformly, with replacement, over all published rows."""
 
-    inline = True  # Buffer.sample does what sample() does itself, when no part is in the way
 
     def __init__(self, engine: Engine, outputs: Outputs) -> None:
         self.engine, self.outputs = engine, outputs
@@ -45,4 +44,4 @@ class Uniform:
         self.engine.rng = rng
 
 
-SAMPLER = Uniform  # (what shmbuf.samplers.choose takes from this module)
+SAMPLER = Uniform  # (what sampler="<this module>" opens: shmbuf.samplers.part)

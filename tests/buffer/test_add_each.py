@@ -309,7 +309,7 @@ def test_a_write_whose_version_a_ctrl_c_kept_from_settling_is_settled_by_the_nex
     """A Ctrl-C lands after the write returned, as its version is being made the
     handle's floor (the first thing of that step raises): the next write settles it
     first, so a lower version is still refused."""
-    from shmbuf.buffer.versions import Versions
+    from shmbuf.versions.bound import Versions
     real, calls = Versions.done, []
 
     def interrupted(self):

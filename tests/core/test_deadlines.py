@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import shmbuf
-from shmbuf.core import ratelimit, ring as ring_module
+from shmbuf.core import ring as ring_module
+from shmbuf.rate import limit as ratelimit
 
 X = {"x": ((), "int64")}
 T = 1.0  # the timeout of each call

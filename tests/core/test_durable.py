@@ -344,8 +344,8 @@ def test_a_power_loss_during_or_after_a_restore_of_a_file_leaves_no_torn_row(tmp
     disk = Disk(buf, monkeypatch)
     rng = np.random.default_rng(7)
     if when == "during":
-        from shmbuf.core import state as state_mod
-        restore = state_mod.restore
+        from shmbuf.core import contents
+        restore = contents.restore
 
         def cut(*args, **kw):  # the power goes halfway through the rows' copy
             def progress(nbytes):
@@ -354,7 +354,7 @@ def test_a_power_loss_during_or_after_a_restore_of_a_file_leaves_no_torn_row(tmp
                     for k in range(20):
                         disk.power_loss(str(tmp_path / f"lost{k}.shmbuf"), rng)
             return restore(*args, **{**kw, "chunk_bytes": 8 * 5608, "progress": progress})
-        monkeypatch.setattr(state_mod, "restore", cut)
+        monkeypatch.setattr(contents, "restore", cut)
     buf.load_state_dict(state)
     if when == "after":
         for k in range(20):

@@ -20,7 +20,7 @@ import pytest
 
 import _posixshmem
 import shmbuf
-from shmbuf.core import sampling, segment
+from shmbuf.core import gather, segment
 from shmbuf.demo import run as demo
 from conftest import shm_path
 from helpers import patch_schema_doc, start_hanging_writer, wait_for_file
@@ -262,7 +262,18 @@ BAD_SEGMENTS = {
     "region past the end": (_with_doc(lambda d: d.update(regions={"priority": [64 * 10**6, 8]})), "outside"),
     "region over the rows": (_with_doc(lambda d: d.update(regions={"priority": [d["fields"][0]["offset"]
                                                                                  // 64 * 64, 64]})), "overlaps"),
-    "priority without its region": (_with_doc(lambda d: d["meta"].update(priority={"alpha": 0.5})), "priority"),
+    "priority without its region": (_with_doc(lambda d: d["meta"]["parts"].update(priority={"alpha": 0.5})),
+                                    "priority"),
+    "parts of another library": (_with_doc(lambda d: d["meta"]["parts"].update(cache={})), "record of its parts"),
+    "a part's spec damaged": (_with_doc(lambda d: d["meta"]["parts"].update(priority={"alpha": -1})),
+                              "record of its parts"),
+    "a sampler not there": (_with_doc(lambda d: d["meta"]["parts"].update(sampler={"name": "lifo", "options": {}})),
+                            "record of its parts"),
+    "a part without its field": (_with_doc(lambda d: d["meta"]["parts"].update(versions={})), "no field"),
+    "a sampler class that is not one": (_with_doc(lambda d: d["meta"]["parts"].update(
+        sampler={"class": "builtins:dict", "options": {}})), "record of its parts"),
+    "a sampler's options damaged": (_with_doc(lambda d: d["meta"]["parts"].update(
+        sampler={"name": "recency", "options": {"tau": -1}})), "record of its parts"),
     "schema past the end": (_with_schema(lambda f: None, lambda r: struct.pack_into("<Q", r, 56, 1 << 40)), "outside"),
 }
 
@@ -416,13 +427,13 @@ def test_load_state_dict_checks_everything_before_changing_anything(name):
 def test_a_clear_during_a_multi_lane_sample_gives_a_clear_error(name, monkeypatch):
     with shmbuf.Buffer.create(X, 8, lanes=2, name=name, seed=0) as buf:
         buf.extend({"x": np.arange(3)}, lane=0)
-        real = sampling.copy_windows
+        real = gather.copy_windows
 
         def clear_then_fail(ring_, lane, first, *args):
             real(ring_, lane, first, *args)
             buf.clear()
             return np.zeros(len(first), bool)  # "every window was torn": draw again
-        monkeypatch.setattr(sampling, "copy_windows", clear_then_fail)
+        monkeypatch.setattr(gather, "copy_windows", clear_then_fail)
         with pytest.raises(ValueError, match="cannot sample from an empty buffer"):
             buf.sample(4)
 
@@ -446,7 +457,7 @@ def test_an_emptied_buffer_is_not_blamed_on_dead_writers(name):
     with shmbuf.Buffer.from_data({"x": np.arange(4)}, seed=0) as buf:
         buf.clear()
         with pytest.raises(ValueError, match="empty buffer"):
-            sampling._pool_or_raise(buf.engine.ring, 1, time.monotonic() + 1)
+            gather._pool_or_raise(buf.engine.ring, 1, time.monotonic() + 1)
 
 
 # -- arguments ---------------------------------------------------------------------------

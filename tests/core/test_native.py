@@ -217,7 +217,7 @@ def test_attach_refuses_a_segment_of_another_format_version(name):
         with open(shm_path(name), "r+b") as f:
             f.seek(8)
             f.write(struct.pack("<I", 1))
-        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads versions 4 and 5"):
+        with pytest.raises(shmbuf.FormatError, match="format version 1, but this shmbuf reads versions 4 to 6"):
             shmbuf.Buffer.attach(name)
 
 

@@ -119,8 +119,8 @@ def test_redraws_that_are_not_torn_reads_have_their_own_counter(name, monkeypatc
     """A row overwritten before its copy began, or not yet published, is drawn again
     without a torn read: ``redraws`` counts it, ``torn_read_retries`` does not (both
     paths). A row whose stamp changes during the copy is a torn read."""
-    from shmbuf.core import sampling
-    from shmbuf.core.sampling import copy_windows
+    from shmbuf.core import gather
+    from shmbuf.core.gather import copy_windows
     with core_buffer(name) as buf:  # 16 rows in a ring of 16
         ring = buf.engine.ring
         out = [np.empty((1,) + f.shape, f.dtype) for f in ring.layout.fields]
@@ -137,12 +137,12 @@ def test_redraws_that_are_not_torn_reads_have_their_own_counter(name, monkeypatc
         assert copy_windows(ring, 0, np.array([16]), 1, None, out) is None and out[0][0, 0] == 99
         assert counts() == (0, 2)
         native, ring.native = ring.native, None  # the Python gather, stopped mid-copy:
-        real = sampling.filters
+        real = gather.filters
 
         def writer_meanwhile(*args):  # between the two stamp reads, a writer takes row 16's slot
             ring.stamps[0] = published(16) + 1
             return real(*args)
-        monkeypatch.setattr(sampling, "filters", writer_meanwhile)
+        monkeypatch.setattr(gather, "filters", writer_meanwhile)
         try:
             assert copy_windows(ring, 0, np.array([16]), 1, None, out).tolist() == [False]
         finally:

@@ -109,7 +109,7 @@ def test_a_users_meta_is_returned_as_given_and_switches_no_capability(name, meta
         assert buf.meta == meta
         with shmbuf.Buffer.attach(name) as other:
             assert other.meta == meta and type(other.sampler) is type(plain.sampler)
-        assert {k: v for k, v in buf.engine.layout.meta.items() if k != "user"} == {}
+        assert {k: v for k, v in buf.engine.layout.meta.items() if k != "user"} == {"parts": {}}
         assert (buf.versioned, buf.prioritized, buf.max_times_sampled) == (False, False, None)
         for _ in range(3):
             assert buf.sample(16, timeout=0.5)["x"].tolist() == plain.sample(16, timeout=0.5)["x"].tolist()
@@ -158,8 +158,29 @@ def test_a_segment_of_the_previous_format_attaches_as_it_was_made(name):
         with shmbuf.Buffer.attach(name) as old:
             assert old.meta == flat and type(old.sampler).__name__ == "Newest"
             assert sorted(old.sample(3)["x"].tolist()) == [5, 6, 7]
+        _as_previous_format(buf, {"sampler": "newest", "user": {"run": 7}}, version=5)  # (its settings apart)
+        with shmbuf.Buffer.attach(name) as old:
+            assert old.meta == {"run": 7} and old.parts.specs == {"sampler": {"name": "newest", "options": {}}}
+            assert sorted(old.sample(3)["x"].tolist()) == [5, 6, 7]
         _as_previous_format(buf, flat, version=3)
-        with pytest.raises(shmbuf.FormatError, match="format version 3, but this shmbuf reads versions 4 and 5"):
+        with pytest.raises(shmbuf.FormatError, match="format version 3, but this shmbuf reads versions 4 to 6"):
+            shmbuf.Buffer.attach(name)
+
+
+def test_the_parts_of_a_segment_are_its_record_of_them(name):
+    """A version-6 segment's parts are what its meta records under "parts" (never its
+    other keys); one without that record, or a version-5 one with it, is refused."""
+    with shmbuf.Buffer.create(X, 8, name=name, sampler="newest", meta={"versions": True}) as buf:
+        lay = buf.engine.layout
+        assert lay.meta["parts"] == {"sampler": {"name": "newest", "options": {}}} and not buf.versioned
+        _as_previous_format(buf, {"user": {}, "sampler": "newest"}, version=6)
+        with pytest.raises(shmbuf.FormatError, match="no object under 'parts'"):
+            shmbuf.Buffer.attach(name)
+        _as_previous_format(buf, {"user": {}, "parts": {}}, version=5)
+        with pytest.raises(shmbuf.FormatError, match="meta of version 5 has a key 'parts'"):
+            shmbuf.Buffer.attach(name)
+        _as_previous_format(buf, {"user": {}, "parts": {"sampler": {"name": "lifo", "options": {}}}}, version=6)
+        with pytest.raises(ValueError, match="got 'lifo'"):
             shmbuf.Buffer.attach(name)
 
 

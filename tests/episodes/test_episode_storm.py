@@ -15,7 +15,7 @@ import numpy as np
 import shmbuf
 import pytest
 from helpers import EPISODE_STORM, episode_storm_errors, episode_storm_writer, wait_for_file
-from shmbuf.core import native, sampling
+from shmbuf.core import gather, native
 
 pytestmark = pytest.mark.both_storages  # every test here runs on /dev/shm and on a file
 
@@ -113,11 +113,11 @@ def test_prioritized_sequences_with_burn_in_storm(name, tmp_path):
 def test_the_storm_sees_episodes_mixed_when_the_boundary_check_is_off(name, monkeypatch):
     """The protection matters: with the same-episode filter switched off, transitions
     straddle two episodes (or start at a final row) and the check above catches them."""
-    real = sampling.copy_windows
+    real = gather.copy_windows
 
     def no_boundary(ring_, lane, first, length, lo, out, per_row=False, same=None, skip=None):
         return real(ring_, lane, first, length, lo, out, per_row)
-    monkeypatch.setattr(sampling, "copy_windows", no_boundary)  # the pure-Python path
+    monkeypatch.setattr(gather, "copy_windows", no_boundary)  # the pure-Python path
     if native.available():
         native.extension().set_faults(4)  # the native path's segment check (this process only)
     try:

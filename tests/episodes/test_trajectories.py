@@ -14,7 +14,7 @@ import pytest
 
 import shmbuf
 from helpers import hang_at, wait_for_file
-from shmbuf.core import sampling
+from shmbuf.core import gather
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +29,7 @@ def _episode(first, rewards):
 def _after_the_window_copy(monkeypatch, ring, act):
     """Run ``act()`` once, right after the sampler's checked copy of a trajectory's
     window (the copy that takes the ``obs`` field), before anything else is read."""
-    real, done = sampling.copy_windows, []
+    real, done = gather.copy_windows, []
 
     def copy(ring_, lane, first, length, lo, out, *args, **kw):
         ok = real(ring_, lane, first, length, lo, out, *args, **kw)
@@ -37,17 +37,17 @@ def _after_the_window_copy(monkeypatch, ring, act):
             done.append(True)
             ok = act(np.ones(len(first), bool) if ok is None else ok.copy())
         return ok
-    monkeypatch.setattr(sampling, "copy_windows", copy)
+    monkeypatch.setattr(gather, "copy_windows", copy)
 
 
 def _draw_end(monkeypatch, end):
     """The trajectories' end steps: always row ``end`` of lane 0."""
-    real = sampling.draw_windows
+    real = gather.draw_windows
 
     def draw(ring, rng, n, length, pool, only=None):
         real(ring, rng, n, length, pool, only)  # (the RNG moves as usual)
         return np.zeros(n, np.int64), np.full(n, end, np.int64), None
-    monkeypatch.setattr(sampling, "draw_windows", draw)
+    monkeypatch.setattr(gather, "draw_windows", draw)
 
 
 def test_the_tail_wrapped_over_after_the_window_copy_is_never_summed_short(name, monkeypatch):

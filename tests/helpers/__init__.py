@@ -17,3 +17,4 @@ from .limited import *  # noqa: F401,F403
 from .versions import *  # noqa: F401,F403
 from .prio_storm import *  # noqa: F401,F403
 from .frames import *  # noqa: F401,F403
+from .user_sampler import *  # noqa: F401,F403

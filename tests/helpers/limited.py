@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import shmbuf
-from shmbuf.samplers import limited
+from shmbuf.limited import sampler as limited
 
 from .storm import STORM, storm_rows, storm_torn
 

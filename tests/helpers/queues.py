@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import shmbuf
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 
 from .processes import hang_at
 
@@ -87,7 +87,7 @@ def queue_taker(name: str, log: str, stop: str, batch: int, hang: str = "", flag
             open(flag, "w").close()
             while True:
                 time.sleep(1)
-    core_queue.HOOK = hook
+    queue_protocol.HOOK = hook
     while True:
         try:
             b = q.take(batch, partial=True, timeout=0.2)

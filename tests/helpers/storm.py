@@ -45,8 +45,8 @@ def storm_torn(batch: dict[str, np.ndarray]) -> int:
 def break_stamp_check() -> None:
     """Switch the stamp check off in this process, on both paths (a Ray job's
     ``worker_process_setup_hook``, to show that the cluster storm would see torn rows)."""
-    from shmbuf.core import native, sampling
-    sampling.FAULTS = 1
+    from shmbuf.core import gather, native
+    gather.FAULTS = 1
     if native.available():
         native.extension().set_faults(1)
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import shmbuf
-from shmbuf.core import queue as core_queue
+from shmbuf.queue import protocol as queue_protocol
 
 from .queues import _log, keys, queue_rows, queue_torn
 
@@ -36,7 +36,7 @@ def lagged_taker(name: str, log: str, stop: str, batch: int, min_version: int, h
     """Take up to ``batch`` rows at a time with ``min_version`` until ``stop`` exists and
     nothing is left; log "D <keys>" and "V <versions>" of each take, and "X <count>" for
     torn rows. ``hang``: stop forever at that point of the first take (see
-    :data:`shmbuf.core.queue.HOOK`), touching ``flag`` there."""
+    :data:`shmbuf.queue.protocol.HOOK`), touching ``flag`` there."""
     q = shmbuf.Buffer.attach(name, timeout=60)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     if hang:
@@ -45,7 +45,7 @@ def lagged_taker(name: str, log: str, stop: str, batch: int, min_version: int, h
                 open(flag, "w").close()
                 while True:
                     time.sleep(1)
-        core_queue.HOOK = hook
+        queue_protocol.HOOK = hook
     while True:
         try:
             b = q.take(batch, partial=True, timeout=0.2, min_version=min_version)
@@ -107,7 +107,7 @@ def lag_taker(name: str, log: str, stop: str, batch: int, min_version: int, hang
                 open(flag, "w").close()
                 while True:
                     time.sleep(0.01)
-    core_queue.HOOK = hook
+    queue_protocol.HOOK = hook
     while not os.path.exists(stop):
         try:
             inside[0] = True

@@ -120,7 +120,7 @@ def test_rate_limit_counters_are_saved(name, tmp_path):
         a.sample(3)
         a.save(tmp_path / "r")
     with shmbuf.Buffer.load(tmp_path / "r", name=name) as b:
-        assert b.engine.layout.meta["rate"] == rate.to_meta() and b.meta == {}  # (the library's setting, not the user's)
+        assert b.parts.specs["rate"] == rate.to_meta() and b.meta == {}  # (the library's part, not the user's)
         b.sample(1)  # 4 inserted, 3 + 1 sampled: within the limit
         with pytest.raises(shmbuf.RateLimitTimeout):
             b.sample(4, timeout=0.05)  # 4 inserted, 8 sampled: past the error buffer
@@ -520,10 +520,17 @@ def test_a_save_of_the_previous_format_loads_as_it_was_made(name, tmp_path):
     with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
         assert b.meta == flat and type(b.sampler).__name__ == "Newest"
         assert sorted(b.sample(3)["x"].tolist()) == [5, 6, 7]
-    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2))
+    mixed = {"sampler": "uniform", "parts": {"sampler": {"name": "newest", "options": {}}}}  # (a user's "parts")
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=1, meta=mixed))
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == mixed and type(b.sampler).__name__ == "Uniform" and b.parts.specs == {}
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2, meta={"sampler": "newest", "user": {"run": 7}}))
+    with shmbuf.Buffer.load(tmp_path / "s", name=name) as b:
+        assert b.meta == {"run": 7} and type(b.sampler).__name__ == "Newest"
+    _edit_meta(tmp_path / "s", lambda m: m.update(format_version=2, meta=flat))
     with pytest.raises(ValueError, match="meta has no object under 'user'"):
         shmbuf.Buffer.load(tmp_path / "s", name=name)
     _edit_meta(tmp_path / "s", lambda m: m.update(format_version=0))
-    with pytest.raises(ValueError, match="format version 0; this shmbuf .* reads versions 1 and 2"):
+    with pytest.raises(ValueError, match="format version 0; this shmbuf .* reads versions 1 to 3"):
         shmbuf.Buffer.load(tmp_path / "s", name=name)
     assert not _ours(name)

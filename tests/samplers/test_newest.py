@@ -144,11 +144,11 @@ def test_every_handle_of_the_buffer_and_its_saves_sample_newest_first(name, tmp_
 
 
 def test_create_checks_the_sampler(name):
-    with pytest.raises(ValueError, match=r"sampler must be one of \['newest', 'uniform'\], got 'lifo'"):
+    with pytest.raises(ValueError, match=r"sampler must be one of \[.*'newest'.*'uniform'\], .*; got 'lifo'"):
         shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, sampler="lifo")
-    with pytest.raises(ValueError, match="is for a replay buffer without priority="):
+    with pytest.raises(ValueError, match="do not go together"):
         shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, sampler="newest", mode="queue")
-    with pytest.raises(ValueError, match="is for a replay buffer without priority="):
+    with pytest.raises(ValueError, match="do not go together"):
         shmbuf.Buffer.create({"x": ((), "int64")}, 4, name=name, sampler="newest", priority=0.6)
 
 

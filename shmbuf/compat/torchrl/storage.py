@@ -67,7 +67,7 @@ class SharedStorage(TensorStorage):
     def _attach(self, name: str) -> None:
         buf = Buffer.attach(name, seed=self.seed, timeout=self.timeout)
         described = buf.engine.layout.meta
-        alpha = (described.get("priority") or {}).get("alpha")
+        alpha = buf.parts.keywords["priority"]
         if described.get("kind") != KIND or (self.priority is None) != (alpha is None) \
                 or (alpha is not None and float(alpha) != float(self.priority)):
             buf.close()

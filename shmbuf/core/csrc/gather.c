@@ -1,9 +1,9 @@
-/* shmbuf._native: drawing and gathering windows (sampling.py: draw_windows, copy_windows). */
+/* shmbuf._native: drawing and gathering windows (core/gather.py: draw_windows, copy_windows). */
 
 /* ---- gathering ---------------------------------------------------------------------- */
 
 /* draw(u, length, first, lane): windows of `length` rows drawn uniformly over every
- * lane's current rows, as sampling.py's draw_windows computes them with numpy: window
+ * lane's current rows, as gather.py's draw_windows computes them with numpy: window
  * floor(u * total) of all lanes' windows, in lane order. Fills the int64 arrays `first`
  * and `lane` and returns True; False (nothing filled) if no lane holds `length` rows. */
 static PyObject *Ring_draw_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
@@ -79,7 +79,7 @@ done:
  * one verdict per window (with per_row true: per row, n * length): INTACT; TORN, a
  * row changed during its copy; or REDRAW, not torn but not to be used (a row not yet
  * published or no longer there, a filter said no, drawn before a clear).
- * (sampling.py: copy_windows.) */
+ * (gather.py: copy_windows.) */
 enum { TORN = 0, INTACT = 1, REDRAW = 2 };
 typedef struct {             /* one field to copy out of each row (gather) */
     char *dst;

@@ -1,6 +1,6 @@
 /* shmbuf/csrc/ring.h: what every part of shmbuf._native shares (one translation unit:
  * shmbuf/_native.c includes this, then its parts). The constants mirror layout.py and
- * stats.py (tests/test_native.py checks them); the inline helpers are the protocol's
+ * counters.py (tests/core/test_native.py checks them); the inline helpers are the protocol's
  * steps that several parts take: a slot of a sequence number, a row's stamp, the
  * seqlock read of a row, the prefetch of windows' rows, waiting without the GIL. */
 #define PY_SSIZE_T_CLEAN
@@ -22,7 +22,7 @@ enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
 /* Sequence numbers a lane may reach (layout.py: MAX_SEQ): a head outside [0, MAX_SEQ] is
  * a segment shmbuf did not write, refused before anything is reserved. */
 #define MAX_SEQ (((int64_t)1 << 62) - 1)  /* so every stamp, 2s + 2, fits an int64 */
-/* The stats region (stats.py): per lane [pid, ctime, last write time], this handle's
+/* The stats region (counters.py): per lane [pid, ctime, last write time], this handle's
  * slot [pid, ctime, batches, rows, retries, locks, lock wait ns, writes, redraws]. */
 enum { LANE_STAT_WIDTH = 4, LS_PID = 0, LS_CTIME = 1, LS_TIME = 2, S_LOCKS = 5, S_LOCK_NS = 6, S_WRITES = 7 };
 
