@@ -343,4 +343,4 @@ class ReplayBuffer(Shared):
         return self._buffer.size()
 
     def _shm(self) -> core.Buffer:
-        return self._buffer._core
+        return self._buffer.core

@@ -20,6 +20,12 @@ class Shared:
         return self._core  # type: ignore[attr-defined]
 
     @property
+    def core(self) -> Any:
+        """The :class:`shmbuf.Buffer` that holds this facade's rows (its ``stats()``,
+        ``parts``, ``save``...; None for a facade whose first add makes it, before that)."""
+        return self._shm()
+
+    @property
     def name(self) -> str:
         """The segment's name: ``attach(name)`` from any process."""
         return self._shm().name

@@ -240,7 +240,7 @@ class ReplayBuffer(Shared):
         buf = cls(cap, int(metadata["state_dim"]), int(metadata["action_dim"]), int(metadata["hidden_dim"]),
                   device=metadata.get("device") or "cpu", **kwargs)
         try:
-            fields = buf._core.engine.layout.stored()
+            fields = buf.core.engine.layout.stored()
             for k, (shape, _) in fields.items():
                 if k not in arrays or arrays[k].shape != (cap,) + shape:
                     raise ValueError(f"{state_path}: {k!r} must be float32 {(cap,) + shape}, got "
@@ -250,10 +250,10 @@ class ReplayBuffer(Shared):
                                                                np.arange(cap) + cap)
             stamps = np.where(np.arange(cap) < size, published(seq), 0) if size < cap else published(seq)
             head = size if size < cap else cap + position
-            buf._core.load_state_dict({
+            buf.core.load_state_dict({
                 "format": "shmbuf.Buffer", "version": 1, "fields": fields, "capacity": cap, "lanes": 1,
                 "heads": np.array([head]), "bases": np.array([0]), "stamps": stamps,
-                "data": {k: arrays[k] for k in fields}, "rng": buf._core.engine.rng.bit_generator.state})
+                "data": {k: arrays[k] for k in fields}, "rng": buf.core.engine.rng.bit_generator.state})
         except BaseException:
             buf.unlink()
             buf.close()
