@@ -51,7 +51,8 @@ class Reads:
         are read.
 
         Examples:
-            >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
+            >>> import shmbuf
+            >>> buf = shmbuf.Buffer.from_data({"x": np.arange(10)}, seed=0)
             >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
             ((4,), dtype('int64'))
             >>> buf.close()
@@ -83,10 +84,10 @@ class Reads:
         if freshness is not None and out is not None:
             raise ValueError("out= is not supported with freshness= (the batch gains a weight)")
 
-        def draw(m: int, into: Batch | None) -> Batch:
+        def draw(m: int, into: Batch | None, within: float) -> Batch:
             into, _ = self._outputs.prepare(into, (m,))
-            return self._versions.sample(engine, m, into, left(), min_version, max_staleness, version, freshness)
-        return engine.records.finish(draw(n, out), lambda m: draw(m, None), deadline, seconds)
+            return self._versions.sample(engine, m, into, within, min_version, max_staleness, version, freshness)
+        return engine.records.finish(draw(n, out, seconds), lambda m: draw(m, None, left()), deadline, seconds)
 
     def _sample_tokens(self, n: int | None, max_tokens: Any, length: Any, timeout: float | None, beta: Any,
                        bounds: dict[str, Any]) -> Batch:

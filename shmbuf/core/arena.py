@@ -27,8 +27,9 @@ too when its buffer keeps records):
    checks a record the new bytes cover refuses it.
 2. :meth:`Arena.committed`, after the commit: the slot table learns the rows' pos.
 3. :meth:`Arena.write`, outside the lock, after the ring's wait for older writers and
-   :meth:`Arena.wait` for live writers still writing evicted rows (their late bytes could
-   land in our records), with the slots stamped odd: the records' bytes are copied.
+   :meth:`Arena.wait` for live writers still writing any evicted row (their late bytes
+   could land in our records: evicted by this write, or by an earlier one that gave
+   up), with the slots stamped odd: the records' bytes are copied.
 
 A writer killed at any point leaves bytes nobody references, or a row never
 published: it costs its own rows only.
@@ -50,13 +51,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from shmbuf.core import procs
-from shmbuf.core.layout import LANE_BASE, RES_COUNT, RES_LANE, RES_PID, RES_START, published
+from shmbuf.core.layout import LANE_BASE, RES_CTIME, RES_LANE, RES_PID, RES_START
 from shmbuf.core.tables import QueueFull
 
 REGION = "ragged"
 HOOK: Any = None
-"""Test hook, called as ``HOOK("copied")`` in :meth:`Arena.read` after the records' bytes
-were copied, before the check. Never set outside tests."""
+"""Test hook, called as ``HOOK("copying")`` and ``HOOK("copied")`` in :meth:`Arena.read`
+before and after the records' bytes are copied (the check after it), and as ``HOOK("record")`` in :meth:`Arena.write` after the
+first field's bytes of a record (mid-record). Never set outside tests."""
 FAULTS = 0
 """Test switch: bit 1 turns :meth:`Arena.read`'s check off (tests prove with it that they
 would see covered records). Never set outside tests."""
@@ -161,24 +163,24 @@ class Arena:
         lc = self.ring.lane_capacity
         self.table[lane * lc + (first + np.arange(n)) % lc] = w[:, 1]
 
-    def wait(self, lane: int, first: int, was: int, base: int, entry: int, deadline: float) -> None:
-        """Wait until no live writer of this lane still writes a row below ``base`` (the
-        rows this write evicted, ``was .. base - 1``): its bytes could land in ours."""
-        if base <= was:
-            return
-        lc = self.ring.lane_capacity
-        seq = np.arange(max(was, first - lc), base)
-        if (self.ring.stamps[lane * lc + seq % lc] == published(seq)).all():
-            return  # (every evicted row is published: its writer is done)
-        alive, delay, res = procs.Liveness(), 0.0, self.ring.res
+    def wait(self, lane: int, first: int, base: int, entry: int, deadline: float) -> None:
+        """Wait until no live writer of this lane still writes a row below ``base`` (rows
+        evicted, by this write or an earlier one that gave up): its late bytes could land
+        in the records this write is about to copy. The reservation table says who."""
+        res = self.ring.res
+        mine = (res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < base)
+        if entry >= 0:
+            mine[entry] = False
+        if not mine.any():
+            return  # (the common case: one look at the table)
+        alive, delay = procs.Liveness(), 0.0
         while True:
             r = res.copy()
-            older = (r[:, RES_PID] != 0) & (r[:, RES_LANE] == lane) & (r[:, RES_START] < base) \
-                & (r[:, RES_START] + r[:, RES_COUNT] > was)
+            older = (r[:, RES_PID] != 0) & (r[:, RES_LANE] == lane) & (r[:, RES_START] < base)
             if entry >= 0:
                 older[entry] = False
             older &= ~self.ring.leftovers(r)
-            ctimes = r.view(np.float64)[:, 1]
+            ctimes = r.view(np.float64)[:, RES_CTIME]
             blockers = sorted({int(r[i, RES_PID]) for i in np.flatnonzero(older).tolist()
                                if alive(int(r[i, RES_PID]), float(ctimes[i]))})
             if not blockers:
@@ -207,6 +209,8 @@ class Arena:
                 if nbytes:
                     data[at:at + nbytes] = rows[skip + i].reshape(-1).view(np.uint8)
                 at += pad(nbytes)
+                if HOOK is not None:
+                    HOOK("record")
 
     # -- reading ---------------------------------------------------------------------
 
@@ -215,6 +219,8 @@ class Arena:
         ``outs`` (per ragged field, record order: ``values`` viewed as bytes and the
         byte ``offsets`` of each row in it); None if every record was intact, else the
         mask of the intact rows (the others were covered meanwhile: draw them again)."""
+        if HOOK is not None:
+            HOOK("copying")
         data, A = self.data, self.A
         lanes = words[:, 0].tolist()
         for i, (lane, pos, lengths) in enumerate(zip(lanes, words[:, 1].tolist(), words[:, 2:].tolist())):

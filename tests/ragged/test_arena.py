@@ -1,0 +1,136 @@
+"""The records' protocol at chosen points (shmbuf/core/arena.py): a record covered while
+a reader copies it is never returned (and is, with the check switched off); a writer
+killed mid-record, or at any point of its write, costs its own row only and blocks
+nobody; a writer waits for a live writer still writing a row its records evict."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import shmbuf
+from shmbuf.core import arena
+
+CTX = mp.get_context("fork")
+FIELDS = {"t": ((None,), np.int64), "k": ((), np.int64)}
+
+
+def whole(batch: dict) -> bool:
+    """Every row's values are its k."""
+    return all((batch["t"][i] == k).all() for i, k in enumerate(batch["k"].tolist()))
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_record_covered_mid_copy_is_drawn_again(name, monkeypatch, broken):
+    """A reader stopped after the checked gather of a row's fixed part, before it copies
+    the row's record; a writer then covers the whole arena. The reader's row is drawn
+    again (a whole row comes out); with the check off it returns the covered bytes."""
+    if broken:
+        monkeypatch.setattr(arena, "FAULTS", 1)
+    with shmbuf.Buffer.create(FIELDS, 64, name=name, arena=1024, seed=0) as buf:
+        buf.add({"t": np.full(16, 1), "k": 1})  # 128 bytes at 0
+        stopped, go = threading.Event(), threading.Event()
+
+        def hook(point):
+            if point == "copying" and not stopped.is_set() and threading.current_thread() is not writer_thread:
+                stopped.set()
+                assert go.wait(30)
+        monkeypatch.setattr(arena, "HOOK", hook)
+        got = {}
+        writer_thread = None
+
+        def read():
+            got["batch"] = buf.sample(1, timeout=30)
+        t = threading.Thread(target=read)
+        t.start()
+        assert stopped.wait(30)
+        writer_thread = threading.current_thread()
+        for k in range(2, 12):  # 10 x 128 bytes: the arena (1,024) wraps over row 1's record
+            buf.add({"t": np.full(16, k), "k": k})
+        go.set()
+        t.join(30)
+        b = got["batch"]
+        if broken:
+            assert b["k"].tolist() == [1] and not whole(b)  # the covered bytes came out: torn
+        else:
+            assert b["k"].tolist() != [1] and whole(b)
+
+
+def _writer(name, point, ready):
+    """Write one row of k=7 and stop at ``point`` of its write (the parent kills us)."""
+    buf = shmbuf.Buffer.attach(name)
+    from shmbuf.core import ring
+
+    def stop(p):
+        if p == point:
+            open(ready, "w").close()
+            signal.pause()
+    if point == "record":
+        arena.HOOK = stop
+    else:
+        ring.set_hook(stop)
+    buf.extend({"t": [np.full(40, 7), np.full(40, 7)], "k": [7, 7]})
+
+
+@pytest.mark.parametrize("point", ["locked", "reserved", "record", "writing"])
+def test_a_writer_killed_mid_record_costs_its_rows_only(name, tmp_path, point):
+    with shmbuf.Buffer.create(FIELDS, 16, name=name, arena=2048, seed=0) as buf:
+        buf.extend({"t": [np.full(8, k) for k in range(4)], "k": np.arange(4)})
+        ready = str(tmp_path / "ready")
+        p = CTX.Process(target=_writer, args=(name, point, ready))
+        p.start()
+        while not os.path.exists(ready):
+            assert p.is_alive()
+            p.join(0.01)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        b = buf.sample(200, timeout=5)
+        assert 7 not in b["k"].tolist() and whole(b)
+        # others write on past the dead writer's rows, wrapping the arena many times
+        for k in range(8, 200):
+            buf.add({"t": np.full(k % 50, k), "k": k}, timeout=5)
+        b = buf.sample(200, timeout=5)
+        assert whole(b) and 7 not in b["k"].tolist() and min(b["k"].tolist()) > 100
+
+
+def test_a_writer_waits_for_a_live_writer_of_a_row_it_evicts(name, tmp_path, set_hook):
+    """A writer stopped at "reserved" (its record placed, nothing written): a second
+    writer whose records evict that row waits for it (a timeout says who), and goes on
+    once it is done."""
+    with shmbuf.Buffer.create(FIELDS, 16, name=name, arena=1024, lanes=1) as buf:
+        ready, go = str(tmp_path / "ready"), str(tmp_path / "go")
+
+        def slow(path):
+            b = shmbuf.Buffer.attach(name)
+            from shmbuf.core import ring
+
+            def stop(p):
+                if p == "reserved":
+                    open(ready, "w").close()
+                    for _ in range(6000):  # (30 s at most: a failed test leaves no process behind)
+                        if os.path.exists(go):
+                            break
+                        threading.Event().wait(0.005)
+            ring.set_hook(stop)
+            b.add({"t": np.full(60, 5), "k": 5})  # 480 bytes
+            b.close()
+        p = CTX.Process(target=slow, args=(None,))
+        p.start()
+        while not os.path.exists(ready):
+            assert p.is_alive()
+            p.join(0.01)
+        try:
+            with pytest.raises(TimeoutError, match=rf"live process\(es\) \[{p.pid}\] are still writing rows whose records"):
+                buf.add({"t": np.full(120, 6), "k": 6}, timeout=0.2)  # 960 bytes: evicts row 5
+        finally:
+            open(go, "w").close()
+        buf.add({"t": np.full(120, 6), "k": 6}, timeout=30)
+        p.join(30)
+        assert p.exitcode == 0
+        b = buf.sample(50)
+        assert whole(b) and set(b["k"].tolist()) == {6}
