@@ -1,0 +1,1 @@
+"""Ragged fields: rows whose leading dimension varies from row to row."""
