@@ -22,7 +22,7 @@ Each queue is run with each of its batching knobs and the best is the one the ta
 use: one rollout a put; a list of 16 rollouts a put; packed (the generator writes
 rollouts straight into one batch of <= 65,536 tokens: values + offsets, the trainer's
 batch as it is). torch's tensors are allocated in shared memory by the generator
-(``share_memory_()``), so a put sends handles only. The floor: the writer memcpys each
+(``share_memory_()``), so a put sends handles only. The floor: each writer memcpys each
 rollout into its own ring (one writer, one reader) in a shared-memory block and
 publishes a counter; the trainer memcpys a batch out of the rings in turn (one copy per
 field and row into fresh arrays) and frees the room (x86 ordering: plain stores, no
