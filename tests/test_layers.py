@@ -22,7 +22,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "shmbuf"
 LAYERS = [
     ["shmbuf.core", "shmbuf.version"],                    # the engine: one segment and its protocol
     ["shmbuf.samplers", "shmbuf.priority", "shmbuf.queue", "shmbuf.versions", "shmbuf.limited",
-     "shmbuf.rate"],                                      # capabilities: samplers and the parts they replace
+     "shmbuf.rate", "shmbuf.ragged"],                                      # capabilities: samplers and the parts they replace
     ["shmbuf.parts"],                                     # the registry of parts
     ["shmbuf.persist"],                                   # saves
     ["shmbuf.buffer"],                                    # the Buffer handle and its parts

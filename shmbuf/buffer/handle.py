@@ -11,15 +11,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf import parts
-from shmbuf.core import counters, durable, gather, procs, storage, validate
+from shmbuf.core import counters, durable, procs, storage, validate
 from shmbuf.core.batch import Outputs, count
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import DEFAULT_TIMEOUT, Engine, open_segment
-from shmbuf.core.plain import NoPriorities, Replay
+from shmbuf.core.plain import NoPriorities, NoRecords, Replay
 from shmbuf.buffer.lanes import Lanes, LaneWriter  # noqa: F401  (shmbuf.buffer.handle.LaneWriter)
 from shmbuf.buffer.properties import Properties
 from shmbuf.buffer.sample import Reads
 from shmbuf.queue import take as queue_part
+from shmbuf.ragged import schema as ragged_schema
 from shmbuf.versions import bound as versions_part
 from shmbuf.buffer.snapshots import Snapshots
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, check_meta
@@ -76,7 +77,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         # a row (no queue, no priorities, no rate gate); the C ring for rows the parts
         # have stamped when no part waits (no queue, no rate gate); a plain uniform sample.
         self._versions = described.roles.get("versions") or versions_part.NoVersions()
-        direct = isinstance(engine.writes, Replay) and not engine.gate.limited
+        # (ragged rows: the Python path's writes, whose records the ring places)
+        direct = isinstance(engine.writes, Replay) and not engine.gate.limited and isinstance(engine.records, NoRecords)
         self._plain = engine.native if direct and not engine.writes.adds and isinstance(engine.priorities, NoPriorities) \
             and isinstance(self._versions, versions_part.NoVersions) else None
         self._stamped = engine.native if direct and self._plain is None else None
@@ -91,7 +93,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
                timeout: float = DEFAULT_TIMEOUT, meta: Mapping[str, Any] | None = None,
                rate: RateLimit | None = None, priority: float | None = None,
                mode: str = "replay", path: str | None = None, sampler: Any = "uniform",
-               versions: bool = False, max_times_sampled: int | None = None,
+               versions: bool = False, max_times_sampled: int | None = None, arena: int | None = None,
                _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None,
                _parts: Mapping[str, Any] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
@@ -134,6 +136,12 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
             max_times_sampled: return each row from at most this many samples, across all
                 processes, then never again (a ``"times_sampled"`` entry in samples): see
                 :mod:`shmbuf.limited.sampler`.
+            arena: bytes for the values of ragged fields (a field shaped ``(None, ...)``,
+                or ``("R", ...)`` for a length ``"R"`` several fields share), every lane's
+                together: each lane keeps its rows' values in a ring of ``arena / lanes``
+                bytes, and its oldest rows leave as it wraps (a queue's writes wait for
+                room instead). Size it as rows times their mean bytes. See
+                :mod:`shmbuf.ragged` and ``docs/guides/ragged.md``.
 
         Raises:
             FileExistsError: the name (or path) is taken.
@@ -163,9 +171,15 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         persist = validate.flag(persist, "persist") or store.durable
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
+        fields, ragged = ragged_schema.split(fields)
+        if (ragged is None) != (arena is None) and _parts is None:
+            raise ValueError("arena= is for a buffer with ragged fields (shaped (None, ...) or ('R', ...)); "
+                             "leave it out" if ragged is None else
+                             f"ragged fields {[r['name'] for r in ragged['fields']]} need arena=: the bytes "
+                             "their values take in all (rows kept x their mean bytes, say)")
         specs = parts.check(_parts) if _parts is not None else parts.specs(
             {"mode": mode, "priority": priority, "versions": versions, "max_times_sampled": max_times_sampled,
-             "rate": rate, "sampler": sampler})
+             "rate": rate, "sampler": sampler, "arena": None if ragged is None else {**ragged, "arena": arena}})
         regions = {counters.REGION: counters.region_bytes(count(lanes, "lanes", 1))}
         if store.durable:  # (where a restart may cut writes: shmbuf.core.durable)
             regions[durable.REGION] = durable.region_bytes(lanes)
@@ -311,11 +325,13 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         transition = self._versions.stamp(transition, version, True)
         stamped = self._stamped
         try:
+            transition = engine.records.stamp(transition, True)
             transition = engine.priorities.stamp(engine.writes.stamp(transition, True), priority, None)
             if stamped is None or stamped.add(transition, lane, timeout) is not None:
                 arrays, n = engine.schema.check_rows(transition, single=True)
                 engine.write(arrays, n, lane, timeout)
         finally:
+            engine.records.done()
             self._versions.done()  # (its version is the floor once its row is written)
 
     def extend(self, batch: Mapping[str, Any], *, lane: int | None = None,
@@ -345,6 +361,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         batch = self._versions.stamp(batch, version, False)
         stamped = self._stamped
         try:
+            batch = engine.records.stamp(batch, False)
             batch = engine.priorities.stamp(engine.writes.stamp(batch, False), priority, 0)
             if stamped is not None and truncate_ok is False and stamped.extend(batch, lane, timeout) is None:
                 return
@@ -364,52 +381,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
                 arrays = [a[0] for a in arrays]  # one row is written without its row axis
             engine.write(arrays, n, lane, timeout)
         finally:
+            engine.records.done()
             self._versions.done()
 
     # -- sampling --------------------------------------------------------------------
-
-    def sample(self, n: int, *, out: Batch | None = None, timeout: float | None = None,
-               beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
-               version: int | None = None, freshness: Any = None) -> Batch:
-        """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
-        prioritized buffer, by priority, adding ``weight`` (importance sampling with
-        exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
-        (``(n, 2)``: each row's slot and sequence number, for :meth:`update_priorities`).
-
-        Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
-        ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
-        exceed ``len(self)``. An empty buffer raises ``ValueError``. In a buffer created
-        with ``versions=True``: only rows of version ``>= min_version``, or at most
-        ``max_staleness`` versions older than the newest (``version``, else the bound
-        ``Weights``' latest, else the newest row's); ``freshness=True`` (or a function of
-        the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
-        :mod:`shmbuf.versions.recent`.
-
-        Examples:
-            >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
-            >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
-            ((4,), dtype('int64'))
-            >>> buf.close()
-        """
-        if type(n) is not int or n < 0:
-            n = count(n, "n")
-        engine = self.engine
-        plain = min_version is None and max_staleness is None and version is None and freshness is None
-        if plain and self._uniform and beta is None:
-            out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
-            gather.sample_windows(engine.ring, engine.rng, n, 1, arrays,
-                                    engine.timeout if timeout is None else validate.timeout(timeout))
-            engine.counters.sampled(n)
-            return out
-        if plain:
-            return self.sampler.sample(n, out, timeout, beta)
-        if beta is not None or type(self.sampler) is not Uniform:
-            raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
-                             "priority= or another sampler")
-        if freshness is not None and out is not None:
-            raise ValueError("out= is not supported with freshness= (the batch gains a weight)")
-        out, _ = self._outputs.prepare(out, (n,))
-        return self._versions.sample(engine, n, out, timeout, min_version, max_staleness, version, freshness)
 
     # -- lifetime --------------------------------------------------------------------
 

@@ -1,21 +1,137 @@
-"""The reads of :class:`shmbuf.Buffer` beside ``sample`` (whose hot path is the
-handle's own): batches to sample into, windows of consecutive rows, priority updates."""
+"""The reads of :class:`shmbuf.Buffer`: ``sample`` (its hot path inlined, a token
+budget's rounds), batches to sample into, windows of consecutive rows, priority updates."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import numpy as np
+
+from shmbuf.core import gather, validate
 from shmbuf.core.batch import Batch, Outputs, count
 from shmbuf.core.engine import Engine
+from shmbuf.core.plain import NoRecords
 from shmbuf.priority import trees as _priority
+from shmbuf.samplers.uniform import Uniform
 
 
 class Reads:
-    """``empty_batch``, ``sample_sequences``, ``update_priorities`` (see :class:`shmbuf.Buffer`)."""
+    """``sample``, ``empty_batch``, ``sample_sequences``, ``update_priorities`` (see
+    :class:`shmbuf.Buffer`)."""
 
     engine: Engine
     sampler: Any
     _outputs: Outputs
+    _uniform: bool
+    _versions: Any
+
+    def sample(self, n: int | None = None, *, out: Batch | None = None, timeout: float | None = None,
+               beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
+               version: int | None = None, freshness: Any = None, max_tokens: int | None = None,
+               length: str | None = None) -> Batch:
+        """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
+        prioritized buffer, by priority, adding ``weight`` (importance sampling with
+        exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
+        (``(n, 2)``: each row's slot and sequence number, for :meth:`update_priorities`).
+
+        Returns ``{name: array of shape (n, *shape)}`` with rows aligned across fields.
+        ``out`` (from :meth:`empty_batch`) is filled in place and returned. ``n`` may
+        exceed ``len(self)``. An empty buffer raises ``ValueError``. In a buffer created
+        with ``versions=True``: only rows of version ``>= min_version``, or at most
+        ``max_staleness`` versions older than the newest (``version``, else the bound
+        ``Weights``' latest, else the newest row's); ``freshness=True`` (or a function of
+        the staleness) weighs them by ``1 / (staleness + 1)`` and adds ``weight``; see
+        :mod:`shmbuf.versions.recent`.
+
+        A ragged field comes as a :class:`~shmbuf.Jagged` (``values`` and ``offsets``).
+        ``max_tokens=T`` with ``length="R"`` (a ragged field or its length's name):
+        as many rows as fit ``T`` values of that length (at least one; at most ``n`` if
+        given), drawn as ``n`` rows are; only the fixed rows of the rows it leaves out
+        are read.
+
+        Examples:
+            >>> buf = Buffer.from_data({"x": np.arange(10)}, seed=0)
+            >>> b = buf.sample(4); b["x"].shape, b["x"].dtype
+            ((4,), dtype('int64'))
+            >>> buf.close()
+        """
+        if max_tokens is not None or length is not None:
+            return self._sample_tokens(n, max_tokens, length, timeout, beta,
+                                       dict(min_version=min_version, max_staleness=max_staleness, version=version))
+        if type(n) is not int or n < 0:
+            n = count(n, "n")
+        engine = self.engine
+        plain = min_version is None and max_staleness is None and version is None and freshness is None
+        if plain and self._uniform and beta is None:
+            out, arrays = self._outputs.prepare(out, (n,))  # the common case: the read path, nothing around it
+            gather.sample_windows(engine.ring, engine.rng, n, 1, arrays,
+                                    engine.timeout if timeout is None else validate.timeout(timeout))
+            engine.counters.sampled(n)
+            return out
+        seconds = engine.seconds(timeout)
+        deadline = time.monotonic() + seconds
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+        if plain:
+            return engine.records.finish(self.sampler.sample(n, out, seconds, beta),
+                                         lambda m: self.sampler.sample(m, None, left(), beta), deadline, seconds)
+        if beta is not None or type(self.sampler) is not Uniform:
+            raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
+                             "priority= or another sampler")
+        if freshness is not None and out is not None:
+            raise ValueError("out= is not supported with freshness= (the batch gains a weight)")
+
+        def draw(m: int, into: Batch | None) -> Batch:
+            into, _ = self._outputs.prepare(into, (m,))
+            return self._versions.sample(engine, m, into, left(), min_version, max_staleness, version, freshness)
+        return engine.records.finish(draw(n, out), lambda m: draw(m, None), deadline, seconds)
+
+    def _sample_tokens(self, n: int | None, max_tokens: Any, length: Any, timeout: float | None, beta: Any,
+                       bounds: dict[str, Any]) -> Batch:
+        """``sample(max_tokens=, length=)``: rows drawn in rounds of about the number the
+        budget holds, until one does not fit (see :meth:`sample`)."""
+        records = self.engine.records
+        if isinstance(records, NoRecords):
+            raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
+        if max_tokens is None or length is None:
+            raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
+        budget = count(max_tokens, "max_tokens", 1)
+        records.dim_index(length)
+        limit = None if n is None else count(n, "n", 1)
+        seconds = self.engine.seconds(timeout)
+        deadline = time.monotonic() + seconds
+        plain = all(v is None for v in bounds.values())
+        parts: list[Batch] = []
+        got = tokens = 0
+        while True:
+            want = max(1, min(4096, int((budget - tokens) / max(records.mean, 1.0)) + 1))
+            if limit is not None:
+                want = min(want, limit - got)
+            left = max(0.0, deadline - time.monotonic())
+            if plain:
+                batch = self.sampler.sample(want, None, left, beta)
+            else:
+                batch, _ = self._outputs.prepare(None, (want,))
+                batch = self._versions.sample(self.engine, want, batch, left, bounds["min_version"],
+                                              bounds["max_staleness"], bounds["version"], None)
+            lengths = records.lengths(batch, length)
+            cum = tokens + np.cumsum(lengths)
+            k = int(np.searchsorted(cum, budget, side="right"))
+            if not parts and k == 0:
+                k = 1  # (at least one row, whatever its length)
+            records.mean = float(lengths.mean()) if len(lengths) else records.mean
+            if k < want:
+                parts.append({key: a[:k] for key, a in batch.items()})
+                break
+            parts.append(batch)
+            got += k
+            tokens = int(cum[-1])
+            if limit is not None and got >= limit:
+                break
+        batch = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return records.finish(batch, None, deadline, seconds, drop=True)
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""

@@ -100,6 +100,7 @@ class Snapshots:
             >>> a.close(); b.close()
         """
         e = self.engine
+        e.records.check_copy("state_dict()")
         return contents.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
                                e.writes)  # (its waits: one deadline)
 
@@ -115,6 +116,7 @@ class Snapshots:
         file's writes to the disk, are not interrupted.
         """
         e = self.engine
+        e.records.check_copy("load_state_dict()")
         checked = contents.check(state, e.layout, e.layout.stored(), e.writes)
         deadline = Deadline(e.seconds(timeout))
         contents.restore(e.ring, checked, deadline.left(), seg=e.seg)

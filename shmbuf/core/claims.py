@@ -12,7 +12,7 @@ import numpy as np
 
 from shmbuf.core import procs
 from shmbuf.core.layout import (LANE_CLAIM_CTIME, LANE_CLAIM_PID, LANE_OWN_COUNT, LANE_OWN_START, RES_COUNT, RES_LANE,
-                     RES_PID, RES_START)
+                     RES_PID, RES_START, RES_TOKEN)
 from shmbuf.core.tables import owners
 
 
@@ -29,6 +29,8 @@ class Claims:
     res: np.ndarray
     res_pid: np.ndarray
     lock: Any
+    stamps: np.ndarray
+    _hint: Any  # (a threading.local: the entry this thread used last)
     write_timeout: type  # WriteTimeout (of ring.py)
 
     def live_claims(self) -> dict[int, int]:
@@ -159,6 +161,43 @@ class Claims:
             start = lt[i, LANE_OWN_START]
             held |= (lane == i) & (seq >= start) & (seq < start + lt[i, LANE_OWN_COUNT])
         return held
+
+
+    # -- reservations ------------------------------------------------------------------
+
+    def _abandon_runs(self, runs: list[tuple[int, int, int]]) -> None:
+        for lo, hi, _ in runs:
+            self.stamps[lo:hi] = 0
+
+    def _abandon(self, pid: int, token: int, runs: list[tuple[int, int, int]]) -> None:
+        """Undo a shared write that raised: its rows will never be valid, its entry is freed.
+
+        The entry is found by (pid, token), not by a local variable, so an interrupt
+        that fell anywhere, even between the commit and the next bytecode, is covered;
+        a live writer's entry is only ever freed by that writer, so the match is stable.
+        """
+        self._abandon_runs(runs)
+        mine = np.flatnonzero((self.res_pid == pid) & (self.res[:, RES_TOKEN] == token))
+        self.res_pid[mine] = 0
+
+    def _free_entry(self) -> int:
+        """A free reservation entry (caller holds the lock)."""
+        hint = getattr(self._hint, "entry", 0)
+        if self.res_pid[hint] == 0:
+            return hint
+        free = np.flatnonzero(self.res_pid == 0)
+        if len(free) == 0:  # reclaim entries of dead writers
+            res, alive = self.res.copy(), procs.Liveness()
+            for i, (pid, ct) in zip(range(len(res)), owners(res, range(len(res)))):
+                if not alive(pid, ct):
+                    self.res_pid[i] = 0
+            free = np.flatnonzero(self.res_pid == 0)
+            if len(free) == 0:
+                raise RuntimeError(
+                    f"more than {len(self.res_pid)} writes are in flight at once on this buffer; "
+                    "use fewer writer threads/processes")
+        self._hint.entry = int(free[0])
+        return self._hint.entry
 
 
 def _theirs(lane: int, owner: int) -> str:

@@ -42,7 +42,7 @@ from shmbuf.core.counters import Counters
 from shmbuf.core.deadline import Deadline, note, rest
 from shmbuf.core.layout import CTRL_FLUSHES, CTRL_LOCK_HOLDER, LANE_BASE, LANE_HEAD, Layout, published
 from shmbuf.core.lock import HeaderLock
-from shmbuf.core.plain import OPEN, NoPriorities, Replay
+from shmbuf.core.plain import OPEN, NoPriorities, NoRecords, Replay
 from shmbuf.core.ring import Ring, WriteTimeout, rows_published
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.segment import NotReadyError, Segment
@@ -162,6 +162,7 @@ class Engine:
         self.writes: Any = roles.get("writes") or Replay(self.ring)
         self.gate: Any = roles.get("gate") or OPEN
         self.priorities: Any = roles.get("priorities") or NoPriorities()
+        self.records: Any = roles.get("records") or NoRecords()
         if seg.durable:  # (a queue's takes in flight at a restart give their rows back)
             durable.recover(self.ring, wait(), self.writes.rolled_back)
         if counted:
@@ -438,6 +439,6 @@ class Engine:
         except (TimeoutError, OSError, ValueError):
             pass  # the kernel and the liveness check free it anyway
         self.counters.release()
-        self.ring = self.writes = self.priorities = self.gate = Closed(self.name)  # (any use says so)
+        self.ring = self.writes = self.priorities = self.gate = self.records = Closed(self.name)  # (any use says so)
         self.native = self._rows = None  # calls go to the ring, which says it is closed
         self._finalizer()

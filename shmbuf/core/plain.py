@@ -10,6 +10,8 @@ opens (from the segment's metadata), and calls it without asking which it is:
   waits for room and hands rows out once;
 * the **priorities** (``engine.priorities``): :class:`NoPriorities`; a prioritized
   buffer's :class:`~shmbuf.priority.trees.Trees` in their place;
+* the **records** (``engine.records``): :class:`NoRecords`; the ragged fields'
+  :class:`~shmbuf.ragged.rows.Rows` in their place;
 * the **rate gate** (``engine.gate``): :data:`OPEN`, or a
   :class:`~shmbuf.rate.limit.Limiter`.
 
@@ -126,6 +128,29 @@ class NoPriorities:
     def snapshot(self, timeout: float) -> None:
         """The leaves a save keeps (none)."""
         return None
+
+
+class NoRecords:
+    """The records of a buffer without ragged fields (a ragged one's are
+    :class:`shmbuf.ragged.rows.Rows`): rows pass as they are."""
+
+    fields: dict = {}
+
+    def stamp(self, data: Any, single: bool) -> Any:
+        return data
+
+    def done(self) -> None:
+        pass
+
+    def finish(self, batch: Any, redraw: Any, deadline: float, timeout: float, drop: bool = False) -> Any:
+        return batch
+
+    def fit(self, max_tokens: Any, length: Any) -> Any:
+        raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
+
+    def check_copy(self, what: str) -> None:
+        """Raise the ``ValueError`` of a copy of the rows (``what``: ``"state_dict"``,
+        ``"save"``...) that cannot hold these records (none: there are none)."""
 
 
 class Open:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+from contextlib import nullcontext
 import threading
 import time
 from typing import Any, Callable
@@ -154,6 +155,7 @@ class Ring(Claims):
         self._own_lock = owner_lock(lock)
         self.counters, self.horizon = counters, horizon
         self.bounded = False  # (a queue's part sets it: see below)
+        self.records: Any = None  # a buffer with ragged fields: its shmbuf.core.arena.Arena (set as it opens)
         self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None  # (a file's: durable.Horizon)
 
     # -- lane state ------------------------------------------------------------------
@@ -192,7 +194,7 @@ class Ring(Claims):
         (never sampled) if anything raised.
         """
         deadline = time.monotonic() + timeout  # (one deadline, whatever the write waits for)
-        if self.native is not None and not self.bounded:  # (a queue's writes check room here)
+        if self.native is not None and not self.bounded and self.records is None:  # (a queue's writes check room here)
             rows = [np.ascontiguousarray(a, f.dtype) for a, f in zip(sources, self.layout.fields)]
             left = timeout
             while self.native.put(lane, n, rows, left) is False:
@@ -232,18 +234,27 @@ class Ring(Claims):
         before = mine.rows
         stamps = self.stamps
         lt = self.lane_table
+        records = self.records
+        was = base = 0
         try:
             # 1. reserve: the entry first, then the head (the commit)
             if owner:
-                first = int(lt[lane, LANE_HEAD])
-                check_head(lane, first, n, self.horizon)
-                if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
-                    raise QueueFull(lane)
-                lt[lane, LANE_OWN_START] = first
-                lt[lane, LANE_OWN_COUNT] = n
-                lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
-                if HOOK is not None:
-                    HOOK("locked")
+                # (a lane's owner reserves alone; with records it takes the lock too: it evicts)
+                with self.lock.hold(timeout) if records is not None else nullcontext():
+                    first = int(lt[lane, LANE_HEAD])
+                    check_head(lane, first, n, self.horizon)
+                    if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
+                        raise QueueFull(lane)
+                    if records is not None:
+                        was = int(lt[lane, LANE_BASE])
+                        base = records.reserve(lane, first, n, sources, self.bounded)
+                    lt[lane, LANE_OWN_START] = first
+                    lt[lane, LANE_OWN_COUNT] = n
+                    lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
+                    if records is not None:
+                        records.committed(lane, first, n, sources)
+                    if HOOK is not None:
+                        HOOK("locked")
             else:
                 lock = self.lock
                 lock.acquire(timeout)
@@ -254,6 +265,9 @@ class Ring(Claims):
                     check_head(lane, first, n, self.horizon)
                     if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
                         raise QueueFull(lane)
+                    if records is not None:  # (before the entry: it may refuse)
+                        was = int(lt[lane, LANE_BASE])
+                        base = records.reserve(lane, first, n, sources, self.bounded)
                     entry = self._free_entry()
                     res = self.res
                     res[entry, RES_LANE] = lane
@@ -263,6 +277,8 @@ class Ring(Claims):
                     self.res_f[entry, RES_CTIME] = ctime
                     res[entry, RES_PID] = pid  # the entry is valid from here
                     lt[lane, LANE_HEAD] = first + n  # the reservation is committed here
+                    if records is not None:
+                        records.committed(lane, first, n, sources)
                     if HOOK is not None:
                         HOOK("locked")
                 finally:  # lock.release(), inlined: a Python call could take an interrupt first
@@ -274,20 +290,24 @@ class Ring(Claims):
             if HOOK is not None:
                 HOOK("reserved")
             lc = self.lane_capacity
-            base = lane * lc
+            at = lane * lc
             slot = first % lc
             k = min(n, lc - slot)  # rows before the end of the lane; the rest wrap to its start
-            runs.append((base + slot, base + slot + k, 0))
+            runs.append((at + slot, at + slot + k, 0))
             if k < n:
-                runs.append((base, base + n - k, k))
+                runs.append((at, at + n - k, k))
             # 2. wait for older writers of our slots
             if first + n > lc and not self._older_done(first, runs):
                 self._wait_for_older(lane, first, n, entry, runs, deadline)
+            if records is not None:  # (and for the writers of the rows our records evicted)
+                records.wait(lane, first, was, base, entry, deadline)
             # 3. stamp odd, copy, stamp even
             stamped = True
             if n == 1:
-                row = base + slot
+                row = at + slot
                 stamps[row] = 2 * first + 1
+                if records is not None:
+                    records.write(lane, sources)
                 for dest, src in zip(self.arrays.values(), sources):
                     dest[row] = src
                     if HOOK is not None:
@@ -296,6 +316,8 @@ class Ring(Claims):
             else:
                 for lo, hi, off in runs:
                     _stamp_run(stamps, lo, hi, 2 * (first + off) + 1)
+                if records is not None:
+                    records.write(lane, sources)
                 for dest, src in zip(self.arrays.values(), sources):
                     if k == n:  # no wrap: one copy of the whole source
                         dest[runs[0][0]:runs[0][1]] = src
@@ -322,40 +344,6 @@ class Ring(Claims):
                 self._abandon(pid, token, runs if stamped else [])
         self.counters.wrote(lane)
         return True
-
-    def _abandon_runs(self, runs: list[tuple[int, int, int]]) -> None:
-        for lo, hi, _ in runs:
-            self.stamps[lo:hi] = 0
-
-    def _abandon(self, pid: int, token: int, runs: list[tuple[int, int, int]]) -> None:
-        """Undo a shared write that raised: its rows will never be valid, its entry is freed.
-
-        The entry is found by (pid, token), not by a local variable, so an interrupt
-        that fell anywhere, even between the commit and the next bytecode, is covered;
-        a live writer's entry is only ever freed by that writer, so the match is stable.
-        """
-        self._abandon_runs(runs)
-        mine = np.flatnonzero((self.res_pid == pid) & (self.res[:, RES_TOKEN] == token))
-        self.res_pid[mine] = 0
-
-    def _free_entry(self) -> int:
-        """A free reservation entry (caller holds the lock)."""
-        hint = getattr(self._hint, "entry", 0)
-        if self.res_pid[hint] == 0:
-            return hint
-        free = np.flatnonzero(self.res_pid == 0)
-        if len(free) == 0:  # reclaim entries of dead writers
-            res, alive = self.res.copy(), procs.Liveness()
-            for i, (pid, ct) in zip(range(len(res)), owners(res, range(len(res)))):
-                if not alive(pid, ct):
-                    self.res_pid[i] = 0
-            free = np.flatnonzero(self.res_pid == 0)
-            if len(free) == 0:
-                raise RuntimeError(
-                    f"more than {len(self.res_pid)} writes are in flight at once on this buffer; "
-                    "use fewer writer threads/processes")
-        self._hint.entry = int(free[0])
-        return self._hint.entry
 
     def _older_done(self, first: int, runs: list[tuple[int, int, int]]) -> bool:
         """True if each slot holds the published row it held one lap before ours.
@@ -414,6 +402,10 @@ class Ring(Claims):
                     "capacity, or pass a larger timeout=")
             time.sleep(delay)
             delay = min(max(delay * 2, 20e-6), 1e-3)
+
+    def leftovers(self, res: np.ndarray) -> np.ndarray:
+        """:meth:`_leftover`, for the waits of the records (:mod:`shmbuf.core.arena`)."""
+        return self._leftover(res)
 
     def _leftover(self, res: np.ndarray) -> np.ndarray:
         """Entries of a reservation-table copy left by this process's interrupted

@@ -47,11 +47,11 @@ from shmbuf.core.batch import count
 from shmbuf.core.segment import FormatError
 
 MODULES = ("shmbuf.queue.part", "shmbuf.versions.part", "shmbuf.priority.part", "shmbuf.limited.part",
-           "shmbuf.rate.part", "shmbuf.samplers.part")
+           "shmbuf.rate.part", "shmbuf.samplers.part", "shmbuf.ragged.part")
 """The parts, in the order they plan and open (a write goes through the write part a
 queue or a limit gives, the gate a rate limit gives, then the ring)."""
 
-ROLES = ("writes", "gate", "priorities", "sampler", "versions")
+ROLES = ("writes", "gate", "priorities", "sampler", "versions", "records")
 """What an opened part may play; two parts never play the same role (their exclusions
 see to it)."""
 

@@ -90,6 +90,7 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
     the module docstring. Returns a summary: path, rows kept, rows left out (being
     written or overwritten during the save), bytes and seconds. ``timeout`` bounds its
     waits (the priority leaves', a queue's quiet, the lock's), one deadline for all."""
+    engine.records.check_copy("save()")
     t0 = time.monotonic()
     deadline = Deadline(timeout)
     dest = Path(os.fspath(path))

@@ -43,4 +43,5 @@ def open(spec_: dict, engine: Any) -> dict[str, Any]:
     regions = engine.layout.regions
     queue = protocol.Queue(engine.ring, engine.lock, regions.get(protocol.REGION, (0, -1)), engine.seg.mmap,
                            regions.get(restart.REGION))
+    queue.finish = lambda batch, deadline, timeout: engine.records.finish(batch, None, deadline, timeout)
     return {"writes": queue, "sampler": Consumed}

@@ -64,9 +64,8 @@ HOOK: Callable[[str, Any], None] | None = None
 """Test hook, called as ``HOOK(point, rows)`` in a take at "claimed" (rows claimed, lock
 released, nothing copied; rows None), "copied" (the rows copied, not yet delivered),
 "delivering" (the lock held and Ctrl-C held off for the delivery, not yet committed) and
-"delivered" (the rows delivered, not yet returned),
-and in every change at "commit" (journal committed, words not yet written). Never set
-outside tests."""
+"delivered" (the rows delivered, not yet returned), and in every change at "commit"
+(journal committed, words not yet written). Never set outside tests."""
 GIVE_BACK = True
 """Test switch: False drops a dead taker's rows instead of giving them back (the storm
 test proves with it that it would see rows lost). Never set outside tests."""
@@ -82,11 +81,6 @@ def region_bytes(lanes: int) -> int:
 
 LOCK_FLOOR = 0.05
 """Seconds a take still waits for the header lock at its deadline (to settle what it holds)."""
-
-
-def _backoff(delay: float) -> float:
-    time.sleep(delay)
-    return min(max(2 * delay, 50e-6), 2e-3)
 
 
 class Words:
@@ -127,6 +121,7 @@ class Queue:
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
         self._kept = takes.Kept()  # rows delivered to this handle's takes, not returned (a Ctrl-C)
+        self.finish: Callable[[Any, float, float], Any] = lambda b, deadline, timeout: b  # (ragged values: its part's)
         self.kept = None if kept is None else restart.Kept(mem, kept, lanes)  # (a queue in a file's)
 
     # -- changes ---------------------------------------------------------------------
@@ -192,10 +187,10 @@ class Queue:
                 except BeyondHorizon:  # (a queue in a file: QueueFull if it would pass the room)
                     self.ring.reach(lane, n, max(0.0, deadline - time.monotonic()))
                     continue
-            except QueueFull:
+            except QueueFull as exc:
                 if time.monotonic() >= deadline:
-                    raise WriteTimeout(takes.full(self.ring, self.table.copy(), lane, n, timeout)) from None
-                delay = _backoff(delay)
+                    raise WriteTimeout(takes.full(self.ring, self.table.copy(), lane, n, timeout, exc.args)) from None
+                delay = takes.backoff(delay)
         if delay:  # (counted if the lock comes within the call's time: the rows are in)
             with suppress(LockTimeout), self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
                 s.head[H_WRITE_WAIT] += int((time.monotonic() - start) * 1e9)
@@ -207,7 +202,7 @@ class Queue:
         while len(short := np.flatnonzero(lt[:, LANE_HEAD] + need > lt[:, LANE_BASE] + self.ring.lane_capacity)):
             if time.monotonic() >= deadline:
                 raise WriteTimeout(takes.full(self.ring, self.table.copy(), int(short[0]), int(need[short[0]]), timeout))
-            delay = _backoff(delay)
+            delay = takes.backoff(delay)
 
     # -- taking ----------------------------------------------------------------------
 
@@ -224,12 +219,13 @@ class Queue:
         back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + len(self._kept)
 
-    def take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None = None) -> dict[str, np.ndarray]:
+    def take(self, n: int, partial: bool, timeout: float, skip: Any = None, fit: Any = None) -> dict[str, Any]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
         bound, newest)``: rows whose ``field`` is below ``bound`` are passed over, counted
         as stale, and never delivered (see :func:`shmbuf.queue.takes.usable`); the rows
         delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
+        ``fit``: a token budget's (see :func:`shmbuf.queue.takes.claim`).
 
         Rows kept for this handle come first, then, if fewer than ``n``, a take for
         the rest (partial: of what is there, without waiting), each lane's rows in order
@@ -243,7 +239,7 @@ class Queue:
                     return kept[0]
             try:
                 more = self._take(n if kept is None else n - len(kept[1]), partial,
-                                  0.0 if kept is not None and partial else timeout, skip)
+                                  0.0 if kept is not None and partial else timeout, skip, fit)
             except SampleTimeout:
                 if kept is not None and partial:
                     return kept[0]
@@ -255,7 +251,7 @@ class Queue:
             self._kept.back(kept, more)
             raise
 
-    def _take(self, n: int, partial: bool, timeout: float, skip: tuple[str, int, int] | None) -> takes.Rows:
+    def _take(self, n: int, partial: bool, timeout: float, skip: Any, fit: Any = None) -> takes.Rows:
         """A take from the queue's words (the rows kept for this handle aside): the rows,
         and their lanes and sequence numbers."""
         token = next(_TOKENS)
@@ -269,7 +265,7 @@ class Queue:
                 # (the lock is held for microseconds: a last try after the deadline may wait for it)
                 try:
                     with self._edit(max(LOCK_FLOOR, deadline - time.monotonic())) as s:
-                        got = takes.claim(self.ring, s, n, partial, pid, ctime, token, skip)
+                        got = takes.claim(self.ring, s, n, partial, pid, ctime, token, skip, fit)
                         if got is None and last:  # (the wait is counted as the call ends)
                             s.head[H_TAKE_WAIT] += int((time.monotonic() - start) * 1e9)
                 except LockTimeout:  # (kept busy all this try, as a loaded machine can: no rows this try)
@@ -282,13 +278,14 @@ class Queue:
                         f"queue holds {self.depth()} row(s) not yet taken"
                         + ("" if skip is None else f" (rows of {skip[0]} < {skip[1]} are passed over)")
                         + ("" if partial else "; pass partial=True to take fewer"))
-                delay = _backoff(delay)
+                delay = takes.backoff(delay)
             lanes, seqs = got
             if HOOK is not None:
                 HOOK("claimed", None)
             # (through the read path: held rows cannot change, so its first copy passes)
             out = read(takes.Taken(self.ring, lanes, seqs), len(seqs), timeout,
                        deadline=max(deadline, time.monotonic() + LOCK_FLOOR))
+            out = self.finish(out, max(deadline, time.monotonic() + LOCK_FLOOR), timeout)  # (ragged values)
             if HOOK is not None:
                 HOOK("copied", out)
             return self._deliver((out, lanes, seqs), pid, token, start, deadline, skip)  # (it ends our take)
@@ -394,7 +391,7 @@ class Queue:
                     return
             if time.monotonic() >= deadline:
                 raise WriteTimeout(f"takes were still in flight after {timeout:g} s")
-            delay = _backoff(delay)
+            delay = takes.backoff(delay)
 
     def delivered(self, stamps: np.ndarray) -> np.ndarray:
         """(Under :meth:`quiet`) which of ``stamps`` name rows already delivered (see

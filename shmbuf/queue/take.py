@@ -24,7 +24,8 @@ class Queues:
     _versions: Any
 
     def take(self, n: int, *, timeout: float | None = None, partial: bool = False,
-             max_staleness: int | None = None, min_version: int | None = None, version: int | None = None) -> Batch:
+             max_staleness: int | None = None, min_version: int | None = None, version: int | None = None,
+             max_tokens: int | None = None, length: str | None = None) -> Batch:
         """Take the ``n`` oldest rows of a queue (``mode="queue"``): each row is
         delivered to exactly one ``take`` of any process; waits up to ``timeout`` for
         them (``SampleTimeout``), or with ``partial=True`` returns as soon as there is at
@@ -44,6 +45,12 @@ class Queues:
         ``stats()["rows_stale"]`` and never delivered, to this take or a later one;
         every other row is still delivered exactly once.
 
+        In a queue with ragged fields, ``max_tokens=T`` with ``length="R"`` (a ragged
+        field or its length's name) takes the oldest rows up to ``n`` whose values of
+        that length add up to at most ``T`` (at least one row, whatever its length); a
+        budget that the next row would pass completes the take (it returns without
+        waiting for ``n`` rows). The budget reads the rows' fixed part only.
+
         Examples:
             >>> import shmbuf
             >>> q = shmbuf.Buffer.create({"x": ((), "int64")}, 8, mode="queue")
@@ -59,11 +66,12 @@ class Queues:
         if n > self.capacity and not partial:
             raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
                              "take fewer, or pass partial=True")
+        fit = None if max_tokens is None and length is None else self.engine.records.fit(max_tokens, length)
         if max_staleness is None and min_version is None and version is None:
             # (not through engine.sample: a queue has no rate gate, and the take counts the
             # rows it delivered itself, as it commits them)
-            return queue.take(n, partial, self.engine.seconds(timeout))
+            return queue.take(n, partial, self.engine.seconds(timeout), None, fit)
         engine = self.engine
         bound, newest = self._versions.bound(engine, engine.window(), min_version, max_staleness, version)
-        return queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound, newest))  # (counts staleness)
+        return queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound, newest), fit)  # (counts staleness)
 

@@ -28,6 +28,12 @@ E_STATE, E_PID, E_CTIME, E_LANE, E_START, E_COUNT, E_TIME, E_TOKEN = range(8)
 FREE, TAKING, RETURNED = 0, 1, 2
 
 
+def backoff(delay: float) -> float:
+    """Sleep ``delay``; the next one (a queue's waits for rows and for room)."""
+    time.sleep(delay)
+    return min(max(2 * delay, 50e-6), 2e-3)
+
+
 def words(lanes: int) -> int:
     """Words of a queue's head, next and take table (of ``64 + 8 * lanes`` entries)."""
     return HEAD_WORDS + lanes + WIDTH * (64 + 8 * lanes)
@@ -44,10 +50,18 @@ def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | N
 
 
 def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
-           token: int, skip: tuple[str, int, int] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+           token: int, skip: tuple[str, int, int] | None = None, fit: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Choose and claim the rows of a take in ``s``; None if there are not enough
     yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
-    front of lanes are skipped)."""
+    front of lanes are skipped). ``fit(lanes, seqs)``: of the rows a take would claim,
+    in order, how many fit its budget (at least one), and whether that fills it (a budget
+    filled is a take complete)."""
+    if fit is not None:
+        lanes, seqs = candidates(ring, s, n, skip)
+        if len(seqs):
+            k, filled = fit(lanes, seqs)
+            if filled:
+                n, partial = k, True
     t = s.table
     lc = ring.lane_capacity
     plan: list[tuple[int, int, int, int, np.ndarray]] = []  # (entry or -1, lane, start, end, rows)
@@ -226,17 +240,19 @@ def stamp(data: Any, single: bool) -> dict[str, Any]:
     return data
 
 
-def full(ring: Any, t: np.ndarray, lane: int, n: int, timeout: float) -> str:
+def full(ring: Any, t: np.ndarray, lane: int, n: int, timeout: float, why: Any = ()) -> str:
     """The message of a write of ``n`` rows that did not fit into ``lane`` (``t``: the
-    take table): who holds its oldest rows."""
+    take table): who holds its oldest rows. ``why``: the ``QueueFull``'s arguments
+    beyond the lane (a queue with ragged fields: its room in bytes)."""
     lt = ring.lane_table
     waiting = int(lt[lane, LANE_HEAD] - lt[lane, LANE_BASE])
     takers = sorted({int(p) for p in t[(t[:, E_STATE] == TAKING) & (t[:, E_LANE] == lane), E_PID]})
     who = (f"live take(s) of process(es) {takers} hold its oldest rows" if takers else
            "no take is in flight: nobody took rows from it")
-    return (f"the queue is full: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
-            f"(it holds {waiting} rows not yet delivered, of {ring.lane_capacity}; {who}). "
-            "Take rows faster, create the queue with a larger capacity, or pass a larger timeout=")
+    bytes_ = f" ({why[1]})" if len(why) > 1 else ""
+    return (f"the queue is full{bytes_}: {n} row(s) did not fit into lane {lane} within {timeout:g} s "
+            f"(it holds {waiting} rows not yet delivered, of {ring.lane_capacity}; {who}). Take rows faster, "
+            f"create the queue with a larger {'arena=' if bytes_ else 'capacity'}, or pass a larger timeout=")
 
 
 class Kept:
@@ -268,13 +284,48 @@ def merged(*parts: Rows) -> Rows:
     (rows given back by a taker that died may be older than rows a Ctrl-C kept)."""
     if len(parts) == 1:
         return parts[0]
-    batch = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+    batch = {k: _joined([p[0][k] for p in parts]) for k in parts[0][0]}
     lanes, seqs = (np.concatenate([p[i] for p in parts]) for i in (1, 2))
     order = np.arange(len(lanes))
     for lane in np.unique(lanes).tolist():
         at = np.flatnonzero(lanes == lane)
         order[at] = at[np.argsort(seqs[at], kind="stable")]
     return {k: a[order] for k, a in batch.items()}, lanes[order], seqs[order]
+
+
+def _joined(arrays: list[Any]) -> Any:
+    """The rows of ``arrays`` one after the other (arrays, or a ragged field's
+    :class:`~shmbuf.ragged.jagged.Jagged`, which joins its own)."""
+    first = arrays[0]
+    return np.concatenate(arrays) if isinstance(first, np.ndarray) else type(first).concatenate(arrays)
+
+
+def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a take of ``n`` would claim now, in the order :func:`claim` chooses them
+    (given back first, then the fresh rows oldest first): a take with a token budget
+    (``fit``) sees their lengths before it claims (changes nothing but a lane's
+    ``next`` clipped into its window, as :func:`fresh` does)."""
+    t = s.table
+    lanes, seqs = [], []
+    back = np.flatnonzero(t[:, E_STATE] == RETURNED)
+    for e in back[np.lexsort((t[back, E_START], t[back, E_LANE], t[back, E_TIME]))].tolist():
+        lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
+        seq = np.arange(start, start + count)
+        seq = seq[usable(ring, lane, seq, skip)[1]]
+        lanes.append(np.full(len(seq), lane, np.int64))
+        seqs.append(seq)
+    got = sum(len(x) for x in seqs)
+    if got < n:
+        plan, _ = fresh(ring, s, n - got, skip)
+        lc = ring.lane_capacity
+        lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in plan] or [np.zeros(0, np.int64)])
+        seq = np.concatenate([p[4] for p in plan] or [np.zeros(0, np.int64)])
+        order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
+        lanes.append(lane[order])
+        seqs.append(seq[order])
+    if not lanes:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(lanes)[:n], np.concatenate(seqs)[:n]
 
 
 class Taken(Sampler):

@@ -45,7 +45,7 @@ def test_the_keywords_come_back_from_the_specs_and_the_defaults_record_nothing()
                         "rate": None, "sampler": "uniform"}) == {}
     made = parts.specs({"mode": "queue", "versions": True})
     assert parts.keywords(made) == {"mode": "queue", "versions": True, "priority": None, "max_times_sampled": None,
-                                    "rate": None, "sampler": "uniform"}
+                                    "rate": None, "sampler": "uniform", "arena": None}
     assert parts.own_fields(made) == {"_queued", "version"}
     with pytest.raises(ValueError, match="parts must be {key: spec} with keys among"):
         parts.check({"cache": {}})

@@ -1,0 +1,244 @@
+"""Records: the values of a row's ragged fields, in a byte arena per lane beside the ring.
+
+A buffer with ragged fields (:mod:`shmbuf.ragged`) keeps each row's fixed part in the
+ring as every buffer does, plus one hidden fixed field, its **record word**
+``(lane, pos, length of each ragged dimension...)``, and the values of its ragged fields
+in one **record**: the fields one after the other, each padded to 8 bytes, at byte
+``pos`` of its lane's arena stream. ``pos`` only grows (bytes ever reserved in the
+lane); the record lives at ``pos % A`` of the lane's arena of ``A`` bytes and never
+crosses its end. The region (``REGION``) holds::
+
+    heads   per lane 8 words: H, the lane's bytes ever reserved (the arena head); spare
+    table   per slot: the pos of the row the slot holds (the writers' copy, for eviction
+            and a queue's room; readers never trust it)
+    arenas  lanes x A bytes
+
+**Writing** is the ring's protocol (:meth:`shmbuf.core.ring.Ring.put`) with three
+steps added, all under the header lock the reservation takes (a lane's owner takes it
+too when its buffer keeps records):
+
+1. :meth:`Arena.reserve`, before the ring's head moves (the commit): the write's
+   records are placed at ``H`` (or, if they would cross the arena's end, at the next
+   start of it), contiguously. In a replay buffer the rows whose records the new bytes
+   will cover are *evicted first*: the lane's ``base`` moves past them (draws stop
+   finding them, and the checked gather refuses a copy drawn before). In a queue, a
+   write that would cover a record not yet taken is refused (``QueueFull``: it waits
+   for room, in bytes as in rows). Then ``H`` moves: from here on any reader that
+   checks a record the new bytes cover refuses it.
+2. :meth:`Arena.committed`, after the commit: the slot table learns the rows' pos.
+3. :meth:`Arena.write`, outside the lock, after the ring's wait for older writers and
+   :meth:`Arena.wait` for live writers still writing evicted rows (their late bytes could
+   land in our records), with the slots stamped odd: the records' bytes are copied.
+
+A writer killed at any point leaves bytes nobody references, or a row never
+published: it costs its own rows only.
+
+**Reading** (:meth:`Arena.read`) comes after the checked gather of the fixed rows,
+which proves each row's record word: the record bytes are copied, then ``H`` of each
+lane is read again; a row whose ``pos < H - A`` may have been covered while it was
+copied and is refused (the caller draws again), exactly as a stamp that changed. On
+x86-64 the stores of a writer (``H``, then the bytes) and the loads of a reader (the
+bytes, then ``H``) keep program order, which is all this seqlock needs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from shmbuf.core import procs
+from shmbuf.core.layout import LANE_BASE, RES_COUNT, RES_LANE, RES_PID, RES_START, published
+from shmbuf.core.tables import QueueFull
+
+REGION = "ragged"
+HOOK: Any = None
+"""Test hook, called as ``HOOK("copied")`` in :meth:`Arena.read` after the records' bytes
+were copied, before the check. Never set outside tests."""
+FAULTS = 0
+"""Test switch: bit 1 turns :meth:`Arena.read`'s check off (tests prove with it that they
+would see covered records). Never set outside tests."""
+HEAD_WORDS = 8
+PAD = 8  # each field's values start on an 8-byte boundary of the record
+
+
+def pad(n: Any) -> Any:
+    """``n`` bytes rounded up to :data:`PAD`."""
+    return -(-n // PAD) * PAD
+
+
+def lane_bytes(total: int, lanes: int) -> int:
+    """A lane's arena: ``total`` bytes split over ``lanes``, rounded up to 64."""
+    return -(-(-(-total // lanes)) // 64) * 64
+
+
+def region_bytes(capacity: int, lanes: int, lane_arena: int) -> int:
+    return 8 * HEAD_WORDS * lanes + (-(-8 * capacity // 64) * 64) + lanes * lane_arena
+
+
+class Arena:
+    """The records of one handle's ring (see the module).
+
+    ``field``: the name of the hidden record-word field; ``dims``: for each ragged
+    field (in record order), the index of its dimension in the record word's lengths,
+    and its bytes per element (``prod(trailing) * itemsize``)."""
+
+    def __init__(self, ring: Any, mem: Any, region: tuple[int, int], lane_arena: int, field: str,
+                 dims: Sequence[tuple[int, int]]) -> None:
+        offset, _ = region
+        lanes, cap = ring.lanes, ring.layout.capacity
+        self.ring, self.A, self.field = ring, lane_arena, field
+        self.dims = [(int(d), int(e)) for d, e in dims]
+        self.heads = np.ndarray((lanes, HEAD_WORDS), np.int64, mem, offset)
+        at = offset + 8 * HEAD_WORDS * lanes
+        self.table = np.ndarray((cap,), np.int64, mem, at)
+        at += -(-8 * cap // 64) * 64
+        self.data = np.ndarray((lanes, lane_arena), np.uint8, mem, at)
+        self.index = ring.index[field]
+        self.staged = threading.local()  # this thread's write in flight: the values (see stage)
+
+    # -- sizes -----------------------------------------------------------------------
+
+    def sizes(self, lengths: np.ndarray) -> np.ndarray:
+        """Record bytes of rows whose dimension lengths are ``lengths`` (``(n, dims)``)."""
+        total = np.zeros(len(lengths), np.int64)
+        for d, e in self.dims:
+            total += pad(lengths[:, d] * e)
+        return total
+
+    # -- writing ---------------------------------------------------------------------
+
+    def stage(self, values: list[list[np.ndarray]] | None) -> None:
+        """The values of the next write of this thread: per ragged field (record order),
+        one C-contiguous array per row (None: none staged)."""
+        self.staged.values = values
+
+    def reserve(self, lane: int, first: int, n: int, sources: list[Any], bounded: bool) -> int:
+        """(Under the header lock, before the commit) place the records of rows ``first
+        .. first + n - 1`` of ``lane``, writing their pos into the record words of
+        ``sources``; evict (replay) or refuse (``QueueFull``, a queue) what they would
+        cover; move ``H``. Returns the lane's base after the eviction."""
+        words = sources[self.index]
+        w = words.reshape(-1, words.shape[-1])  # (a view: the pos go into the write's words)
+        sizes = self.sizes(w[:, 2:])
+        total = int(sizes.sum())
+        A = self.A
+        if total > A:
+            raise ValueError(f"the ragged values of these {n} rows take {total:,} bytes, more than a lane's "
+                             f"arena ({A:,} bytes); nothing was written. Write fewer rows per call, or create "
+                             "the buffer with a larger arena=")
+        H = int(self.heads[lane, 0])
+        start = H if H % A + total <= A else (H // A + 1) * A  # (never across the arena's end)
+        end = start + total
+        lt, lc = self.ring.lane_table, self.ring.lane_capacity
+        base = int(lt[lane, LANE_BASE])
+        if bounded:  # a queue: the oldest row not yet taken keeps its record
+            if base < first and end - A > int(self.table[lane * lc + base % lc]):
+                raise QueueFull(lane, f"its arena of {A:,} bytes has no room for these rows' {total:,} bytes of "
+                                      "ragged values beside the rows not yet taken")
+        else:  # replay: rows whose records the new bytes cover leave the window first
+            lo = max(base, first + n - lc)
+            hi = first
+            while lo < hi:  # (pos grows with the sequence number: the first row to keep)
+                mid = (lo + hi) // 2
+                if self.table[lane * lc + mid % lc] >= end - A:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo > base:
+                lt[lane, LANE_BASE] = lo
+                base = lo
+        w[:, 0] = lane
+        w[:, 1] = start + np.cumsum(sizes) - sizes
+        self.heads[lane, 0] = end  # (from here, a reader refuses what the new bytes cover)
+        return base
+
+    def committed(self, lane: int, first: int, n: int, sources: list[Any]) -> None:
+        """(Under the lock, after the commit) the slot table learns the rows' pos."""
+        w = sources[self.index].reshape(-1, sources[self.index].shape[-1])
+        lc = self.ring.lane_capacity
+        self.table[lane * lc + (first + np.arange(n)) % lc] = w[:, 1]
+
+    def wait(self, lane: int, first: int, was: int, base: int, entry: int, deadline: float) -> None:
+        """Wait until no live writer of this lane still writes a row below ``base`` (the
+        rows this write evicted, ``was .. base - 1``): its bytes could land in ours."""
+        if base <= was:
+            return
+        lc = self.ring.lane_capacity
+        seq = np.arange(max(was, first - lc), base)
+        if (self.ring.stamps[lane * lc + seq % lc] == published(seq)).all():
+            return  # (every evicted row is published: its writer is done)
+        alive, delay, res = procs.Liveness(), 0.0, self.ring.res
+        while True:
+            r = res.copy()
+            older = (r[:, RES_PID] != 0) & (r[:, RES_LANE] == lane) & (r[:, RES_START] < base) \
+                & (r[:, RES_START] + r[:, RES_COUNT] > was)
+            if entry >= 0:
+                older[entry] = False
+            older &= ~self.ring.leftovers(r)
+            ctimes = r.view(np.float64)[:, 1]
+            blockers = sorted({int(r[i, RES_PID]) for i in np.flatnonzero(older).tolist()
+                               if alive(int(r[i, RES_PID]), float(ctimes[i]))})
+            if not blockers:
+                return
+            if time.monotonic() >= deadline:
+                raise self.ring.write_timeout(
+                    f"rows {first}.. of lane {lane} could not be written: live process(es) {blockers} are "
+                    "still writing rows whose records these rows' values will cover (an arena this small "
+                    "wraps faster than they write). Use a larger arena=, or pass a larger timeout=")
+            time.sleep(delay)
+            delay = min(max(delay * 2, 20e-6), 1e-3)
+
+    def write(self, lane: int, sources: list[Any]) -> None:
+        """(Slots stamped odd) copy the staged values into the records placed for them."""
+        values = getattr(self.staged, "values", None)
+        words = sources[self.index]
+        w = words.reshape(-1, words.shape[-1])
+        if values is None or any(len(v) < len(w) for v in values):
+            raise RuntimeError("a write of ragged rows without their values staged")
+        data, A = self.data[lane], self.A
+        skip = len(values[0]) - len(w)  # (a write truncated to its last rows: theirs)
+        for i, (pos, lengths) in enumerate(zip(w[:, 1].tolist(), w[:, 2:].tolist())):
+            at = pos % A
+            for (d, e), rows in zip(self.dims, values):
+                nbytes = lengths[d] * e
+                if nbytes:
+                    data[at:at + nbytes] = rows[skip + i].reshape(-1).view(np.uint8)
+                at += pad(nbytes)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def read(self, words: np.ndarray, outs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
+        """Copy the records of rows whose (checked) record words are ``words`` into
+        ``outs`` (per ragged field, record order: ``values`` viewed as bytes and the
+        byte ``offsets`` of each row in it); None if every record was intact, else the
+        mask of the intact rows (the others were covered meanwhile: draw them again)."""
+        data, A = self.data, self.A
+        lanes = words[:, 0].tolist()
+        for i, (lane, pos, lengths) in enumerate(zip(lanes, words[:, 1].tolist(), words[:, 2:].tolist())):
+            at = pos % A
+            src = data[lane]
+            for (d, e), (buf, offsets) in zip(self.dims, outs):
+                nbytes = lengths[d] * e
+                if nbytes:
+                    o = int(offsets[i])
+                    buf[o:o + nbytes] = src[at:at + nbytes]
+                at += pad(nbytes)
+        if HOOK is not None:
+            HOOK("copied")
+        heads = self.heads[:, 0].copy()  # (after the copies: the seqlock's second read)
+        ok = words[:, 1] >= heads[words[:, 0]] - A if len(words) else np.ones(0, bool)
+        if FAULTS & 1:
+            ok[:] = True
+        return None if ok.all() else ok
+
+    # -- facts -----------------------------------------------------------------------
+
+    def used(self) -> list[dict[str, int]]:
+        """Per lane: bytes ever reserved, and the arena's size."""
+        return [{"reserved": int(h), "arena": self.A} for h in self.heads[:, 0].tolist()]
+
+    def check_lanes(self) -> None:
+        """(At attach) nothing to check beyond the record words, which readers prove."""

@@ -1,0 +1,68 @@
+"""Ragged fields as a part (``Buffer.create`` with a field shaped ``(None, ...)`` or
+``("R", ...)``, and ``arena=``; see :mod:`shmbuf.parts`): each row's values of its
+ragged fields kept in a record of its lane's arena (:mod:`shmbuf.core.arena`), read back
+as :class:`~shmbuf.ragged.jagged.Jagged` (:mod:`shmbuf.ragged.rows`).
+
+The spec: ``{"fields": [{name, dim, shape, dtype}...], "arena": bytes}`` (every lane's
+arenas together)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from shmbuf.core import arena
+from shmbuf.ragged import schema
+from shmbuf.ragged.rows import Rows
+
+KEY = "ragged"
+KEYWORD = "arena"
+EXCLUDES = {
+    "max_times_sampled": "a limited sampler counts a row as it returns it, before its record is read; "
+                         "leave max_times_sampled= out",
+}
+
+
+def spec(value: Any) -> dict | None:
+    """``value``: None, or ``{"fields": [...], "arena": bytes}`` (``Buffer.create`` makes
+    it from the schema's ragged fields and ``arena=``)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"fields", "arena"}:
+        raise ValueError(f"a ragged spec is {{'fields': [...], 'arena': bytes}}, got {value!r:.200}")
+    got = schema.fields(value)
+    size = value["arena"]
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 64:
+        raise ValueError(f"arena= must be an int of bytes >= 64 (room for the ragged fields' values of "
+                         f"every lane), got {size!r}")
+    return {"fields": [{"name": r.name, "dim": r.dim, "shape": list(r.trailing),
+                        "dtype": value["fields"][i]["dtype"]} for i, r in enumerate(got)],
+            "arena": int(size)}
+
+
+def keyword(spec_: dict | None) -> dict | None:
+    return None if spec_ is None else {"fields": [dict(r) for r in spec_["fields"]], "arena": spec_["arena"]}
+
+
+def plan(spec_: dict, p: Any) -> None:
+    if p.durable:
+        raise ValueError("ragged fields are kept in /dev/shm only for now: a buffer file (path=) cannot "
+                         "hold them; create the buffer without path=")
+    d = schema.dims(schema.fields(spec_))
+    p.add_field(schema.FIELD, (2 + len(d),), np.int64, "a buffer with ragged fields keeps each row's record there")
+    p.add_region(arena.REGION, arena.region_bytes(p.capacity, p.lanes, arena.lane_bytes(spec_["arena"], p.lanes)))
+
+
+def open(spec_: dict, engine: Any) -> dict[str, Any]:
+    ragged = schema.fields(spec_)
+    d = schema.dims(ragged)
+    layout = engine.layout
+    lane_arena = arena.lane_bytes(spec_["arena"], layout.lanes)
+    region = layout.regions[arena.REGION]
+    if region[1] != arena.region_bytes(layout.capacity, layout.lanes, lane_arena):
+        raise ValueError(f"its region {arena.REGION!r} holds {region[1]} bytes, not the arena its spec records")
+    a = arena.Arena(engine.ring, engine.seg.mmap, region, lane_arena, schema.FIELD,
+                    [(d.index(r.key), r.element_bytes) for r in ragged])
+    engine.ring.records = a
+    return {"records": Rows(engine, a, ragged, d)}

@@ -1,0 +1,220 @@
+"""A handle's ragged rows: values checked and staged as a write's records, record words
+turned back into :class:`~shmbuf.ragged.jagged.Jagged` fields as a read ends.
+
+The write side (:meth:`Rows.stamp`): each ragged value is checked (its trailing shape;
+its dtype cast as a fixed field's value is: :mod:`shmbuf.core.validate`), the lengths of
+a named dimension must agree within each row, and the values of one write must fit a
+lane's arena; the row then carries its record word (:data:`~shmbuf.ragged.schema.FIELD`)
+and the values are staged for the ring's write (:meth:`shmbuf.core.arena.Arena.stage`).
+The read side (:meth:`Rows.finish`): after a sampler's checked gather, the records of
+the rows it returned are copied and checked (:meth:`shmbuf.core.arena.Arena.read`);
+rows whose record was covered meanwhile are drawn again through the same sampler, all
+within the call's deadline (:class:`~shmbuf.core.read.SampleTimeout` after it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from shmbuf.core import validate
+from shmbuf.core.batch import count
+from shmbuf.core.read import SampleTimeout
+from shmbuf.core.segment import FormatError
+from shmbuf.ragged import schema
+from shmbuf.ragged.jagged import Jagged
+
+Batch = dict[str, Any]
+
+
+class Rows:
+    """The ragged fields of one handle (see the module)."""
+
+    def __init__(self, engine: Any, arena: Any, ragged: list[schema.Ragged], dims: list[str]) -> None:
+        self.engine, self.arena, self.ragged, self.dims = engine, arena, ragged, dims
+        self.names = [r.name for r in ragged]
+        self._dim = [dims.index(r.key) for r in ragged]
+        self._checks = [schema.as_field(r) for r in ragged]
+        self.mean = 64.0  # tokens a row of the budget's dimension had, as the last budget found
+
+    @property
+    def fields(self) -> dict[str, tuple[tuple[Any, ...], np.dtype]]:
+        return {r.name: (r.shape, r.dtype) for r in self.ragged}
+
+    # -- writing ---------------------------------------------------------------------
+
+    def stamp(self, data: Any, single: bool) -> Any:
+        """``data`` with its ragged values replaced by the record words, the values
+        staged for the write (checked first: nothing is staged if any is wrong)."""
+        if not isinstance(data, Mapping):
+            return data  # (the schema's check says what a batch is)
+        missing = [k for k in self.names if k not in data]
+        if missing or schema.FIELD in data:
+            raise ValueError(f"{'a transition' if single else 'a batch'} must hold the ragged field(s) "
+                             f"{self.names}" + (f": missing {missing}" if missing else "")
+                             + (f"; {schema.FIELD!r} is the buffer's own" if schema.FIELD in data else ""))
+        per_field = [self._rows(data[r.name], r, f, single) for r, f in zip(self.ragged, self._checks)]
+        n = len(per_field[0])
+        if any(len(v) != n for v in per_field):
+            raise ValueError(f"the ragged fields hold different numbers of rows: "
+                             f"{ {k: len(v) for k, v in zip(self.names, per_field)} }")
+        words = np.zeros((n, 2 + len(self.dims)), np.int64)
+        for j, (r, rows) in enumerate(zip(self.ragged, per_field)):
+            lengths = np.fromiter((len(v) for v in rows), np.int64, n)
+            d = self._dim[j]
+            first = next(i for i in range(j + 1) if self._dim[i] == d)
+            if first < j:
+                bad = np.flatnonzero(words[:, 2 + d] != lengths)
+                if len(bad):
+                    i = int(bad[0])
+                    raise ValueError(f"row {i}: field {r.name!r} holds {int(lengths[i])} values, but "
+                                     f"{self.names[first]!r} holds {int(words[i, 2 + d])}; both have the length "
+                                     f"{r.key!r}, which must agree")
+            words[:, 2 + d] = lengths
+        total = int(self.arena.sizes(words[:, 2:]).sum())
+        if total > self.arena.A:
+            raise ValueError(f"the ragged values of these {n} rows take {total:,} bytes, more than a lane's "
+                             f"arena ({self.arena.A:,} bytes); nothing was written. Write fewer rows per "
+                             "call, or create the buffer with a larger arena=")
+        self.arena.stage(per_field)
+        out = {k: v for k, v in data.items() if k not in self.names}
+        out[schema.FIELD] = words[0] if single else words
+        return out
+
+    @staticmethod
+    def _rows(value: Any, r: schema.Ragged, f: Any, single: bool) -> list[np.ndarray]:
+        """The rows of one ragged field's value, each checked and cast (C-contiguous)."""
+        if single:
+            rows = [value]
+        elif isinstance(value, Jagged):
+            rows = [value[i] for i in range(len(value))]
+        elif isinstance(value, np.ndarray) and value.ndim == 2 + len(r.trailing):
+            rows = list(value)
+        elif isinstance(value, (list, tuple)):
+            rows = list(value)
+        else:
+            raise ValueError(f"field {r.name!r}: expected one array per row (a list of arrays of shape "
+                             f"(length, *{r.trailing}), or a shmbuf.Jagged), got {type(value).__name__}")
+        out = []
+        for i, v in enumerate(rows):
+            if type(v) is not np.ndarray:
+                try:
+                    v = np.asarray(v)
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"field {r.name!r}: cannot make an array of row {i} ({exc})") from None
+            if v.ndim != 1 + len(r.trailing) or v.shape[1:] != r.trailing:
+                where = "the value" if single else f"row {i}"
+                want = "(length, " + ", ".join(map(str, r.trailing)) + ")" if r.trailing else "(length,)"
+                raise ValueError(f"field {r.name!r}: expected {where} of shape {want}, got shape {v.shape}")
+            if v.dtype != r.dtype:
+                validate.check_cast(f, v)
+            out.append(np.ascontiguousarray(v, r.dtype))
+        return out
+
+    def done(self) -> None:
+        """After a write (done or not): nothing staged."""
+        self.arena.stage(None)
+
+    def check_copy(self, what: str) -> None:
+        """A copy of the rows (``what``) cannot hold ragged values yet: refused."""
+        raise ValueError(f"{what} of a buffer with ragged fields ({self.names}) is not supported yet: it would "
+                         "copy the rows without their values; nothing was done")
+
+    # -- reading ---------------------------------------------------------------------
+
+    def lengths(self, batch: Batch, dim: str) -> np.ndarray:
+        """The lengths of dimension (or ragged field) ``dim`` of a batch's rows, from their
+        record words (the fixed rows only)."""
+        return batch[schema.FIELD][:, 2 + self.dim_index(dim)]
+
+    def dim_index(self, dim: str) -> int:
+        if dim in self.dims:
+            return self.dims.index(dim)
+        if dim in self.names:
+            return self._dim[self.names.index(dim)]
+        raise ValueError(f"length={dim!r} names no ragged field or length of this buffer; it has "
+                         f"{sorted(set(self.dims) | set(self.names))}")
+
+    def finish(self, batch: Batch, redraw: Callable[[int], Batch] | None, deadline: float,
+               timeout: float, drop: bool = False) -> Batch:
+        """``batch`` (a sampler's, with record words) with its ragged fields read in: rows
+        whose record was covered meanwhile are replaced by ``redraw(m)``'s (None: a
+        take's rows, which nothing may cover: an error), until ``deadline``; with
+        ``drop`` (a token budget's rows), left out instead (if any row is left)."""
+        words = batch.pop(schema.FIELD)
+        self._check(words)
+        jagged, ok = self._read(words)
+        if drop and ok is not None and ok.any():
+            keep = np.flatnonzero(ok)
+            batch = {k: a[keep] for k, a in batch.items()}
+            jagged, ok = {k: j[keep] for k, j in jagged.items()}, None
+        while ok is not None:
+            bad = np.flatnonzero(~ok)
+            if redraw is None:
+                raise FormatError(f"the records of {len(bad)} rows a take holds changed while they were "
+                                  "copied: the segment was written by something that does not follow the protocol")
+            if time.monotonic() >= deadline:
+                raise SampleTimeout(f"could not copy {len(bad)} intact ragged rows within {timeout:g} s: writers "
+                                    "cover the arena faster than it can be read (arena= too small?)")
+            more = redraw(len(bad))
+            words2 = more.pop(schema.FIELD)
+            self._check(words2)
+            got, ok2 = self._read(words2)
+            for k, a in more.items():
+                batch[k][bad] = a
+            keep = ok.copy()
+            keep[bad] = True if ok2 is None else ok2
+            jagged = {k: _merged(jagged[k], got[k], bad) for k in jagged}
+            ok = None if keep.all() else keep
+        batch.update(jagged)
+        return batch
+
+    def _check(self, words: np.ndarray) -> None:
+        """FormatError unless every record word can be one: lanes of the buffer, lengths
+        >= 0, a record that fits its lane's arena."""
+        if not len(words):
+            return
+        lengths = words[:, 2:]
+        if (words[:, 0] < 0).any() or (words[:, 0] >= self.engine.layout.lanes).any() or (lengths < 0).any() \
+                or (words[:, 1] < 0).any() or (lengths > self.arena.A).any() \
+                or (self.arena.sizes(lengths) > self.arena.A).any():
+            raise FormatError(f"buffer {self.engine.name!r} holds a record word no shmbuf process writes: "
+                              "it is damaged")
+
+    def _read(self, words: np.ndarray) -> tuple[dict[str, Jagged], np.ndarray | None]:
+        jagged, outs = {}, []
+        for r, d in zip(self.ragged, self._dim):
+            j = Jagged.empty(words[:, 2 + d], r.dtype, r.trailing)
+            jagged[r.name] = j
+            outs.append((j.values.reshape(-1).view(np.uint8), j.offsets * r.element_bytes))
+        return jagged, self.arena.read(words, outs)
+
+    def fit(self, max_tokens: Any, length: Any) -> Callable[[np.ndarray, np.ndarray], int]:
+        """A take's budget: of the rows ``(lanes, seqs)`` it would claim, in order, how many
+        fit ``max_tokens`` values of ``length`` (at least one), read from their fixed rows,
+        and whether they fill it (the next row would pass it, or they reach it)."""
+        if max_tokens is None or length is None:
+            raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
+        budget = count(max_tokens, "max_tokens", 1)
+        d = 2 + self.dim_index(length)
+        words, lc = self.engine.view(schema.FIELD), self.engine.layout.lane_capacity
+
+        def fit(lanes: np.ndarray, seqs: np.ndarray) -> tuple[int, bool]:
+            cum = np.cumsum(words[lanes * lc + seqs % lc, d])
+            k = max(1, int(np.searchsorted(cum, budget, side="right")))
+            return k, k < len(cum) or int(cum[k - 1]) >= budget
+        return fit
+
+
+def _merged(old: Jagged, new: Jagged, at: np.ndarray) -> Jagged:
+    """``old`` with its rows ``at`` replaced by ``new``'s rows, in order."""
+    rows = [old[i] for i in range(len(old))]
+    for k, i in enumerate(at.tolist()):
+        rows[i] = new[k]
+    lengths = np.array([len(r) for r in rows], np.int64)
+    j = Jagged.empty(lengths, old.values.dtype, old.values.shape[1:])
+    for i, r in enumerate(rows):
+        j.values[j.offsets[i]:j.offsets[i + 1]] = r
+    return j
