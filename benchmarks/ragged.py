@@ -486,16 +486,26 @@ RAGGED_FIELDS = {"prompt": ((None,), np.int32), "response": (("R",), np.int32), 
                  "row": ((), np.int64)}
 
 
+def extend_args(rows: Any) -> dict[str, Any]:
+    """``Buffer.extend``'s argument for the rollouts of ``rows``: a list of arrays a
+    ragged field, an array a fixed one."""
+    items = [rollout(r) for r in rows]
+    batch: dict[str, Any] = {k: [it[k] for it in items] for k in ("prompt", "response", "logprobs", "mask")}
+    ids = np.array([it["row"] for it in items], np.int64)
+    return {**batch, "row": ids, "version": ids >> 10, "reward": (ids % 1000).astype(np.float32)}
+
+
 class ShmbufArm(Arm):
     """shmbuf's queue with ragged fields: a lane a generator, ``extend`` of ``per``
     rollouts; the trainer ``take(max_tokens=BUDGET, length="R", partial=True)``."""
 
-    CAPACITY = 512  # rows in flight
-    ARENA = 48 << 20  # bytes of ragged values: ~1.2x the rows in flight at ~39 KB a row
+    CAPACITY = 1024  # rows at most: more than the arena holds, so bytes, not rows, fill the queue
+    ARENA = 24 << 20  # bytes of ragged values, all lanes: ~640 rollouts of ~39 KB in flight
 
-    def __init__(self, per: int = 8) -> None:
+    def __init__(self, per: int = LIST) -> None:
         self.per = per
-        self.name = f"shmbuf queue: extend of {per} rollouts, take(max_tokens={BUDGET:,}, partial=True)"
+        self.name = (f"shmbuf queue, extend of {per} rollout{'s' * (per > 1)}; take(max_tokens={BUDGET:,}, "
+                     "partial=True)")
 
     @staticmethod
     def create(capacity: int, arena: int, lanes: int) -> Any:
@@ -508,11 +518,7 @@ class ShmbufArm(Arm):
         q = shmbuf.Buffer.attach(self.buf.name)
         row, step = g, self.generators
         while not stop.is_set():
-            items = [rollout(row + step * i) for i in range(self.per)]
-            batch = {k: [it[k] for it in items] for k in ("prompt", "response", "logprobs", "mask")}
-            batch.update(row=np.array([it["row"] for it in items], np.int64),
-                         version=np.array([it["version"] for it in items], np.int64),
-                         reward=np.array([it["reward"] for it in items], np.float32))
+            batch = extend_args(range(row, row + step * self.per, step))
             while not stop.is_set():
                 try:
                     q.extend(batch, timeout=0.2)  # (a refused extend writes nothing: retried whole)
@@ -573,7 +579,7 @@ def _trainer(arm: Arm, conn: Any, warmup: float, seconds: float) -> None:
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         conn.send({"tokens/s": tokens / elapsed, "rows/s": rows / elapsed, "batches": batches,
                    "tokens per batch": tokens / max(batches, 1), "cpu s per M tokens": cpu / tokens * 1e6,
-                   "waiting": waited / elapsed, "seconds": elapsed})
+                   "in get/take": waited / elapsed, "seconds": elapsed})
     except BaseException as e:  # (the parent reports it)
         conn.send({"error": f"{type(e).__name__}: {e}"})
 
@@ -611,36 +617,50 @@ def run_arm(arm: Arm, warmup: float, seconds: float) -> dict[str, Any]:
 
 # -- shmbuf in this process -----------------------------------------------------------------
 
-def _fill_queue(q: Any, first: int, timeout: float = 0.05) -> tuple[int, int]:
-    """Extend rollouts until the queue refuses more: (rows written, payload bytes)."""
+def _fill_queue(q: Any, first: int, extends: list[tuple[float, int]]) -> int:
+    """Extend :data:`LIST` rollouts at a time until the queue refuses more; each
+    extend's (seconds, payload bytes) onto ``extends``. Returns the rows written."""
     row = first
     while True:
-        items = [rollout(row + i) for i in range(8)]
-        batch = {k: [it[k] for it in items] for k in ("prompt", "response", "logprobs", "mask")}
-        batch.update(row=np.arange(row, row + 8, dtype=np.int64), version=np.arange(row, row + 8) >> 10,
-                     reward=(np.arange(row, row + 8) % 1000).astype(np.float32))
+        batch = extend_args(range(row, row + LIST))
+        t0 = time.perf_counter()
         try:
-            q.extend(batch, timeout=timeout)
+            q.extend(batch, timeout=0.05)
         except shmbuf.WriteTimeout:
             break
-        row += 8
+        extends.append((time.perf_counter() - t0, int(payload_bytes(batch["row"]).sum())))
+        row += LIST
     if row == first:
         raise RuntimeError("the queue took no rollout")
-    return row - first, int(payload_bytes(np.arange(first, row)).sum())
+    return row - first
+
+
+def _memcpy_s(src: np.ndarray, size: int, at: int, into: np.ndarray | None = None) -> float:
+    """Seconds to copy ``size`` bytes of ``src`` into a fresh array (as take's output is;
+    its first touch of fresh pages included), or into ``into`` (reused: the copy alone)."""
+    at %= len(src) - size
+    t0 = time.perf_counter()
+    out = np.empty(size, np.uint8) if into is None else into[:size]
+    np.copyto(out, src[at:at + size])
+    return time.perf_counter() - t0
 
 
 def in_process(takes: int) -> dict[str, Any]:
-    """``take(max_tokens=BUDGET)`` against a memcpy of the same bytes (medians), and the
-    segment's bytes per payload byte of a full queue."""
+    """``take(max_tokens=BUDGET)`` against a memcpy of the same bytes (medians), the
+    same for ``extend`` of :data:`LIST` rollouts, and the segment's bytes per payload
+    byte of a full queue."""
     q = ShmbufArm.create(ShmbufArm.CAPACITY, ShmbufArm.ARENA, 1)
     try:
-        stored, payload = _fill_queue(q, 0)
+        extends: list[tuple[float, int]] = []
+        stored = _fill_queue(q, 0, extends)
+        payload = int(payload_bytes(np.arange(stored)).sum())
         segment = q.engine.layout.total_size
         src = np.random.default_rng(0).integers(0, 255, 64 << 20, np.uint8)
-        take_s, copy_s, nbytes, row, due = [], [], [], stored, [0]
+        take_s, copy_s, warm_s, nbytes, row, due = [], [], [], [], stored, [0]
+        reused = np.zeros(4 << 20, np.uint8)
         for i in range(takes):
             if len(q) == 0:
-                row += _fill_queue(q, row)[0]
+                row += _fill_queue(q, row, extends)
             t0 = time.perf_counter()
             b = q.take(ShmbufArm.CAPACITY, partial=True, max_tokens=BUDGET, length="R", timeout=TIMEOUT)
             take_s.append(time.perf_counter() - t0)
@@ -651,16 +671,18 @@ def in_process(takes: int) -> dict[str, Any]:
             verify(batch, due, 1)
             size = sum(v.nbytes for v in batch.values())  # (values, offsets and the fixed fields)
             nbytes.append(size)
-            at = (i * (1 << 20)) % (len(src) - size)
-            t0 = time.perf_counter()
-            out = np.empty(size, np.uint8)
-            np.copyto(out, src[at:at + size])
-            copy_s.append(time.perf_counter() - t0)
+            copy_s.append(_memcpy_s(src, size, i << 20))
+            warm_s.append(_memcpy_s(src, size, i << 20, reused))
+        ext_copy = [_memcpy_s(src, size, i << 20) for i, (_, size) in enumerate(extends)]
+        med = statistics.median
         return {"rows stored when full": stored, "payload bytes": payload, "segment bytes": segment,
                 "segment / payload": segment / payload, "takes": takes,
-                "take s": statistics.median(take_s), "memcpy s": statistics.median(copy_s),
-                "batch bytes": statistics.median(nbytes),
-                "take / memcpy": statistics.median(t / c for t, c in zip(take_s, copy_s))}
+                "take s": med(take_s), "memcpy s": med(copy_s), "batch bytes": med(nbytes),
+                "take / memcpy": med(t / c for t, c in zip(take_s, copy_s)),
+                "memcpy reused s": med(warm_s), "take / memcpy reused": med(t / c for t, c in zip(take_s, warm_s)),
+                "extends": len(extends), "extend s": med(t for t, _ in extends),
+                "extend bytes": med(n for _, n in extends),
+                "extend / memcpy": med(t / c for (t, _), c in zip(extends, ext_copy))}
     finally:
         q.close()
 
@@ -688,7 +710,7 @@ def run(quick: bool = False, window: float | None = None, rounds: int | None = N
     warmup = min(1.0, seconds / 3)
     torch = _torch()
     why = ragged_unavailable()
-    systems = arms(torch) + ([] if why else [ShmbufArm()])
+    systems = arms(torch) + ([] if why else [ShmbufArm(1), ShmbufArm(LIST)])
     ids = np.arange(1_000_000)
     res: dict[str, Any] = {
         "kind": "ragged", "machine": machine(), "config": {"quick": quick, "window s": seconds, "rounds": rounds,
@@ -728,14 +750,15 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
     queue = max(best.values(), key=lambda n: rate[n], default=None)
     packed = max((n for n, v in rate.items() if v is not None and "packed" in n), key=lambda n: rate[n], default=None)
     floor = next((n for n in rate if n.startswith("memcpy floor") and "verification" in n and "no " not in n), None)
-    shm = next((n for n in rate if n.startswith("shmbuf")), None)
+    shm = max((n for n, v in rate.items() if v is not None and n.startswith("shmbuf")), key=lambda n: rate[n],
+              default=None)
     s = rate.get(shm) if shm else None
     qv, pv, fv = (rate.get(n) if n else None for n in (queue, packed, floor))
     ip = res.get("in process", {})
     targets = [
         ("shmbuf / the best queue (verified tokens/s)", s / qv if s and qv else None, ">= 3", 3, True),
         ("shmbuf / the memcpy floor (verified tokens/s)", s / fv if s and fv else None, ">= 0.6", 0.6, True),
-        (f"take(max_tokens={BUDGET:,}) / a memcpy of its bytes (time)", ip.get("take / memcpy"), "<= 1.5", 1.5, False),
+        (f"take(max_tokens={BUDGET:,}) / a memcpy of its bytes into a fresh array (time)", ip.get("take / memcpy"), "<= 1.5", 1.5, False),
         ("shared memory per stored token / its payload (full queue)", ip.get("segment / payload"), "<= 1.1", 1.1,
          False),
         ("(no target) shmbuf / the best packed queue", s / pv if s and pv else None, "-", None, True)]
@@ -757,10 +780,11 @@ def markdown(res: dict[str, Any]) -> str:
              f"{rows['mean prompt tokens']:,.0f} tokens, response {rows['mean response tokens']:,.0f} tokens on "
              f"average: {rows['mean bytes'] / 1e3:,.1f} KB measured (int32 tokens, float32 logprobs, uint8 mask, "
              "reward, version, row id). Tokens: response tokens, every one verified (and the prompt's) unless "
-             "the row says not. CPU: the trainer's (user + system).",
+             "the row says not. CPU: the trainer's (user + system); in get/take: the share of the window "
+             "spent getting batches (waiting for rollouts, and copying them).",
              "",
              "| system, knob | verified tokens/s | GB/s | / best queue | / floor | trainer CPU s per M tokens "
-             "| trainer waiting |",
+             "| trainer in get/take |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, runs in res["arms"].items():
         err = next((r["error"] for r in runs if "error" in r), None)
@@ -768,9 +792,9 @@ def markdown(res: dict[str, Any]) -> str:
         if v is None:
             lines.append(f"| {name} | **failed**: {err} | | | | | |")
             continue
-        cpu, wait = _median(runs, "cpu s per M tokens"), _median(runs, "waiting")
+        cpu, wait = _median(runs, "cpu s per M tokens"), _median(runs, "in get/take")
         gbs = v * rows["mean bytes"] / rows["mean response tokens"] / 1e9
-        mark = " **(best knob)**" if name in sm["best knob"].values() else ""
+        mark = " **(best knob)**" if name in sm["best knob"].values() or name == sm["shmbuf"] else ""
         ratio = lambda base: f"{v / base:.2f}" if base else "-"  # noqa: E731
         lines.append(f"| {name}{mark} | {v / 1e6:,.1f} M | {gbs:.2f} | {ratio(qv)} | {ratio(fv)} | "
                      f"{cpu:.3f} | {100 * wait:.0f}% |")
@@ -787,8 +811,12 @@ def markdown(res: dict[str, Any]) -> str:
     ip = res.get("in process")
     if ip:
         lines += ["", f"In this process: take(max_tokens={BUDGET:,}) of a full queue {ip['take s'] * 1e6:,.0f} us, "
-                  f"a memcpy of its {ip['batch bytes'] / 1e3:,.0f} KB {ip['memcpy s'] * 1e6:,.0f} us (medians of "
-                  f"{ip['takes']}); full: {ip['rows stored when full']} rows, {ip['payload bytes'] / 2**20:,.1f} MiB "
+                  f"a memcpy of its {ip['batch bytes'] / 1e3:,.0f} KB into a fresh array (as take's output is) "
+                  f"{ip['memcpy s'] * 1e6:,.0f} us, into a reused one {ip['memcpy reused s'] * 1e6:,.0f} us (take / that: "
+                  f"{ip['take / memcpy reused']:.1f}; medians of "
+                  f"{ip['takes']}); extend of {LIST} rollouts ({ip['extend bytes'] / 1e3:,.0f} KB) "
+                  f"{ip['extend s'] * 1e6:,.0f} us, {ip['extend / memcpy']:.1f}x a memcpy of its bytes (median of "
+                  f"{ip['extends']}); full: {ip['rows stored when full']} rows, {ip['payload bytes'] / 2**20:,.1f} MiB "
                   f"of payload in a segment of {ip['segment bytes'] / 2**20:,.1f} MiB."]
     lines += ["", "| target | ratio | wanted | met |", "|---|---:|---|---|"]
     for what, v, want, lim, higher in sm["targets"]:
