@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="only the figures the docs' plots draw: writers 1-4 and buffer sizes "
                    "(see benchmarks.sweep; scripts/plots draws its JSON)")
+    p.add_argument("--ragged", action="store_true",
+                   help="only the ragged workload: LLM rollouts (responses of 1..8,192 tokens) from 2 "
+                   "generators to a trainer through shmbuf's queue, multiprocessing.Queue, "
+                   "torch.multiprocessing.Queue and a raw memcpy (see benchmarks.ragged)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--window", type=float, help="seconds per measurement window")
     p.add_argument("--e2e-window", type=float, help="seconds of each end-to-end window")
@@ -50,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(sweep.markdown(res))
         print(f"\nsaved {sweep.save(res, a.results)}", file=sys.stderr)
         return 0
+    if a.ragged:
+        from benchmarks import ragged
+        got = ragged.run(a.quick, a.window, a.repeats)
+        print(ragged.markdown(got))
+        print(f"\nsaved {ragged.save(got, a.results)}", file=sys.stderr)
+        return 1 if ragged.failed(got) else 0
     if a.storage != "no":
         from benchmarks import storage
         stored = storage.run(a.storage_dir, a.quick)

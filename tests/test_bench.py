@@ -210,3 +210,68 @@ def test_bench_clients_loops_report_the_switched_scripts_cpu_ratio(tmp_path):
     assert "| 3000 | 2 | 105.0 | 108.0 | 1.025 (0.950-1.100) |" in row  # per-seed ratios 0.95 and 1.1
     assert "2.10 / 1.55" in row and "-160.0 / -150.0" in row
 
+
+
+def _ragged_batch(rows):
+    from benchmarks import ragged
+
+    return ragged.collate([ragged.rollout(r) for r in rows])
+
+
+def test_the_ragged_verifier_passes_the_rollouts_and_catches_any_changed_value():
+    """benchmarks.ragged's trainers count only tokens :func:`verify` passed: it must pass
+    the generators' rollouts and refuse a batch with any one value, length or row wrong."""
+    from benchmarks import ragged
+
+    rows = [0, 2, 4, 1, 6, 3]  # two generators' rows, interleaved as a queue delivers them
+    b = _ragged_batch(rows)
+    due = [0, 1]
+    assert ragged.verify(b, due, 2) == int(ragged.lengths(np.array(rows))[1].sum())
+    assert due == [8, 5]  # the next row each generator owes
+    for field, i in (("prompt", 70), ("response", 3), ("response", -1), ("logprobs", 5), ("mask", 9),
+                     ("reward", 2), ("version", 1)):
+        bad = {k: v.copy() for k, v in b.items()}
+        bad[field][i] = bad[field][i] + 1 if field != "mask" else 1 - bad[field][i]
+        with pytest.raises(ragged.Mismatch):
+            ragged.verify(bad, [0, 1], 2)
+    swapped = {k: v.copy() for k, v in b.items()}
+    swapped["response"][:2] = swapped["response"][1::-1]  # the same values, out of place
+    with pytest.raises(ragged.Mismatch, match="response"):
+        ragged.verify(swapped, [0, 1], 2)
+    other = {k: v.copy() for k, v in b.items()}
+    lo, hi = other["response_offsets"][1:3]
+    other["response"][lo:hi] += 8192  # a whole row holding another row's tokens (a shifted key)
+    with pytest.raises(ragged.Mismatch, match="response"):
+        ragged.verify(other, [0, 1], 2)
+    shorter = {k: v.copy() for k, v in b.items()}
+    shorter["response_offsets"][1:] -= 1  # row 0 one token short, the rest shifted
+    with pytest.raises(ragged.Mismatch, match="lengths"):
+        ragged.verify(shorter, [0, 1], 2)
+    for lost in ([0, 4, 1], [0, 2, 2, 1], [2, 0, 1]):  # a row lost, delivered twice, out of order
+        with pytest.raises(ragged.Mismatch, match="generator 0"):
+            ragged.verify(_ragged_batch(lost), [0, 1], 2)
+
+
+def test_a_tiny_ragged_run_verifies_tokens_through_every_arm(tmp_path):
+    """Every arm of ``scripts/bench --ragged`` moves and verifies tokens (never a speed)."""
+    from benchmarks import ragged
+
+    res = ragged.run(quick=True, window=0.2, rounds=1, progress=False)
+    assert not ragged.failed(res), {n: r for n, r in res["arms"].items() if "error" in r[0]}
+    names = list(res["arms"])
+    assert sum("multiprocessing.Queue" in n and "torch" not in n for n in names) == 3
+    assert sum("torch.multiprocessing.Queue" in n for n in names) == (3 if res["torch"] else 0)
+    assert sum(n.startswith("memcpy floor") for n in names) == 2
+    for name, runs in res["arms"].items():
+        assert runs[0]["batches"] > 0 and runs[0]["tokens/s"] > 0, name
+    text = ragged.markdown(res)
+    assert "| target | ratio | wanted | met |" in text and "Best queue" in text
+    if res["shmbuf unavailable"]:
+        assert "shmbuf ragged: not available on this commit" in text
+    else:
+        assert any(n.startswith("shmbuf") for n in names)
+        ip = res["in process"]
+        assert ip["take s"] > 0 and ip["segment / payload"] > 1  # (the segment holds its payload, and more)
+    path = ragged.save(res, str(tmp_path))
+    with open(path) as f:
+        assert json.load(f)["arms"].keys() == res["arms"].keys()
