@@ -145,8 +145,14 @@ class NoRecords:
     def finish(self, batch: Any, redraw: Any, deadline: float, timeout: float, drop: bool = False) -> Any:
         return batch
 
-    def fit(self, max_tokens: Any, length: Any) -> Any:
-        raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
+    def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Any:
+        raise ValueError("max_tokens=, length= and groups= are for a buffer with ragged fields")
+
+    def describe(self, stats: dict) -> None:
+        """Add what the records use to ``stats()`` (nothing)."""
+
+    def check_each(self) -> None:
+        """Raise the ``ValueError`` of an ``add_each`` these rows cannot take (none)."""
 
     def check_copy(self, what: str) -> None:
         """Raise the ``ValueError`` of a copy of the rows (``what``: ``"state_dict"``,

@@ -53,13 +53,13 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
            token: int, skip: tuple[str, int, int] | None = None, fit: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
     """Choose and claim the rows of a take in ``s``; None if there are not enough
     yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
-    front of lanes are skipped). ``fit(lanes, seqs)``: of the rows a take would claim,
-    in order, how many fit its budget (at least one), and whether that fills it (a budget
-    filled is a take complete)."""
+    front of lanes are skipped). ``fit(lanes, seqs, n)``: of the rows a take would claim,
+    in order (more than ``n`` if there are), how many it takes (a token budget's, at
+    most ``n``; whole writes: at least the first, whole) and whether that completes it."""
     if fit is not None:
-        lanes, seqs = candidates(ring, s, n, skip)
+        lanes, seqs = candidates(ring, s, n + ring.lane_capacity, skip)  # (past n: a write's rows to the end)
         if len(seqs):
-            k, filled = fit(lanes, seqs)
+            k, filled = fit(lanes, seqs, n)
             if filled:
                 n, partial = k, True
     t = s.table

@@ -81,6 +81,9 @@ class Rows:
         self.arena.stage(per_field)
         out = {k: v for k, v in data.items() if k not in self.names}
         out[schema.FIELD] = words[0] if single else words
+        group = np.empty((n, 2), np.int64)
+        group[:, 0], group[:, 1] = np.arange(n), n
+        out[schema.GROUP] = group[0] if single else group
         return out
 
     @staticmethod
@@ -117,6 +120,21 @@ class Rows:
         """After a write (done or not): nothing staged."""
         self.arena.stage(None)
 
+    def describe(self, stats: dict) -> None:
+        """Per lane: ``arena_bytes`` (its arena), ``arena_held`` (the bytes from its
+        oldest row's record to its head: what its rows' values take, skips included) and
+        ``arena_reserved`` (bytes ever reserved)."""
+        lo, head = self.engine.window()
+        a, lc = self.arena, self.engine.layout.lane_capacity
+        for i, d in enumerate(stats["lanes"]):
+            h = int(a.heads[i, 0])
+            oldest = int(a.table[i * lc + int(lo[i]) % lc]) if lo[i] < head[i] else h
+            d.update(arena_bytes=a.A, arena_reserved=h, arena_held=max(0, min(h - oldest, a.A)))
+
+    def check_each(self) -> None:
+        raise ValueError(f"add_each() of rows with ragged fields ({self.names}) is not supported yet: add() "
+                         "each row into its lane (lane=) instead; nothing was written")
+
     def check_copy(self, what: str) -> None:
         """A copy of the rows (``what``) cannot hold ragged values yet: refused."""
         raise ValueError(f"{what} of a buffer with ragged fields ({self.names}) is not supported yet: it would "
@@ -144,6 +162,7 @@ class Rows:
         take's rows, which nothing may cover: an error), until ``deadline``; with
         ``drop`` (a token budget's rows), left out instead (if any row is left)."""
         words = batch.pop(schema.FIELD)
+        batch.pop(schema.GROUP, None)
         self._check(words)
         jagged, ok = self._read(words)
         if drop and ok is not None and ok.any():
@@ -160,6 +179,7 @@ class Rows:
                                     "cover the arena faster than it can be read (arena= too small?)")
             more = redraw(len(bad))
             words2 = more.pop(schema.FIELD)
+            more.pop(schema.GROUP, None)
             self._check(words2)
             got, ok2 = self._read(words2)
             for k, a in more.items():
@@ -191,20 +211,36 @@ class Rows:
             outs.append((j.values.reshape(-1).view(np.uint8), j.offsets * r.element_bytes))
         return jagged, self.arena.read(words, outs)
 
-    def fit(self, max_tokens: Any, length: Any) -> Callable[[np.ndarray, np.ndarray], int]:
+    def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Callable[[np.ndarray, np.ndarray], tuple[int, bool]]:
         """A take's budget: of the rows ``(lanes, seqs)`` it would claim, in order, how many
         fit ``max_tokens`` values of ``length`` (at least one), read from their fixed rows,
-        and whether they fill it (the next row would pass it, or they reach it)."""
-        if max_tokens is None or length is None:
+        and whether they fill it (the next row would pass it, or they reach it). With
+        ``groups``: cut at the end of a write's rows, never inside (at least the first
+        write's rows, whole); ``max_tokens`` None: no budget."""
+        if (max_tokens is None) != (length is None):
             raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
-        budget = count(max_tokens, "max_tokens", 1)
-        d = 2 + self.dim_index(length)
-        words, lc = self.engine.view(schema.FIELD), self.engine.layout.lane_capacity
+        budget = None if max_tokens is None else count(max_tokens, "max_tokens", 1)
+        d = None if length is None else 2 + self.dim_index(length)
+        words, group = self.engine.view(schema.FIELD), self.engine.view(schema.GROUP)
+        lc = self.engine.layout.lane_capacity
 
-        def fit(lanes: np.ndarray, seqs: np.ndarray) -> tuple[int, bool]:
-            cum = np.cumsum(words[lanes * lc + seqs % lc, d])
-            k = max(1, int(np.searchsorted(cum, budget, side="right")))
-            return k, k < len(cum) or int(cum[k - 1]) >= budget
+        def fit(lanes: np.ndarray, seqs: np.ndarray, n: int) -> tuple[int, bool]:
+            slots = lanes * lc + seqs % lc
+            k, filled = min(n, len(seqs)), len(seqs) > n
+            if budget is not None:
+                cum = np.cumsum(words[slots, d])
+                fits = max(1, int(np.searchsorted(cum, budget, side="right")))
+                filled = filled or fits < len(cum) or int(cum[fits - 1]) >= budget
+                k = min(k, fits)
+            if groups:  # (back to the start of the write the cut falls in; the first write whole)
+                g = group[slots]
+                start = (g[:, 0] == 0) | np.concatenate(([True], (lanes[1:] != lanes[:-1])
+                                                         | (seqs[1:] - g[1:, 0] != seqs[:-1] - g[:-1, 0])))
+                if k < len(seqs) and not start[k]:
+                    before = np.flatnonzero(start[:k + 1])
+                    k = int(before[-1]) if before[-1] > 0 else int(np.argmax(np.append(start[1:], True))) + 1
+                    filled = True
+            return k, filled
         return fit
 
 

@@ -213,3 +213,43 @@ def test_priorities_compose(name):
         b = buf.sample(50)
         assert (b["k"] == 3).mean() > 0.95 and b["r"][0].tolist() == [b["k"][0]] * int(b["k"][0])
         assert b["index"].shape == (50, 2) and b["weight"].shape == (50,)
+
+
+def test_take_keeps_each_write_whole_with_groups(name):
+    """A GRPO group written by one extend comes out of a take whole: a take ends before a
+    group that would pass n or the budget, and takes a first group larger than n whole."""
+    fields = {"r": (("R",), np.int32), "g": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 64, name=name, arena=1 << 16, mode="queue") as q:
+        for g, size in enumerate([3, 4, 2, 6]):
+            q.extend({"r": [np.full(10, g, np.int32)] * size, "g": [g] * size})
+        assert q.take(5, groups=True)["g"].tolist() == [0, 0, 0]  # (group 1 would pass 5 rows)
+        assert q.take(5, groups=True, max_tokens=70, length="R")["g"].tolist() == [1, 1, 1, 1, 2, 2][:4]
+        t = q.take(1, groups=True)  # (a group larger than n: whole)
+        assert t["g"].tolist() == [2, 2]
+        t = q.take(100, groups=True, partial=True)
+        assert t["g"].tolist() == [3] * 6 and all((t["r"][i] == 3).all() for i in range(6))
+        with pytest.raises(ValueError, match="groups= are for a buffer with ragged fields"):
+            with shmbuf.Buffer.create({"x": ((), np.int64)}, 8, name=name + "-plain", mode="queue") as p:
+                p.take(1, groups=True)
+
+
+def test_stats_and_refusals(name):
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024,
+                              lanes=2) as buf:
+        buf.add({"r": np.arange(10), "x": 1}, lane=1)
+        lanes = buf.stats()["lanes"]
+        assert [d["arena_bytes"] for d in lanes] == [512, 512]
+        assert lanes[1]["arena_reserved"] == 40 and lanes[1]["arena_held"] == 40 and lanes[0]["arena_held"] == 0
+        with pytest.raises(ValueError, match="add_each.*not supported yet"):
+            buf.add_each({"r": [np.arange(2), np.arange(3)], "x": [1, 2]}, lanes=[0, 1])
+        assert len(buf) == 1
+        assert shmbuf.Jagged is Jagged
+
+
+def test_shmbuf_stat_shows_each_lanes_arena(name):
+    from helpers.processes import cli
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1 << 22) as buf:
+        buf.add({"r": np.arange(100_000), "x": 1})  # 400,000 bytes
+        res = cli("stat", name)
+        assert res.returncode == 0, res.stderr
+        assert "ARENA USED" in res.stdout and "0.4 of 4.0 MiB" in res.stdout
