@@ -136,6 +136,7 @@ class Reads:
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
+        self.engine.records.check_copy("empty_batch()")
         return self._outputs.empty((n,) if length is None else (n, length))
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
@@ -179,6 +180,7 @@ class Reads:
         """
         batch = count(batch, "batch")
         length = count(length, "length", 1)
+        self.engine.records.check_copy("sample_sequences()")
         out, arrays = self._outputs.prepare(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         self.engine.sample_windows(batch, length, flat, timeout, lane)

@@ -253,3 +253,28 @@ def test_shmbuf_stat_shows_each_lanes_arena(name):
         res = cli("stat", name)
         assert res.returncode == 0, res.stderr
         assert "ARENA USED" in res.stdout and "0.4 of 4.0 MiB" in res.stdout
+
+
+def test_what_cannot_hold_ragged_fields_says_so(name):
+    fields = {"r": ((None,), np.int32), "x": ((), np.int64)}
+    with pytest.raises(ValueError, match="an EpisodeBuffer has no ragged fields"):
+        shmbuf.EpisodeBuffer.create(fields, 8, arena=1024)
+    with shmbuf.Buffer.create(fields, 8, name=name, arena=1024) as buf:
+        buf.add({"r": np.arange(3), "x": 1})
+        for call in (lambda: buf.sample_sequences(1, 1), lambda: buf.empty_batch(2)):
+            with pytest.raises(ValueError, match="not supported yet"):
+                call()
+
+
+@pytest.mark.extras
+def test_torch_refuses_ragged_in_its_sampler_and_takes_jagged_batches(name):
+    torch = pytest.importorskip("torch")
+    from shmbuf.torch import TorchSampler
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024) as buf:
+        buf.extend({"r": [np.arange(3), np.arange(5)], "x": [1, 2]})
+        with pytest.raises(ValueError, match=r"TorchSampler takes fixed fields only, and \['r'\] are ragged"):
+            TorchSampler(buf, 2)
+        b = buf.sample(4)
+        nt = b["r"].to_torch()
+        assert nt.is_nested and torch.equal(nt.values(), torch.from_numpy(b["r"].values))
+        assert [len(t) for t in nt.unbind()] == b["r"].lengths.tolist()
