@@ -278,3 +278,12 @@ def test_torch_refuses_ragged_in_its_sampler_and_takes_jagged_batches(name):
         nt = b["r"].to_torch()
         assert nt.is_nested and torch.equal(nt.values(), torch.from_numpy(b["r"].values))
         assert [len(t) for t in nt.unbind()] == b["r"].lengths.tolist()
+
+
+def test_a_truncated_extend_keeps_its_last_rows_whole(name):
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "k": ((), np.int64)}, 4, name=name, arena=4096,
+                              seed=0) as buf:
+        buf.extend({"r": [np.full(k, k, np.int32) for k in range(10)], "k": np.arange(10)}, truncate_ok=True)
+        b = buf.sample(40)
+        assert set(b["k"].tolist()) == {6, 7, 8, 9}
+        assert all((b["r"][i] == k).all() and len(b["r"][i]) == k for i, k in enumerate(b["k"].tolist()))
