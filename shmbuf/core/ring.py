@@ -235,7 +235,7 @@ class Ring(Claims):
         stamps = self.stamps
         lt = self.lane_table
         records = self.records
-        was = base = 0
+        base = 0
         try:
             # 1. reserve: the entry first, then the head (the commit)
             if owner:
@@ -246,7 +246,6 @@ class Ring(Claims):
                     if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
                         raise QueueFull(lane)
                     if records is not None:
-                        was = int(lt[lane, LANE_BASE])
                         base = records.reserve(lane, first, n, sources, self.bounded)
                     lt[lane, LANE_OWN_START] = first
                     lt[lane, LANE_OWN_COUNT] = n
@@ -266,7 +265,6 @@ class Ring(Claims):
                     if self.bounded and first + n > lt[lane, LANE_BASE] + self.lane_capacity:
                         raise QueueFull(lane)
                     if records is not None:  # (before the entry: it may refuse)
-                        was = int(lt[lane, LANE_BASE])
                         base = records.reserve(lane, first, n, sources, self.bounded)
                     entry = self._free_entry()
                     res = self.res
@@ -300,7 +298,7 @@ class Ring(Claims):
             if first + n > lc and not self._older_done(first, runs):
                 self._wait_for_older(lane, first, n, entry, runs, deadline)
             if records is not None:  # (and for the writers of the rows our records evicted)
-                records.wait(lane, first, was, base, entry, deadline)
+                records.wait(lane, first, base, entry, deadline)
             # 3. stamp odd, copy, stamp even
             stamped = True
             if n == 1:
