@@ -12,6 +12,7 @@ from shmbuf.core import gather, validate
 from shmbuf.core.batch import Batch, Outputs, count
 from shmbuf.core.engine import Engine
 from shmbuf.core.plain import NoRecords
+from shmbuf.core.read import SampleTimeout
 from shmbuf.priority import trees as _priority
 from shmbuf.samplers.uniform import Uniform
 
@@ -104,6 +105,19 @@ class Reads:
         seconds = self.engine.seconds(timeout)
         deadline = time.monotonic() + seconds
         plain = all(v is None for v in bounds.values())
+        while True:  # (again if every row drawn had its record covered before it was copied)
+            batch = self._draw_tokens(limit, budget, length, deadline, plain, beta, bounds)
+            out = records.finish(batch, None, deadline, seconds, drop=True)
+            if out is not None:
+                return out
+            if time.monotonic() >= deadline:
+                raise SampleTimeout(f"could not copy an intact ragged row within {seconds:g} s: writers cover "
+                                    "the arena faster than it can be read (arena= too small?)")
+
+    def _draw_tokens(self, limit: int | None, budget: int, length: str, deadline: float, plain: bool,
+                     beta: Any, bounds: dict[str, Any]) -> Batch:
+        """The rows of one draw of a token budget (their record words not read yet)."""
+        records = self.engine.records
         parts: list[Batch] = []
         got = tokens = 0
         while True:
@@ -131,8 +145,7 @@ class Reads:
             tokens = int(cum[-1])
             if limit is not None and got >= limit:
                 break
-        batch = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        return records.finish(batch, None, deadline, seconds, drop=True)
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""

@@ -156,16 +156,19 @@ class Rows:
                          f"{sorted(set(self.dims) | set(self.names))}")
 
     def finish(self, batch: Batch, redraw: Callable[[int], Batch] | None, deadline: float,
-               timeout: float, drop: bool = False) -> Batch:
+               timeout: float, drop: bool = False) -> Batch | None:
         """``batch`` (a sampler's, with record words) with its ragged fields read in: rows
         whose record was covered meanwhile are replaced by ``redraw(m)``'s (None: a
         take's rows, which nothing may cover: an error), until ``deadline``; with
-        ``drop`` (a token budget's rows), left out instead (if any row is left)."""
+        ``drop`` (a token budget's rows), left out instead, and None if no row is left
+        (the caller draws its budget again)."""
         words = batch.pop(schema.FIELD)
         batch.pop(schema.GROUP, None)
         self._check(words)
         jagged, ok = self._read(words)
-        if drop and ok is not None and ok.any():
+        if drop and ok is not None and not ok.any():
+            return None  # (every row covered meanwhile: not a take's, whose rows nothing may cover)
+        if drop and ok is not None:
             keep = np.flatnonzero(ok)
             batch = {k: a[keep] for k, a in batch.items()}
             jagged, ok = {k: j[keep] for k, j in jagged.items()}, None
