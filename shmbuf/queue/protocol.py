@@ -235,7 +235,7 @@ class Queue:
         try:
             if self._kept:
                 kept = self._kept.out(n)
-                if len(kept[1]) == n:
+                if len(kept[1]) == n or fit is not None:  # (a budget's: one take's rows, alone)
                     return kept[0]
             try:
                 more = self._take(n if kept is None else n - len(kept[1]), partial,
