@@ -30,7 +30,7 @@ class Reads:
     def sample(self, n: int | None = None, *, out: Batch | None = None, timeout: float | None = None,
                beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
                version: int | None = None, freshness: Any = None, max_tokens: int | None = None,
-               length: str | None = None) -> Batch:
+               length: str | None = None, groups: bool = False) -> Batch:
         """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
         prioritized buffer, by priority, adding ``weight`` (importance sampling with
         exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
@@ -49,7 +49,9 @@ class Reads:
         ``max_tokens=T`` with ``length="R"`` (a ragged field or its length's name):
         as many rows as fit ``T`` values of that length (at least one; at most ``n`` if
         given), drawn as ``n`` rows are; only the fixed rows of the rows it leaves out
-        are read.
+        are read. ``groups=True``: ``n`` whole groups, each the rows one ``extend``
+        wrote (a GRPO group), uniformly over the groups the buffer holds whole, their
+        rows one after the other (see :mod:`shmbuf.ragged.groups`).
 
         Examples:
             >>> import shmbuf
@@ -58,6 +60,11 @@ class Reads:
             ((4,), dtype('int64'))
             >>> buf.close()
         """
+        if groups is not False:
+            if not validate.flag(groups, "groups") or out is not None or beta is not None \
+                    or max_tokens is not None or not all(v is None for v in (min_version, max_staleness, version, freshness)):
+                raise ValueError("groups=True takes n (whole groups) and timeout= only")
+            return self.engine.records.groups(count(n, "n", 1), timeout)
         if max_tokens is not None or length is not None:
             return self._sample_tokens(n, max_tokens, length, timeout, beta,
                                        dict(min_version=min_version, max_staleness=max_staleness, version=version))

@@ -148,6 +148,9 @@ class NoRecords:
     def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Any:
         raise ValueError("max_tokens=, length= and groups= are for a buffer with ragged fields")
 
+    def groups(self, n: int, timeout: Any) -> Any:
+        raise ValueError("groups= is for a buffer with ragged fields (each extend's rows a group)")
+
     def describe(self, stats: dict) -> None:
         """Add what the records use to ``stats()`` (nothing)."""
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from shmbuf.core import validate
 from shmbuf.core.batch import count
-from shmbuf.core.read import SampleTimeout
+from shmbuf.core.read import SampleTimeout, read
 from shmbuf.core.segment import FormatError
 from shmbuf.ragged import schema
 from shmbuf.ragged.jagged import Jagged
@@ -194,6 +194,26 @@ class Rows:
         batch.update(jagged)
         return batch
 
+    def records(self, batch: Batch) -> Batch | None:
+        """``batch`` (rows the checked gather copied, every stored field) with its ragged
+        fields read in and the hidden fields left out; None if a record was covered
+        meanwhile (draw the rows again)."""
+        batch = {k: a for k, a in batch.items() if not k.startswith("_") or k in (schema.FIELD,)}
+        words = batch.pop(schema.FIELD)
+        self._check(words)
+        jagged, ok = self._read(words)
+        if ok is not None:
+            return None
+        batch.update(jagged)
+        return batch
+
+    def groups(self, n: int, timeout: float | None) -> Batch:
+        """``n`` whole groups (see :mod:`shmbuf.ragged.groups`), their rows one batch."""
+        from shmbuf.ragged.groups import Groups, joined
+        engine = self.engine
+        got = engine.sample(n, n, timeout, lambda left: read(Groups(engine, self), n, left))
+        return joined(got["groups"])
+
     def _check(self, words: np.ndarray) -> None:
         """FormatError unless every record word can be one: lanes of the buffer, lengths
         >= 0, a record that fits its lane's arena."""
@@ -244,6 +264,13 @@ class Rows:
                     k = int(before[-1]) if before[-1] > 0 else int(np.argmax(np.append(start[1:], True))) + 1
                     filled = True
             return k, filled
+
+        def kept(batch: Batch) -> int:  # (rows an earlier take delivered: their own lengths)
+            if budget is None:
+                return len(next(iter(batch.values())))
+            lengths = batch[self.names[self._dim.index(d - 2)]].lengths
+            return max(1, int(np.searchsorted(np.cumsum(lengths), budget, side="right")))
+        fit.kept = kept  # type: ignore[attr-defined]
         return fit
 
 

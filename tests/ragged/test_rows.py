@@ -287,3 +287,31 @@ def test_a_truncated_extend_keeps_its_last_rows_whole(name):
         b = buf.sample(40)
         assert set(b["k"].tolist()) == {6, 7, 8, 9}
         assert all((b["r"][i] == k).all() and len(b["r"][i]) == k for i, k in enumerate(b["k"].tolist()))
+
+
+def test_sample_whole_groups_uniformly(name):
+    """sample(n, groups=True): n groups, each the rows of one extend, in order and whole;
+    every group as likely as another whatever its size; a group whose first rows left
+    the ring is never returned."""
+    fields = {"r": ((None,), np.int32), "g": ((), np.int64), "i": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 16, name=name, arena=1 << 14, seed=0) as buf:
+        sizes = [5, 1, 3, 4, 2, 6]  # 21 rows into 16: group 0 loses its first rows
+        for g, size in enumerate(sizes):
+            buf.extend({"r": [np.full(i + g, g, np.int32) for i in range(size)], "g": [g] * size, "i": np.arange(size)})
+        b = buf.sample(3000, groups=True)
+        starts = np.flatnonzero(b["i"] == 0)
+        assert len(starts) == 3000 and starts[0] == 0
+        ends = np.r_[starts[1:], len(b["i"])]
+        counts = np.zeros(len(sizes), int)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            g = int(b["g"][s])
+            assert b["i"][s:e].tolist() == list(range(sizes[g])) and (b["g"][s:e] == g).all()
+            assert all(len(b["r"][j]) == b["i"][j] + g and (b["r"][j] == g).all() for j in range(s, e))
+            counts[g] += 1
+        assert counts[0] == 0 and counts[1:].min() > 500  # (5 groups, 600 each expected)
+        with pytest.raises(ValueError, match="groups=True takes n"):
+            buf.sample(3, groups=True, beta=0.4)
+    with shmbuf.Buffer.create({"x": ((), np.int64)}, 4, name=name + "-plain") as plain:
+        plain.add({"x": 1})
+        with pytest.raises(ValueError, match="groups= is for a buffer with ragged fields"):
+            plain.sample(1, groups=True)
