@@ -36,7 +36,7 @@ import numpy as np
 
 import shmbuf
 from shmbuf.ragged import batches
-from shmbuf.ragged.jagged import Jagged  # (shmbuf.Jagged)
+from shmbuf import Jagged
 
 VOCAB = 32_000
 PROMPT, RESPONSE = (16, 256), (1, 1024)  # token lengths, inclusive

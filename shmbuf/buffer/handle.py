@@ -276,6 +276,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
                              "use Buffer.create(..., lanes=k) and extend(..., lane=i) per lane")
         if not isinstance(data, Mapping) or len(data) == 0:
             raise ValueError("from_data needs a non-empty mapping of name -> array, got no keys")
+        if any(isinstance(v, (list, tuple)) and len({np.shape(r) for r in v}) > 1 for v in data.values()):
+            raise ValueError("from_data makes fixed fields (one array per field, rows along axis 0), and a field "
+                             "given as rows of different shapes would be ragged: create the buffer with "
+                             "Buffer.create({name: ((None,), dtype)}, capacity, arena=...) and extend() it")
         arrays = {k: np.asarray(v) for k, v in data.items()}
         for k, a in arrays.items():
             if a.ndim == 0:

@@ -118,9 +118,14 @@ def check(specs_: Mapping[str, Any]) -> dict[str, dict]:
         for other, why in known[key].EXCLUDES.items():
             if other in specs_:
                 a, b = known[key], known[other]
-                raise ValueError(f"{a.KEYWORD}={a.keyword(spec)!r} and {b.KEYWORD}={b.keyword(specs_[other])!r} "
-                                 f"do not go together: {why}")
+                raise ValueError(f"{_said(a, spec)} and {_said(b, specs_[other])} do not go together: {why}")
     return dict(specs_)
+
+
+def _said(m: ModuleType, spec: dict) -> str:
+    """A part as an error names it: ``keyword=value`` (a part's own ``said(spec)``, if it
+    has one: a spec too long to read)."""
+    return m.said(spec) if hasattr(m, "said") else f"{m.KEYWORD}={m.keyword(spec)!r}"
 
 
 def plan(specs_: Mapping[str, dict], p: Plan) -> Plan:

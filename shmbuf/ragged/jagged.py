@@ -270,7 +270,9 @@ class Jagged:
     def to_torch(self, device: Any = None) -> Any:
         """A torch jagged nested tensor (``torch.nested.nested_tensor_from_jagged``) over
         ``values`` and ``offsets``: no copy on the CPU; ``device`` copies both there.
-        Needs PyTorch (``pip install 'shmbuf[torch]'``), imported only here."""
+        Needs PyTorch (``pip install 'shmbuf[torch]'``), imported only here. The first
+        call of a process takes seconds (torch loads its nested tensors then), and torch
+        may print a warning of its own."""
         try:
             import torch
         except ImportError:

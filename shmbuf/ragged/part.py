@@ -41,6 +41,11 @@ def spec(value: Any) -> dict | None:
             "arena": int(size)}
 
 
+def said(spec_: dict) -> str:
+    """How an error names this part: the ragged fields and ``arena=``."""
+    return f"ragged fields {[r['name'] for r in spec_['fields']]} (arena={spec_['arena']})"
+
+
 def keyword(spec_: dict | None) -> dict | None:
     return None if spec_ is None else {"fields": [dict(r) for r in spec_["fields"]], "arena": spec_["arena"]}
 
