@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from shmbuf.core import gather, validate
-from shmbuf.core.batch import Batch, Outputs, count
+from shmbuf.core.batch import Batch, Outputs, count, as_out
 from shmbuf.core.engine import Engine
 from shmbuf.core.plain import NoRecords
 from shmbuf.priority import trees as _priority
@@ -58,8 +58,9 @@ class Reads:
             >>> buf.close()
         """
         if max_tokens is not None or length is not None:
-            return self._sample_tokens(n, max_tokens, length, timeout, beta,
-                                       dict(min_version=min_version, max_staleness=max_staleness, version=version))
+            return as_out(out, self._sample_tokens(n, max_tokens, length, timeout, beta, out,
+                                                   dict(min_version=min_version, max_staleness=max_staleness,
+                                                        version=version)))
         if type(n) is not int or n < 0:
             n = count(n, "n")
         engine = self.engine
@@ -75,9 +76,11 @@ class Reads:
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
+        records = engine.records
         if plain:
-            return engine.records.finish(self.sampler.sample(n, out, seconds, beta),
-                                         lambda m: self.sampler.sample(m, None, left(), beta), deadline, seconds)
+            return as_out(out, records.finish(self.sampler.sample(n, records.fixed(out, n), seconds, beta),
+                                              lambda m: self.sampler.sample(m, None, left(), beta), deadline,
+                                              seconds, reuse=out))
         if beta is not None or type(self.sampler) is not Uniform:
             raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
                              "priority= or another sampler")
@@ -87,15 +90,19 @@ class Reads:
         def draw(m: int, into: Batch | None, within: float) -> Batch:
             into, _ = self._outputs.prepare(into, (m,))
             return self._versions.sample(engine, m, into, within, min_version, max_staleness, version, freshness)
-        return engine.records.finish(draw(n, out, seconds), lambda m: draw(m, None, left()), deadline, seconds)
+        return as_out(out, records.finish(draw(n, records.fixed(out, n), seconds), lambda m: draw(m, None, left()),
+                                          deadline, seconds, reuse=out))
 
     def _sample_tokens(self, n: int | None, max_tokens: Any, length: Any, timeout: float | None, beta: Any,
-                       bounds: dict[str, Any]) -> Batch:
+                       out: Any, bounds: dict[str, Any]) -> Batch:
         """``sample(max_tokens=, length=)``: rows drawn in rounds of about the number the
-        budget holds, until one does not fit (see :meth:`sample`)."""
+        budget holds, until one does not fit (see :meth:`sample`); ``out``'s ragged
+        values' memory reused."""
         records = self.engine.records
         if isinstance(records, NoRecords):
             raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
+        if out is not None and not isinstance(out, dict):
+            raise ValueError(f"out must be a dict (a batch a read returned), got {type(out).__name__}")
         if max_tokens is None or length is None:
             raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
         budget = count(max_tokens, "max_tokens", 1)
@@ -132,7 +139,7 @@ class Reads:
             if limit is not None and got >= limit:
                 break
         batch = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        return records.finish(batch, None, deadline, seconds, drop=True)
+        return records.finish(batch, None, deadline, seconds, drop=True, reuse=out)
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""

@@ -56,8 +56,9 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
     front of lanes are skipped). ``fit(lanes, seqs)``: of the rows a take would claim,
     in order, how many fit its budget (at least one), and whether that fills it (a budget
     filled is a take complete)."""
+    seen = None
     if fit is not None:
-        lanes, seqs = candidates(ring, s, n, skip)
+        lanes, seqs, seen = candidates(ring, s, n, skip)
         if len(seqs):
             k, filled = fit(lanes, seqs)
             if filled:
@@ -79,7 +80,7 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         plan.append((e, lane, start, end, rows[:want]))
         stale.append(int((pub & ~ok)[:end - start].sum()))  # (passed over with the range taken)
         want -= len(rows[:want])
-    fresh_, lead = fresh(ring, s, want, skip) if want else ([], {})
+    fresh_, lead = fresh(ring, s, want, skip, seen) if want else ([], {})
     got = n - want + sum(len(p[4]) for p in fresh_)
     if got == 0 or (got < n and not partial):
         for (e, lane, start, end, rows), k in zip(plan, stale):  # given-back ranges of stale rows: passed over
@@ -160,11 +161,11 @@ def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int, int] | 
     s.next[lane] = to
 
 
-def fresh(ring: Any, s: Any, want: int,
-          skip: tuple[str, int, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
-    """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
-    end, rows)``, oldest first across lanes (see the module); and per lane whose
-    first rows are dead writers' rows, the first row after them."""
+def scan(ring: Any, s: Any, skip: tuple[str, int, int] | None = None) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows not yet claimed, per lane: ``{lane: (rows from next on up to the first
+    a live writer holds, which of them a take delivers)}``, each lane's ``next``
+    (clipped into its window, in ``s`` too), and the rows to deliver, oldest first
+    across lanes (their lanes and sequence numbers; see the module)."""
     lt, lc = ring.lane_table, ring.lane_capacity
     heads = lt[:, LANE_HEAD].copy()
     nxt = np.clip(s.next, lt[:, LANE_BASE], heads)
@@ -184,6 +185,20 @@ def fresh(ring: Any, s: Any, want: int,
         settled[lane] = (seq, pub)
         lanes.append(np.full(int(pub.sum()), lane, np.int64))
         seqs.append(seq[pub])
+    if not settled:
+        return settled, nxt, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lane_of, seq_of = np.concatenate(lanes), np.concatenate(seqs)
+    order = np.lexsort((seq_of, lane_of, ring.arrays[FIELD][lane_of * lc + seq_of % lc]))
+    return settled, nxt, lane_of[order], seq_of[order]
+
+
+def fresh(ring: Any, s: Any, want: int, skip: tuple[str, int, int] | None = None,
+          seen: Any = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+    """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
+    end, rows)``, oldest first across lanes (see the module); and per lane whose
+    first rows are dead writers' rows, the first row after them. ``seen``: the
+    :func:`scan` of ``s`` made already in this change (else made here)."""
+    settled, nxt, lane_of, _ = scan(ring, s, skip) if seen is None else seen
     plan: list[tuple[int, int, int, int, np.ndarray]] = []
     lead = {}
     for lane, (seq, pub) in settled.items():
@@ -192,10 +207,7 @@ def fresh(ring: Any, s: Any, want: int,
             lead[lane] = to
     if not settled:
         return plan, lead
-    lane_of, seq_of = np.concatenate(lanes), np.concatenate(seqs)
-    when = ring.arrays[FIELD][lane_of * lc + seq_of % lc]
-    chosen = lane_of[np.lexsort((seq_of, lane_of, when))[:want]]
-    per_lane = np.bincount(chosen, minlength=ring.lanes)
+    per_lane = np.bincount(lane_of[:want], minlength=ring.lanes)
     for lane, (seq, pub) in settled.items():
         k = int(per_lane[lane])
         rows = seq[pub][:k]
@@ -300,11 +312,12 @@ def _joined(arrays: list[Any]) -> Any:
     return np.concatenate(arrays) if isinstance(first, np.ndarray) else type(first).concatenate(arrays)
 
 
-def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray, Any]:
     """The rows a take of ``n`` would claim now, in the order :func:`claim` chooses them
     (given back first, then the fresh rows oldest first): a take with a token budget
     (``fit``) sees their lengths before it claims (changes nothing but a lane's
-    ``next`` clipped into its window, as :func:`fresh` does)."""
+    ``next`` clipped into its window, as :func:`fresh` does). Also the :func:`scan` it
+    made (None: none), for :func:`fresh` to plan the same rows."""
     t = s.table
     lanes, seqs = [], []
     back = np.flatnonzero(t[:, E_STATE] == RETURNED)
@@ -315,17 +328,14 @@ def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> 
         lanes.append(np.full(len(seq), lane, np.int64))
         seqs.append(seq)
     got = sum(len(x) for x in seqs)
+    seen = None
     if got < n:
-        plan, _ = fresh(ring, s, n - got, skip)
-        lc = ring.lane_capacity
-        lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in plan] or [np.zeros(0, np.int64)])
-        seq = np.concatenate([p[4] for p in plan] or [np.zeros(0, np.int64)])
-        order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
-        lanes.append(lane[order])
-        seqs.append(seq[order])
+        seen = scan(ring, s, skip)  # (the fresh rows fresh() plans for n - got, in its order)
+        lanes.append(seen[2][:n - got])
+        seqs.append(seen[3][:n - got])
     if not lanes:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(lanes)[:n], np.concatenate(seqs)[:n]
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), seen
+    return np.concatenate(lanes)[:n], np.concatenate(seqs)[:n], seen
 
 
 class Taken(Sampler):
