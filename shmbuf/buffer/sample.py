@@ -48,7 +48,10 @@ class Reads:
         ``max_tokens=T`` with ``length="R"`` (a ragged field or its length's name):
         as many rows as fit ``T`` values of that length (at least one; at most ``n`` if
         given), drawn as ``n`` rows are; only the fixed rows of the rows it leaves out
-        are read.
+        are read. ``out`` may also be a batch a sample returned (the hot loop's ``b =
+        buf.sample(n, out=b)``): refilled in place, its ragged fields' values read into
+        the memory of ``out``'s (one block, replaced by a larger one when they do not
+        fit); with ``max_tokens=`` its fixed fields are new arrays (the row count varies).
 
         Examples:
             >>> import shmbuf
