@@ -22,7 +22,8 @@ from shmbuf.core.native import PurePythonWarning, path as implementation
 from shmbuf.spaces import fields_from_spaces
 from shmbuf.version import __version__  # noqa: F401
 from shmbuf.actors.weights import Weights
+from shmbuf.ragged.jagged import Jagged
 
 __all__ = ["Buffer", "LaneWriter", "Actors", "Actor", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
-           "Weights", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError",
+           "Weights", "Jagged", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError",
            "PurePythonWarning", "implementation"]

@@ -130,6 +130,10 @@ class TorchSampler:
         if self._cuda and not torch.cuda.is_available():
             raise RuntimeError(f"device {self.device} asked for, but torch sees no CUDA device")
         self.batch_size, self.dtype, self._kwargs = int(batch_size), dtype, sample_kwargs
+        ragged = [k for k, (shape, _) in getattr(buf, "fields", {}).items() if any(not isinstance(d, int) for d in shape)]
+        if ragged:
+            raise ValueError(f"TorchSampler takes fixed fields only, and {ragged} are ragged: sample() the buffer "
+                             "and turn each shmbuf.Jagged into a jagged tensor with .to_torch()")
         self._handle = _own_handle(buf, seed)
         core = getattr(self._handle, "core", self._handle)
         self.timeout = core.timeout if timeout is None else float(timeout)

@@ -96,6 +96,7 @@ class Lanes:
         if lanes is given:
             lanes = lanes_of(lanes, engine.layout.lanes)  # (an int64 array: its lanes' range)
         n = len(lanes)
+        engine.records.check_each()
         if isinstance(batch, Mapping):  # (else the stamps below say what is wrong)
             for k, v in batch.items():
                 if np.ndim(v) == 0 or len(v) != n:

@@ -11,7 +11,7 @@ import numpy as np
 from shmbuf.core.engine import Engine
 from shmbuf.priority.trees import FIELD
 from shmbuf.queue.protocol import FIELD as QUEUED
-from shmbuf.ragged.schema import FIELD as RECORD
+from shmbuf.ragged.schema import FIELD as RECORD, GROUP
 from shmbuf.core.layout import FLAG_PERSIST, USER
 
 
@@ -68,9 +68,9 @@ class Properties:
     @property
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """``{name: (shape, dtype)}``, in schema order (the hidden ``_priority`` of a
-        prioritized buffer, ``_queued`` of a queue and ``_record`` of ragged rows left
-        out), the ragged fields last (their shape starts with None or their length's name)."""
-        return {**{f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name not in (FIELD, QUEUED, RECORD)},
+        prioritized buffer, ``_queued`` of a queue, ``_record`` and ``_group`` of ragged
+        rows left out), the ragged fields last (their shape starts with None or their length's name)."""
+        return {**{f.name: (f.shape, f.dtype) for f in self.engine.fields if f.name not in (FIELD, QUEUED, RECORD, GROUP)},
                 **self.engine.records.fields}
 
     @property

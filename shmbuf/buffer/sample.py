@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from shmbuf.core import gather, validate
-from shmbuf.core.batch import Batch, Outputs, count, as_out
+from shmbuf.core.batch import Batch, Outputs, as_out, count
 from shmbuf.core.engine import Engine
 from shmbuf.core.plain import NoRecords
+from shmbuf.core.read import SampleTimeout
 from shmbuf.priority import trees as _priority
 from shmbuf.samplers.uniform import Uniform
 
@@ -29,7 +30,7 @@ class Reads:
     def sample(self, n: int | None = None, *, out: Batch | None = None, timeout: float | None = None,
                beta: float | None = None, min_version: int | None = None, max_staleness: int | None = None,
                version: int | None = None, freshness: Any = None, max_tokens: int | None = None,
-               length: str | None = None) -> Batch:
+               length: str | None = None, groups: bool = False) -> Batch:
         """Sample ``n`` rows uniformly, with replacement, over all published rows; in a
         prioritized buffer, by priority, adding ``weight`` (importance sampling with
         exponent ``beta``, default 0.4, the largest weight of the buffer 1) and ``index``
@@ -48,10 +49,13 @@ class Reads:
         ``max_tokens=T`` with ``length="R"`` (a ragged field or its length's name):
         as many rows as fit ``T`` values of that length (at least one; at most ``n`` if
         given), drawn as ``n`` rows are; only the fixed rows of the rows it leaves out
-        are read. ``out`` may also be a batch a sample returned (the hot loop's ``b =
-        buf.sample(n, out=b)``): refilled in place, its ragged fields' values read into
-        the memory of ``out``'s (one block, replaced by a larger one when they do not
-        fit); with ``max_tokens=`` its fixed fields are new arrays (the row count varies).
+        are read. ``groups=True``: ``n`` whole groups, each the rows one ``extend``
+        wrote (a GRPO group), uniformly over the groups the buffer holds whole, their
+        rows one after the other (see :mod:`shmbuf.ragged.groups`). ``out`` may also be
+        a batch a sample returned (the hot loop's ``b = buf.sample(n, out=b)``): refilled
+        in place, its ragged fields' values read into the memory of ``out``'s (one block,
+        replaced by a larger one when they do not fit); with ``max_tokens=`` its fixed
+        fields are new arrays (the row count varies).
 
         Examples:
             >>> import shmbuf
@@ -60,6 +64,11 @@ class Reads:
             ((4,), dtype('int64'))
             >>> buf.close()
         """
+        if groups is not False:
+            if not validate.flag(groups, "groups") or out is not None or beta is not None \
+                    or max_tokens is not None or not all(v is None for v in (min_version, max_staleness, version, freshness)):
+                raise ValueError("groups=True takes n (whole groups) and timeout= only")
+            return self.engine.records.groups(count(n, "n", 1), timeout)
         if max_tokens is not None or length is not None:
             return as_out(out, self._sample_tokens(n, max_tokens, length, timeout, beta, out,
                                                    dict(min_version=min_version, max_staleness=max_staleness,
@@ -79,8 +88,8 @@ class Reads:
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
-        records = engine.records
         if plain:
+            records = engine.records
             return as_out(out, records.finish(self.sampler.sample(n, records.fixed(out, n), seconds, beta),
                                               lambda m: self.sampler.sample(m, None, left(), beta), deadline,
                                               seconds, reuse=out))
@@ -93,19 +102,17 @@ class Reads:
         def draw(m: int, into: Batch | None, within: float) -> Batch:
             into, _ = self._outputs.prepare(into, (m,))
             return self._versions.sample(engine, m, into, within, min_version, max_staleness, version, freshness)
-        return as_out(out, records.finish(draw(n, records.fixed(out, n), seconds), lambda m: draw(m, None, left()),
-                                          deadline, seconds, reuse=out))
+        return as_out(out, engine.records.finish(draw(n, engine.records.fixed(out, n), seconds),
+                                                 lambda m: draw(m, None, left()), deadline, seconds, reuse=out))
 
     def _sample_tokens(self, n: int | None, max_tokens: Any, length: Any, timeout: float | None, beta: Any,
-                       out: Any, bounds: dict[str, Any]) -> Batch:
+                       reuse: Any, bounds: dict[str, Any]) -> Batch:
         """``sample(max_tokens=, length=)``: rows drawn in rounds of about the number the
-        budget holds, until one does not fit (see :meth:`sample`); ``out``'s ragged
-        values' memory reused."""
+        budget holds, until one does not fit (see :meth:`sample`); ``reuse``: ``out=``,
+        whose ragged values' memory is reused."""
         records = self.engine.records
         if isinstance(records, NoRecords):
             raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
-        if out is not None and not isinstance(out, dict):
-            raise ValueError(f"out must be a dict (a batch a read returned), got {type(out).__name__}")
         if max_tokens is None or length is None:
             raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
         budget = count(max_tokens, "max_tokens", 1)
@@ -114,6 +121,19 @@ class Reads:
         seconds = self.engine.seconds(timeout)
         deadline = time.monotonic() + seconds
         plain = all(v is None for v in bounds.values())
+        while True:  # (again if every row drawn had its record covered before it was copied)
+            batch = self._draw_tokens(limit, budget, length, deadline, plain, beta, bounds)
+            out = records.finish(batch, None, deadline, seconds, drop=True, reuse=reuse)
+            if out is not None:
+                return out
+            if time.monotonic() >= deadline:
+                raise SampleTimeout(f"could not copy an intact ragged row within {seconds:g} s: writers cover "
+                                    "the arena faster than it can be read (arena= too small?)")
+
+    def _draw_tokens(self, limit: int | None, budget: int, length: str, deadline: float, plain: bool,
+                     beta: Any, bounds: dict[str, Any]) -> Batch:
+        """The rows of one draw of a token budget (their record words not read yet)."""
+        records = self.engine.records
         parts: list[Batch] = []
         got = tokens = 0
         while True:
@@ -141,11 +161,11 @@ class Reads:
             tokens = int(cum[-1])
             if limit is not None and got >= limit:
                 break
-        batch = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        return records.finish(batch, None, deadline, seconds, drop=True, reuse=out)
+        return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
     def empty_batch(self, n: int, length: int | None = None) -> Batch:
         """Uninitialised arrays shaped like ``sample(n)`` (or ``sample_sequences(n, length)``)."""
+        self.engine.records.check_copy("empty_batch()")
         return self._outputs.empty((n,) if length is None else (n, length))
 
     def update_priorities(self, index: Any, priorities: Any, *, timeout: float | None = None) -> int:
@@ -189,6 +209,7 @@ class Reads:
         """
         batch = count(batch, "batch")
         length = count(length, "length", 1)
+        self.engine.records.check_copy("sample_sequences()")
         out, arrays = self._outputs.prepare(out, (batch, length))
         flat = [a.reshape((batch * length,) + a.shape[2:]) for a in arrays]  # views
         self.engine.sample_windows(batch, length, flat, timeout, lane)

@@ -64,8 +64,9 @@ class Snapshots:
         lane (rows, last writer's pid, whether it is alive, time of the last write,
         claimer; in a buffer created with ``versions=True``, the newest row's
         ``newest_version``, and ``sampled_staleness``: see
-        :meth:`~shmbuf.versions.bound.Versions.describe`). ``shmbuf stat NAME`` prints
-        the same from a shell.
+        :meth:`~shmbuf.versions.bound.Versions.describe`; with ragged fields, each lane's
+        ``arena_bytes``, ``arena_held``, the bytes its rows' values take, and
+        ``arena_reserved``, ever). ``shmbuf stat NAME`` prints the same from a shell.
 
         Examples:
             >>> import numpy as np, shmbuf
@@ -79,6 +80,7 @@ class Snapshots:
         e = self.engine
         out = {**report.read(e), **e.writes.stats()}
         self._versions.describe(e, out)
+        e.records.describe(out)
         return out
 
     def state_dict(self, *, timeout: float | None = None) -> dict[str, Any]:

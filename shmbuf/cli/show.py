@@ -167,16 +167,18 @@ def render(s: dict[str, Any], r: dict[str, float] | None) -> str:
         out.append("rates over the last interval: " + ", ".join(f"{v:,.0f} {k}" for k, v in r.items()))
     now = s["time"]
     if s["lanes"]:
-        versions = "newest_version" in s["lanes"][0]
-        rows = [["LANE", "ROWS", "INSERTED", "WRITER", "LAST WRITE", "CLAIMED BY"] + ["VERSION"] * versions]
+        versions, arena = "newest_version" in s["lanes"][0], "arena_bytes" in s["lanes"][0]
+        rows = [["LANE", "ROWS", "INSERTED", "WRITER", "LAST WRITE", "CLAIMED BY"] + ["VERSION"] * versions
+                + ["ARENA USED"] * arena]
         for d in s["lanes"]:
             w = "-" if d["writer_pid"] is None else f"{d['writer_pid']} ({'alive' if d['writer_alive'] else 'dead'})"
             rows.append([str(d["lane"]), f"{d['rows']:,}", f"{d['rows_inserted']:,}", w,
                          _ago(d["last_write"], now),
                          "-" if not d["claimed_by"] else
                          f"{d['claimed_by']} ({'alive' if d['claim_alive'] else 'dead'})"]
-                        + ([str(d["newest_version"]) if d["newest_version"] is not None else "-"] if versions else []))
-        out += ["", table(rows, right={0, 1, 2, 6})]
+                        + ([str(d["newest_version"]) if d["newest_version"] is not None else "-"] if versions else [])
+                        + ([f"{d['arena_held'] / 2**20:,.1f} of {d['arena_bytes'] / 2**20:,.1f} MiB"] if arena else []))
+        out += ["", table(rows, right={0, 1, 2, 6, 7})]
     if s["processes"]:
         rows = [["PID", "ALIVE", "BATCHES", "ROWS SAMPLED", "RETRIES", "WRITES", "LOCKS", "LOCK WAIT"]]
         for p in s["processes"]:

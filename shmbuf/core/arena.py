@@ -27,9 +27,9 @@ too when its buffer keeps records):
    checks a record the new bytes cover refuses it.
 2. :meth:`Arena.committed`, after the commit: the slot table learns the rows' pos.
 3. :meth:`Arena.write`, outside the lock, after the ring's wait for older writers and
-   :meth:`Arena.wait` for live writers still writing any evicted row (their late bytes
-   could land in our records: evicted by this write, or by an earlier one that gave
-   up), with the slots stamped odd: the records' bytes are copied.
+   :meth:`Arena.wait` for live writers still writing rows out of the window (evicted by
+   this write or an earlier one: their late bytes could land in our records), with the
+   slots stamped odd: the records' bytes are copied.
 
 A writer killed at any point leaves bytes nobody references, or a row never
 published: it costs its own rows only.
@@ -51,14 +51,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from shmbuf.core import procs
-from shmbuf.core.layout import LANE_BASE, RES_CTIME, RES_LANE, RES_PID, RES_START
+from shmbuf.core.layout import LANE_BASE, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, published
 from shmbuf.core.tables import QueueFull
 
 REGION = "ragged"
 HOOK: Any = None
-"""Test hook, called as ``HOOK("copying")`` and ``HOOK("copied")`` in :meth:`Arena.read`
-before and after the records' bytes are copied (the check after it), and as ``HOOK("record")`` in :meth:`Arena.write` after the
-first field's bytes of a record (mid-record). Never set outside tests."""
+"""Test hook, called as ``HOOK(point)``: in :meth:`Arena.write` at "record" (after the
+first ragged field's bytes of each row were copied: a writer stopped there leaves a
+record half-written), in :meth:`Arena.read` at "reading" (the rows' record words proved,
+no byte copied yet) and "copied" (the records' bytes copied, before the check). Never set
+outside tests."""
 FAULTS = 0
 """Test switch: bit 1 turns :meth:`Arena.read`'s check off (tests prove with it that they
 would see covered records). Never set outside tests."""
@@ -172,25 +174,24 @@ class Arena:
         self.table[lane * lc + (first + np.arange(n)) % lc] = w[:, 1]
 
     def wait(self, lane: int, first: int, base: int, entry: int, deadline: float) -> None:
-        """Wait until no live writer of this lane still writes a row below ``base`` (rows
-        evicted, by this write or an earlier one that gave up): its late bytes could land
-        in the records this write is about to copy. The reservation table says who."""
-        res = self.ring.res
-        mine = (res[:, RES_PID] != 0) & (res[:, RES_LANE] == lane) & (res[:, RES_START] < base)
-        if entry >= 0:
-            mine[entry] = False
-        if not mine.any():
-            return  # (the common case: one look at the table)
-        alive, delay = procs.Liveness(), 0.0
+        """Wait until no live writer of this lane still writes a row below ``base``:
+        rows out of the window, whose records these rows' bytes may cover. Not only the
+        rows this write evicted: a row evicted by an earlier write (whose writer waits for
+        it) may have its record's rest under this write's bytes, and its late bytes would
+        land there all the same."""
+        alive, delay, res = procs.Liveness(), 0.0, self.ring.res
         while True:
             r = res.copy()
             older = (r[:, RES_PID] != 0) & (r[:, RES_LANE] == lane) & (r[:, RES_START] < base)
             if entry >= 0:
                 older[entry] = False
+            if not older.any():
+                return  # (the common case: one copy of the small table, no liveness check)
             older &= ~self.ring.leftovers(r)
             ctimes = r.view(np.float64)[:, RES_CTIME]
             blockers = sorted({int(r[i, RES_PID]) for i in np.flatnonzero(older).tolist()
-                               if alive(int(r[i, RES_PID]), float(ctimes[i]))})
+                               if not self._published(lane, int(r[i, RES_START]), int(r[i, RES_COUNT]))
+                               and alive(int(r[i, RES_PID]), float(ctimes[i]))})
             if not blockers:
                 return
             if time.monotonic() >= deadline:
@@ -200,6 +201,13 @@ class Arena:
                     "wraps faster than they write). Use a larger arena=, or pass a larger timeout=")
             time.sleep(delay)
             delay = min(max(delay * 2, 20e-6), 1e-3)
+
+    def _published(self, lane: int, start: int, count: int) -> bool:
+        """True if rows ``start .. start + count - 1`` of ``lane`` are published (their
+        writer wrote their records before it published them; it only frees its entry)."""
+        lc = self.ring.lane_capacity
+        seq = np.arange(start, start + max(0, min(count, lc)))
+        return bool((self.ring.stamps[lane * lc + seq % lc] == published(seq)).all())
 
     def write(self, lane: int, sources: list[Any]) -> None:
         """(Slots stamped odd) copy the staged values into the records placed for them."""
@@ -220,7 +228,7 @@ class Arena:
         intact, else the mask of the intact rows (the others were covered meanwhile: draw
         them again)."""
         if HOOK is not None:
-            HOOK("copying")
+            HOOK("reading")
         self._read(words, words.shape[1], self._arenas, self.A, self.dims, outs)
         if HOOK is not None:
             HOOK("copied")
@@ -263,13 +271,13 @@ def write_python(words: np.ndarray, width: int, data: np.ndarray, A: int, dims: 
                  values: list[list[np.ndarray]], skip: int, hook: Any) -> None:
     """Copy ``values`` (per field, the rows from ``skip`` on) into the records of
     ``words`` in one lane's arena ``data`` (``A`` bytes), calling ``hook("record")`` (if
-    not None) after each field of each record; see :meth:`Arena.write`."""
+    not None) after the first field of each record; see :meth:`Arena.write`."""
     for i, (pos, lengths) in enumerate(zip(words[:, 1].tolist(), words[:, 2:].tolist())):
         at = pos % A
-        for (d, e), rows in zip(dims, values):
+        for j, ((d, e), rows) in enumerate(zip(dims, values)):
             nbytes = lengths[d] * e
             if nbytes:
                 data[at:at + nbytes] = rows[skip + i].reshape(-1).view(np.uint8)
             at += -(-nbytes // PAD) * PAD
-            if hook is not None:
+            if hook is not None and j == 0:
                 hook("record")

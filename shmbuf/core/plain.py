@@ -149,8 +149,17 @@ class NoRecords:
                reuse: Any = None) -> Any:
         return batch
 
-    def fit(self, max_tokens: Any, length: Any) -> Any:
-        raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
+    def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Any:
+        raise ValueError("max_tokens=, length= and groups= are for a buffer with ragged fields")
+
+    def groups(self, n: int, timeout: Any) -> Any:
+        raise ValueError("groups= is for a buffer with ragged fields (each extend's rows a group)")
+
+    def describe(self, stats: dict) -> None:
+        """Add what the records use to ``stats()`` (nothing)."""
+
+    def check_each(self) -> None:
+        """Raise the ``ValueError`` of an ``add_each`` these rows cannot take (none)."""
 
     def check_copy(self, what: str) -> None:
         """Raise the ``ValueError`` of a copy of the rows (``what``: ``"state_dict"``,

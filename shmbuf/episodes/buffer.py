@@ -11,6 +11,7 @@ from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
 from shmbuf.core.batch import count
 from shmbuf.core.deadline import Deadline
 from shmbuf.core.layout import normalize_fields
+from shmbuf.ragged.schema import is_ragged
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather, trajectories, transitions, whole
 from shmbuf.episodes.rows import SYSTEM, VERSION, StepRows, plan
@@ -88,6 +89,9 @@ class EpisodeBuffer(Counts):
         frames, zeros before its first step. ``her=shmbuf.HER(...)`` relabels samples
         with achieved goals (this handle's; see :attr:`her`). Other arguments (``meta``:
         yours, returned as given by ``core.meta``): as :meth:`shmbuf.Buffer.create`."""
+        if "arena" in kwargs or (isinstance(fields, Mapping) and any(map(is_ragged, fields.values()))):
+            raise ValueError("an EpisodeBuffer has no ragged fields (shaped (None, ...)) yet: keep them in a "
+                             "shmbuf.Buffer (add/extend/sample/take), or give them a fixed shape here")
         if reward == "reward" and "reward" not in [f.name for f in normalize_fields(fields)]:
             reward = None
         if isinstance(frame_stack, bool) or not isinstance(frame_stack, (int, np.integer)) or frame_stack < 1:

@@ -235,9 +235,9 @@ class Queue:
         delivered to this call keeps them all for the next take."""
         kept = more = None
         try:
-            if self._kept:
-                kept = self._kept.out(n)
-                if len(kept[1]) == n:
+            if self._kept:  # (a budget's take: as many of them as fit it, alone)
+                kept = self._kept.out(n if fit is None else min(n, fit.kept(takes.merged(*self._kept.parts)[0])))
+                if len(kept[1]) == n or fit is not None:
                     return kept[0]
             try:
                 more = self._take(n if kept is None else n - len(kept[1]), partial,

@@ -25,7 +25,8 @@ class Queues:
 
     def take(self, n: int, *, timeout: float | None = None, partial: bool = False,
              max_staleness: int | None = None, min_version: int | None = None, version: int | None = None,
-             max_tokens: int | None = None, length: str | None = None, out: Batch | None = None) -> Batch:
+             max_tokens: int | None = None, length: str | None = None, groups: bool = False,
+             out: Batch | None = None) -> Batch:
         """Take the ``n`` oldest rows of a queue (``mode="queue"``): each row is
         delivered to exactly one ``take`` of any process; waits up to ``timeout`` for
         them (``SampleTimeout``), or with ``partial=True`` returns as soon as there is at
@@ -49,7 +50,10 @@ class Queues:
         field or its length's name) takes the oldest rows up to ``n`` whose values of
         that length add up to at most ``T`` (at least one row, whatever its length); a
         budget that the next row would pass completes the take (it returns without
-        waiting for ``n`` rows). The budget reads the rows' fixed part only.
+        waiting for ``n`` rows). The budget reads the rows' fixed part only. With
+        ``groups=True`` a take never splits the rows of one ``extend`` (a GRPO group):
+        it ends before a write whose rows pass ``n`` or the budget, and takes at least
+        the first write's rows whole (more than ``n`` if it holds more).
 
         ``out``: a batch an earlier take returned, refilled in place and returned (the hot
         loop's: ``b = q.take(..., out=b)``): its ragged fields' values are read into the
@@ -74,7 +78,9 @@ class Queues:
                              "take fewer, or pass partial=True")
         if out is not None and not isinstance(out, dict):
             raise ValueError(f"out must be a dict (a batch an earlier take returned), got {type(out).__name__}")
-        fit = None if max_tokens is None and length is None else self.engine.records.fit(max_tokens, length)
+        groups = validate.flag(groups, "groups")
+        fit = None if max_tokens is None and length is None and not groups else \
+            self.engine.records.fit(max_tokens, length, groups)
         if max_staleness is None and min_version is None and version is None:
             # (not through engine.sample: a queue has no rate gate, and the take counts the
             # rows it delivered itself, as it commits them)

@@ -49,22 +49,11 @@ def usable(ring: Any, lane: int, seq: np.ndarray, skip: tuple[str, int, int] | N
     return pub, pub if skip is None else pub & (ring.arrays[skip[0]][slots] >= skip[1])
 
 
-def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
-           token: int, skip: tuple[str, int, int] | None = None, fit: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """Choose and claim the rows of a take in ``s``; None if there are not enough
-    yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
-    front of lanes are skipped). ``fit(lanes, seqs)``: of the rows a take would claim,
-    in order, how many fit its budget (at least one), and whether that fills it (a budget
-    filled is a take complete)."""
-    seen = None
-    if fit is not None:
-        lanes, seqs, seen = candidates(ring, s, n, skip)
-        if len(seqs):
-            k, filled = fit(lanes, seqs)
-            if filled:
-                n, partial = k, True
+def _choose(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[Any, Any, Any, Any, int]:
+    """The rows a take of ``n`` would claim now, unclaimed: the given-back ranges' plan,
+    the stale rows passed over with each, the fresh rows' plan, the lanes whose first
+    rows are dead writers' (see :func:`fresh`), and how many rows are missing."""
     t = s.table
-    lc = ring.lane_capacity
     plan: list[tuple[int, int, int, int, np.ndarray]] = []  # (entry or -1, lane, start, end, rows)
     want = n
     stale: list[int] = []  # per given-back range taken: its stale rows
@@ -80,8 +69,50 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         plan.append((e, lane, start, end, rows[:want]))
         stale.append(int((pub & ~ok)[:end - start].sum()))  # (passed over with the range taken)
         want -= len(rows[:want])
-    fresh_, lead = fresh(ring, s, want, skip, seen) if want else ([], {})
-    got = n - want + sum(len(p[4]) for p in fresh_)
+    fresh_, lead = fresh(ring, s, want, skip) if want else ([], {})
+    return plan, stale, fresh_, lead, want - sum(len(p[4]) for p in fresh_)
+
+
+def _ordered(ring: Any, *parts: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The lanes and sequence numbers of the plans ``parts`` in the order a take delivers
+    them: given back first, then the fresh rows, each oldest first."""
+    lc, lanes, seqs = ring.lane_capacity, [], []
+    for part in parts:
+        lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
+        seq = np.concatenate([p[4] for p in part] or [np.zeros(0, np.int64)])
+        order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
+        lanes.append(lane[order])
+        seqs.append(seq[order])
+    return np.concatenate(lanes), np.concatenate(seqs)
+
+
+def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
+           token: int, skip: tuple[str, int, int] | None = None, fit: Any = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Choose and claim the rows of a take in ``s``; None if there are not enough
+    yet (then only the rows of dead writers, and with ``skip`` the stale rows, at the
+    front of lanes are skipped). ``fit(lanes, seqs, n)``: of the rows a take would claim,
+    in order (more than ``n`` if there are), how many it takes (a token budget's, at
+    most ``n``; whole writes: at least the first, whole) and whether that completes it;
+    checked again on the rows chosen (writers publish without the lock: rows published
+    since the first look must not pass the budget)."""
+    if fit is not None:
+        lanes, seqs = candidates(ring, s, n + ring.lane_capacity, skip)  # (past n: a write's rows to the end)
+        if len(seqs):
+            k, filled = fit(lanes, seqs, n)
+            if filled:
+                n, partial = k, True
+    chosen = _choose(ring, s, n, skip)
+    while fit is not None:
+        lanes, seqs = _ordered(ring, chosen[0], chosen[2])
+        k = fit(lanes, seqs, n)[0] if len(seqs) else len(seqs)
+        if k >= len(seqs):
+            break
+        n, partial = k, True  # (fewer: n only ever goes down)
+        chosen = _choose(ring, s, n, skip)
+    plan, stale, fresh_, lead, missing = chosen
+    t = s.table
+    lc = ring.lane_capacity
+    got = n - missing
     if got == 0 or (got < n and not partial):
         for (e, lane, start, end, rows), k in zip(plan, stale):  # given-back ranges of stale rows: passed over
             if k and not len(rows):
@@ -118,13 +149,8 @@ def claim(ring: Any, s: Any, n: int, partial: bool, pid: int, ctime: float,
         skipped(ring, s, lane, end, skip, len(rows))
     for lane, first, rows in between:  # (last: what counted them saw them published)
         unpublish(ring, lane, np.arange(first, int(rows[-1]) + 1), rows)
-    parts = []
-    for part in (plan, fresh_):  # given back first, then the fresh rows oldest first
-        lane = np.concatenate([np.full(len(p[4]), p[1], np.int64) for p in part] or [np.zeros(0, np.int64)])
-        seq = np.concatenate([p[4] for p in part] or [np.zeros(0, np.int64)])
-        order = np.lexsort((seq, lane, ring.arrays[FIELD][lane * lc + seq % lc]))
-        parts.append((lane[order], seq[order]))
-    return np.concatenate([parts[0][0], parts[1][0]]), np.concatenate([parts[0][1], parts[1][1]])
+    return _ordered(ring, plan, fresh_)
+
 
 def unpublish(ring: Any, lane: int, seq: np.ndarray, rows: np.ndarray) -> None:
     """Unpublish the rows ``seq`` of ``lane`` but ``rows``: the stale rows a take passed
@@ -161,11 +187,11 @@ def skipped(ring: Any, s: Any, lane: int, to: int, skip: tuple[str, int, int] | 
     s.next[lane] = to
 
 
-def scan(ring: Any, s: Any, skip: tuple[str, int, int] | None = None) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
-    """The rows not yet claimed, per lane: ``{lane: (rows from next on up to the first
-    a live writer holds, which of them a take delivers)}``, each lane's ``next``
-    (clipped into its window, in ``s`` too), and the rows to deliver, oldest first
-    across lanes (their lanes and sequence numbers; see the module)."""
+def fresh(ring: Any, s: Any, want: int,
+          skip: tuple[str, int, int] | None = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
+    """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
+    end, rows)``, oldest first across lanes (see the module); and per lane whose
+    first rows are dead writers' rows, the first row after them."""
     lt, lc = ring.lane_table, ring.lane_capacity
     heads = lt[:, LANE_HEAD].copy()
     nxt = np.clip(s.next, lt[:, LANE_BASE], heads)
@@ -185,20 +211,6 @@ def scan(ring: Any, s: Any, skip: tuple[str, int, int] | None = None) -> tuple[d
         settled[lane] = (seq, pub)
         lanes.append(np.full(int(pub.sum()), lane, np.int64))
         seqs.append(seq[pub])
-    if not settled:
-        return settled, nxt, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    lane_of, seq_of = np.concatenate(lanes), np.concatenate(seqs)
-    order = np.lexsort((seq_of, lane_of, ring.arrays[FIELD][lane_of * lc + seq_of % lc]))
-    return settled, nxt, lane_of[order], seq_of[order]
-
-
-def fresh(ring: Any, s: Any, want: int, skip: tuple[str, int, int] | None = None,
-          seen: Any = None) -> tuple[list[tuple[int, int, int, int, np.ndarray]], dict[int, int]]:
-    """The plan of up to ``want`` rows not yet claimed: per lane ``(-1, lane, next,
-    end, rows)``, oldest first across lanes (see the module); and per lane whose
-    first rows are dead writers' rows, the first row after them. ``seen``: the
-    :func:`scan` of ``s`` made already in this change (else made here)."""
-    settled, nxt, lane_of, _ = scan(ring, s, skip) if seen is None else seen
     plan: list[tuple[int, int, int, int, np.ndarray]] = []
     lead = {}
     for lane, (seq, pub) in settled.items():
@@ -207,7 +219,10 @@ def fresh(ring: Any, s: Any, want: int, skip: tuple[str, int, int] | None = None
             lead[lane] = to
     if not settled:
         return plan, lead
-    per_lane = np.bincount(lane_of[:want], minlength=ring.lanes)
+    lane_of, seq_of = np.concatenate(lanes), np.concatenate(seqs)
+    when = ring.arrays[FIELD][lane_of * lc + seq_of % lc]
+    chosen = lane_of[np.lexsort((seq_of, lane_of, when))[:want]]
+    per_lane = np.bincount(chosen, minlength=ring.lanes)
     for lane, (seq, pub) in settled.items():
         k = int(per_lane[lane])
         rows = seq[pub][:k]
@@ -312,30 +327,13 @@ def _joined(arrays: list[Any]) -> Any:
     return np.concatenate(arrays) if isinstance(first, np.ndarray) else type(first).concatenate(arrays)
 
 
-def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray, Any]:
-    """The rows a take of ``n`` would claim now, in the order :func:`claim` chooses them
-    (given back first, then the fresh rows oldest first): a take with a token budget
-    (``fit``) sees their lengths before it claims (changes nothing but a lane's
-    ``next`` clipped into its window, as :func:`fresh` does). Also the :func:`scan` it
-    made (None: none), for :func:`fresh` to plan the same rows."""
-    t = s.table
-    lanes, seqs = [], []
-    back = np.flatnonzero(t[:, E_STATE] == RETURNED)
-    for e in back[np.lexsort((t[back, E_START], t[back, E_LANE], t[back, E_TIME]))].tolist():
-        lane, start, count = (int(x) for x in t[e, [E_LANE, E_START, E_COUNT]])
-        seq = np.arange(start, start + count)
-        seq = seq[usable(ring, lane, seq, skip)[1]]
-        lanes.append(np.full(len(seq), lane, np.int64))
-        seqs.append(seq)
-    got = sum(len(x) for x in seqs)
-    seen = None
-    if got < n:
-        seen = scan(ring, s, skip)  # (the fresh rows fresh() plans for n - got, in its order)
-        lanes.append(seen[2][:n - got])
-        seqs.append(seen[3][:n - got])
-    if not lanes:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), seen
-    return np.concatenate(lanes)[:n], np.concatenate(seqs)[:n], seen
+def candidates(ring: Any, s: Any, n: int, skip: tuple[str, int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a take of ``n`` would claim now, in the order :func:`claim` delivers them
+    (given back first, then the fresh rows oldest first): a take with a budget (``fit``)
+    sees their lengths before it claims (changes nothing but a lane's ``next`` clipped
+    into its window, as :func:`fresh` does)."""
+    plan, _, fresh_, _, _ = _choose(ring, s, n, skip)
+    return _ordered(ring, plan, fresh_)
 
 
 class Taken(Sampler):

@@ -51,6 +51,7 @@ def plan(spec_: dict, p: Any) -> None:
                          "hold them; create the buffer without path=")
     d = schema.dims(schema.fields(spec_))
     p.add_field(schema.FIELD, (2 + len(d),), np.int64, "a buffer with ragged fields keeps each row's record there")
+    p.add_field(schema.GROUP, (2,), np.int64, "a buffer with ragged fields keeps each row's place in its write there")
     p.add_region(arena.REGION, arena.region_bytes(p.capacity, p.lanes, arena.lane_bytes(spec_["arena"], p.lanes)))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from shmbuf.core import validate
 from shmbuf.core.batch import count
-from shmbuf.core.read import SampleTimeout
+from shmbuf.core.read import SampleTimeout, read
 from shmbuf.core.segment import FormatError
 from shmbuf.ragged import schema
 from shmbuf.ragged.jagged import Jagged
@@ -85,6 +85,9 @@ class Rows:
         self.arena.stage(per_field)
         out = {k: v for k, v in data.items() if k not in self.names}
         out[schema.FIELD] = words[0] if single else words
+        group = np.empty((n, 2), np.int64)
+        group[:, 0], group[:, 1] = np.arange(n), n
+        out[schema.GROUP] = group[0] if single else group
         return out
 
     @staticmethod
@@ -126,6 +129,21 @@ class Rows:
         """After a write (done or not): nothing staged."""
         self.arena.stage(None)
 
+    def describe(self, stats: dict) -> None:
+        """Per lane: ``arena_bytes`` (its arena), ``arena_held`` (the bytes from its
+        oldest row's record to its head: what its rows' values take, skips included) and
+        ``arena_reserved`` (bytes ever reserved)."""
+        lo, head = self.engine.window()
+        a, lc = self.arena, self.engine.layout.lane_capacity
+        for i, d in enumerate(stats["lanes"]):
+            h = int(a.heads[i, 0])
+            oldest = int(a.table[i * lc + int(lo[i]) % lc]) if lo[i] < head[i] else h
+            d.update(arena_bytes=a.A, arena_reserved=h, arena_held=max(0, min(h - oldest, a.A)))
+
+    def check_each(self) -> None:
+        raise ValueError(f"add_each() of rows with ragged fields ({self.names}) is not supported yet: add() "
+                         "each row into its lane (lane=) instead; nothing was written")
+
     def check_copy(self, what: str) -> None:
         """A copy of the rows (``what``) cannot hold ragged values yet: refused."""
         raise ValueError(f"{what} of a buffer with ragged fields ({self.names}) is not supported yet: it would "
@@ -147,31 +165,36 @@ class Rows:
                          f"{sorted(set(self.dims) | set(self.names))}")
 
     def fixed(self, out: Any, n: int) -> Batch | None:
-        """What a sampler fills of ``out`` (``sample(n, out=)``): a batch a read returned
-        (its ragged fields :class:`Jagged`) as its fixed arrays and a new record-word
-        array; an ``empty_batch`` (record words, no ragged field) or None as it is."""
-        if out is None or (isinstance(out, dict) and not any(k in out for k in self.names)):
-            return out
+        """What a sampler fills of ``out`` (``sample(n, out=)``, None: nothing given): a
+        batch a read returned (its ragged fields :class:`Jagged`) as its fixed arrays and
+        new arrays of the hidden fields (record words, groups)."""
+        if out is None:
+            return None
         if not isinstance(out, dict) or not all(isinstance(out.get(k), Jagged) for k in self.names):
             got = {k: type(out.get(k)).__name__ for k in self.names} if isinstance(out, dict) else type(out).__name__
             raise ValueError(f"out must be a batch a read of this buffer returned (its ragged field(s) {self.names} "
-                             f"each a shmbuf.Jagged) or one of empty_batch(n), got {got}")
+                             f"each a shmbuf.Jagged), got {got}")
         fixed = {k: a for k, a in out.items() if k not in self.names}
         fixed[schema.FIELD] = np.empty((n, 2 + len(self.dims)), np.int64)
+        fixed[schema.GROUP] = np.empty((n, 2), np.int64)
         return fixed
 
     def finish(self, batch: Batch, redraw: Callable[[int], Batch] | None, deadline: float,
-               timeout: float, drop: bool = False, reuse: Any = None) -> Batch:
+               timeout: float, drop: bool = False, reuse: Any = None) -> Batch | None:
         """``batch`` (a sampler's, with record words) with its ragged fields read in: rows
         whose record was covered meanwhile are replaced by ``redraw(m)``'s (None: a
         take's rows, which nothing may cover: an error), until ``deadline``; with
-        ``drop`` (a token budget's rows), left out instead (if any row is left).
-        ``reuse``: a batch a read returned (``out=``), whose ragged values' memory the
-        values read go into if it holds them (else a larger block replaces it)."""
+        ``drop`` (a token budget's rows), left out instead, and None if no row is left
+        (the caller draws its budget again). ``reuse``: a batch a read returned
+        (``out=``), whose ragged values' memory the values read go into if they fit
+        (else a larger block replaces it)."""
         words = batch.pop(schema.FIELD)
+        batch.pop(schema.GROUP, None)
         self._check(words)
         jagged, ok = self._read(words, reuse)
-        if drop and ok is not None and ok.any():
+        if drop and ok is not None and not ok.any():
+            return None  # (every row covered meanwhile: not a take's, whose rows nothing may cover)
+        if drop and ok is not None:
             keep = np.flatnonzero(ok)
             batch = {k: a[keep] for k, a in batch.items()}
             jagged, ok = {k: j[keep] for k, j in jagged.items()}, None
@@ -185,6 +208,7 @@ class Rows:
                                     "cover the arena faster than it can be read (arena= too small?)")
             more = redraw(len(bad))
             words2 = more.pop(schema.FIELD)
+            more.pop(schema.GROUP, None)
             self._check(words2)
             got, ok2 = self._read(words2)
             for k, a in more.items():
@@ -195,6 +219,26 @@ class Rows:
             ok = None if keep.all() else keep
         batch.update(jagged)
         return batch
+
+    def records(self, batch: Batch) -> Batch | None:
+        """``batch`` (rows the checked gather copied, every stored field) with its ragged
+        fields read in and the hidden fields left out; None if a record was covered
+        meanwhile (draw the rows again)."""
+        batch = {k: a for k, a in batch.items() if not k.startswith("_") or k in (schema.FIELD,)}
+        words = batch.pop(schema.FIELD)
+        self._check(words)
+        jagged, ok = self._read(words)
+        if ok is not None:
+            return None
+        batch.update(jagged)
+        return batch
+
+    def groups(self, n: int, timeout: float | None) -> Batch:
+        """``n`` whole groups (see :mod:`shmbuf.ragged.groups`), their rows one batch."""
+        from shmbuf.ragged.groups import Groups, joined
+        engine = self.engine
+        got = engine.sample(n, n, timeout, lambda left: read(Groups(engine, self), n, left))
+        return joined(got["groups"])
 
     def _check(self, words: np.ndarray) -> None:
         """FormatError unless every record word can be one: lanes of the buffer, lengths
@@ -224,20 +268,43 @@ class Rows:
         jagged = dict(zip(self.names, fields))
         return jagged, self.arena.read(np.ascontiguousarray(words), [(j.values, j.offsets) for j in fields])
 
-    def fit(self, max_tokens: Any, length: Any) -> Callable[[np.ndarray, np.ndarray], int]:
+    def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Callable[[np.ndarray, np.ndarray], tuple[int, bool]]:
         """A take's budget: of the rows ``(lanes, seqs)`` it would claim, in order, how many
         fit ``max_tokens`` values of ``length`` (at least one), read from their fixed rows,
-        and whether they fill it (the next row would pass it, or they reach it)."""
-        if max_tokens is None or length is None:
+        and whether they fill it (the next row would pass it, or they reach it). With
+        ``groups``: cut at the end of a write's rows, never inside (at least the first
+        write's rows, whole); ``max_tokens`` None: no budget."""
+        if (max_tokens is None) != (length is None):
             raise ValueError("a token budget takes both max_tokens= and length= (the ragged field or length it counts)")
-        budget = count(max_tokens, "max_tokens", 1)
-        d = 2 + self.dim_index(length)
-        words, lc = self.engine.view(schema.FIELD), self.engine.layout.lane_capacity
+        budget = None if max_tokens is None else count(max_tokens, "max_tokens", 1)
+        d = None if length is None else 2 + self.dim_index(length)
+        words, group = self.engine.view(schema.FIELD), self.engine.view(schema.GROUP)
+        lc = self.engine.layout.lane_capacity
 
-        def fit(lanes: np.ndarray, seqs: np.ndarray) -> tuple[int, bool]:
-            cum = np.cumsum(words[lanes * lc + seqs % lc, d])
-            k = max(1, int(np.searchsorted(cum, budget, side="right")))
-            return k, k < len(cum) or int(cum[k - 1]) >= budget
+        def fit(lanes: np.ndarray, seqs: np.ndarray, n: int) -> tuple[int, bool]:
+            slots = lanes * lc + seqs % lc
+            k, filled = min(n, len(seqs)), len(seqs) > n
+            if budget is not None:
+                cum = np.cumsum(words[slots, d])
+                fits = max(1, int(np.searchsorted(cum, budget, side="right")))
+                filled = filled or fits < len(cum) or int(cum[fits - 1]) >= budget
+                k = min(k, fits)
+            if groups:  # (back to the start of the write the cut falls in; the first write whole)
+                g = group[slots]
+                start = (g[:, 0] == 0) | np.concatenate(([True], (lanes[1:] != lanes[:-1])
+                                                         | (seqs[1:] - g[1:, 0] != seqs[:-1] - g[:-1, 0])))
+                if k < len(seqs) and not start[k]:
+                    before = np.flatnonzero(start[:k + 1])
+                    k = int(before[-1]) if before[-1] > 0 else int(np.argmax(np.append(start[1:], True))) + 1
+                    filled = True
+            return k, filled
+
+        def kept(batch: Batch) -> int:  # (rows an earlier take delivered: their own lengths)
+            if budget is None:
+                return len(next(iter(batch.values())))
+            lengths = batch[self.names[self._dim.index(d - 2)]].lengths
+            return max(1, int(np.searchsorted(np.cumsum(lengths), budget, side="right")))
+        fit.kept = kept  # type: ignore[attr-defined]
         return fit
 
 

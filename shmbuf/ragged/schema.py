@@ -30,6 +30,11 @@ FIELD = "_record"
 each dimension...)`` (int64), the row's record word."""
 
 
+GROUP = "_group"
+"""The hidden fixed field of a buffer with ragged fields: per row ``(i, n)``, its place in
+the write that wrote it (row ``i`` of ``n``: a GRPO group written by one ``extend``)."""
+
+
 @dataclass(frozen=True)
 class Ragged:
     """A ragged field: ``name``, its dimension (``dim``: a shared name, or None for its

@@ -13,6 +13,7 @@ from .weights import *  # noqa: F401,F403
 from .tensors import *  # noqa: F401,F403
 from .compat import *  # noqa: F401,F403
 from .queues import *  # noqa: F401,F403
+from .ragged import *  # noqa: F401,F403
 from .limited import *  # noqa: F401,F403
 from .versions import *  # noqa: F401,F403
 from .prio_storm import *  # noqa: F401,F403

@@ -37,7 +37,7 @@ def test_a_record_covered_mid_copy_is_drawn_again(name, monkeypatch, broken):
         stopped, go = threading.Event(), threading.Event()
 
         def hook(point):
-            if point == "copying" and not stopped.is_set() and threading.current_thread() is not writer_thread:
+            if point == "reading" and not stopped.is_set() and threading.current_thread() is not writer_thread:
                 stopped.set()
                 assert go.wait(30)
         monkeypatch.setattr(arena, "HOOK", hook)

@@ -213,3 +213,105 @@ def test_priorities_compose(name):
         b = buf.sample(50)
         assert (b["k"] == 3).mean() > 0.95 and b["r"][0].tolist() == [b["k"][0]] * int(b["k"][0])
         assert b["index"].shape == (50, 2) and b["weight"].shape == (50,)
+
+
+def test_take_keeps_each_write_whole_with_groups(name):
+    """A GRPO group written by one extend comes out of a take whole: a take ends before a
+    group that would pass n or the budget, and takes a first group larger than n whole."""
+    fields = {"r": (("R",), np.int32), "g": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 64, name=name, arena=1 << 16, mode="queue") as q:
+        for g, size in enumerate([3, 4, 2, 6]):
+            q.extend({"r": [np.full(10, g, np.int32)] * size, "g": [g] * size})
+        assert q.take(5, groups=True)["g"].tolist() == [0, 0, 0]  # (group 1 would pass 5 rows)
+        assert q.take(5, groups=True, max_tokens=70, length="R")["g"].tolist() == [1, 1, 1, 1, 2, 2][:4]
+        t = q.take(1, groups=True)  # (a group larger than n: whole)
+        assert t["g"].tolist() == [2, 2]
+        t = q.take(100, groups=True, partial=True)
+        assert t["g"].tolist() == [3] * 6 and all((t["r"][i] == 3).all() for i in range(6))
+        with pytest.raises(ValueError, match="groups= are for a buffer with ragged fields"):
+            with shmbuf.Buffer.create({"x": ((), np.int64)}, 8, name=name + "-plain", mode="queue") as p:
+                p.take(1, groups=True)
+
+
+def test_stats_and_refusals(name):
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024,
+                              lanes=2) as buf:
+        buf.add({"r": np.arange(10), "x": 1}, lane=1)
+        lanes = buf.stats()["lanes"]
+        assert [d["arena_bytes"] for d in lanes] == [512, 512]
+        assert lanes[1]["arena_reserved"] == 40 and lanes[1]["arena_held"] == 40 and lanes[0]["arena_held"] == 0
+        with pytest.raises(ValueError, match="add_each.*not supported yet"):
+            buf.add_each({"r": [np.arange(2), np.arange(3)], "x": [1, 2]}, lanes=[0, 1])
+        assert len(buf) == 1
+        assert shmbuf.Jagged is Jagged
+
+
+def test_shmbuf_stat_shows_each_lanes_arena(name):
+    from helpers.processes import cli
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1 << 22) as buf:
+        buf.add({"r": np.arange(100_000), "x": 1})  # 400,000 bytes
+        res = cli("stat", name)
+        assert res.returncode == 0, res.stderr
+        assert "ARENA USED" in res.stdout and "0.4 of 4.0 MiB" in res.stdout
+
+
+def test_what_cannot_hold_ragged_fields_says_so(name):
+    fields = {"r": ((None,), np.int32), "x": ((), np.int64)}
+    with pytest.raises(ValueError, match="an EpisodeBuffer has no ragged fields"):
+        shmbuf.EpisodeBuffer.create(fields, 8, arena=1024)
+    with shmbuf.Buffer.create(fields, 8, name=name, arena=1024) as buf:
+        buf.add({"r": np.arange(3), "x": 1})
+        for call in (lambda: buf.sample_sequences(1, 1), lambda: buf.empty_batch(2)):
+            with pytest.raises(ValueError, match="not supported yet"):
+                call()
+
+
+@pytest.mark.extras
+def test_torch_refuses_ragged_in_its_sampler_and_takes_jagged_batches(name):
+    torch = pytest.importorskip("torch")
+    from shmbuf.torch import TorchSampler
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024) as buf:
+        buf.extend({"r": [np.arange(3), np.arange(5)], "x": [1, 2]})
+        with pytest.raises(ValueError, match=r"TorchSampler takes fixed fields only, and \['r'\] are ragged"):
+            TorchSampler(buf, 2)
+        b = buf.sample(4)
+        nt = b["r"].to_torch()
+        assert nt.is_nested and torch.equal(nt.values(), torch.from_numpy(b["r"].values))
+        assert [len(t) for t in nt.unbind()] == b["r"].lengths.tolist()
+
+
+def test_a_truncated_extend_keeps_its_last_rows_whole(name):
+    with shmbuf.Buffer.create({"r": ((None,), np.int32), "k": ((), np.int64)}, 4, name=name, arena=4096,
+                              seed=0) as buf:
+        buf.extend({"r": [np.full(k, k, np.int32) for k in range(10)], "k": np.arange(10)}, truncate_ok=True)
+        b = buf.sample(40)
+        assert set(b["k"].tolist()) == {6, 7, 8, 9}
+        assert all((b["r"][i] == k).all() and len(b["r"][i]) == k for i, k in enumerate(b["k"].tolist()))
+
+
+def test_sample_whole_groups_uniformly(name):
+    """sample(n, groups=True): n groups, each the rows of one extend, in order and whole;
+    every group as likely as another whatever its size; a group whose first rows left
+    the ring is never returned."""
+    fields = {"r": ((None,), np.int32), "g": ((), np.int64), "i": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 16, name=name, arena=1 << 14, seed=0) as buf:
+        sizes = [5, 1, 3, 4, 2, 6]  # 21 rows into 16: group 0 loses its first rows
+        for g, size in enumerate(sizes):
+            buf.extend({"r": [np.full(i + g, g, np.int32) for i in range(size)], "g": [g] * size, "i": np.arange(size)})
+        b = buf.sample(3000, groups=True)
+        starts = np.flatnonzero(b["i"] == 0)
+        assert len(starts) == 3000 and starts[0] == 0
+        ends = np.r_[starts[1:], len(b["i"])]
+        counts = np.zeros(len(sizes), int)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            g = int(b["g"][s])
+            assert b["i"][s:e].tolist() == list(range(sizes[g])) and (b["g"][s:e] == g).all()
+            assert all(len(b["r"][j]) == b["i"][j] + g and (b["r"][j] == g).all() for j in range(s, e))
+            counts[g] += 1
+        assert counts[0] == 0 and counts[1:].min() > 500  # (5 groups, 600 each expected)
+        with pytest.raises(ValueError, match="groups=True takes n"):
+            buf.sample(3, groups=True, beta=0.4)
+    with shmbuf.Buffer.create({"x": ((), np.int64)}, 4, name=name + "-plain") as plain:
+        plain.add({"x": 1})
+        with pytest.raises(ValueError, match="groups= is for a buffer with ragged fields"):
+            plain.sample(1, groups=True)

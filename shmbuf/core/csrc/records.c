@@ -212,8 +212,8 @@ done:
  * words: the write's record words (n, width), their pos placed by Arena.reserve; arena:
  * the byte offset in the segment of the lane's arena of A bytes; fields as records_read's; values: per field a sequence of
  * C-contiguous arrays, one per row of the write from `skip` on (row i's: values[k][skip
- * + i], exactly its word's bytes); hook: None, or called as hook("record") after each
- * field of each record (tests). Every word and every value is checked before a byte is
+ * + i], exactly its word's bytes); hook: None, or called as hook("record") after the
+ * first field of each record (tests: a writer stopped there leaves it half-written). Every word and every value is checked before a byte is
  * written. Returns None. */
 static PyObject *Ring_records_write_impl(Ring *r, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8)
@@ -275,7 +275,7 @@ static PyObject *Ring_records_write_impl(Ring *r, PyObject *const *args, Py_ssiz
         }
     }
     /* 2. the copies, record by record (the GIL let go of for large ones, unless a test
-     * hook is called between the fields) */
+     * hook is called mid-record) */
     PyThreadState *ts = hook_ == NULL && total > RECORD_NOGIL_BYTES ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned char *dst = arena + words[i * width + 1] % A;
@@ -284,7 +284,7 @@ static PyObject *Ring_records_write_impl(Ring *r, PyObject *const *args, Py_ssiz
             if (s->len)
                 memcpy(dst, s->buf, s->len);
             dst += (s->len + RECORD_PAD - 1) / RECORD_PAD * RECORD_PAD;
-            if (hook_ != NULL) {
+            if (hook_ != NULL && k == 0) {
                 PyObject *r = PyObject_CallFunction(hook_, "s", "record");
                 if (r == NULL)
                     goto done;
