@@ -673,6 +673,13 @@ def in_process(takes: int) -> dict[str, Any]:
             nbytes.append(size)
             copy_s.append(_memcpy_s(src, size, i << 20))
             warm_s.append(_memcpy_s(src, size, i << 20, reused))
+        reuse_s, b = [], None  # the hot loop's take(out=): the batch before given back
+        for i in range(takes):
+            if len(q) == 0:
+                row += _fill_queue(q, row, extends)
+            t0 = time.perf_counter()
+            b = q.take(ShmbufArm.CAPACITY, partial=True, max_tokens=BUDGET, length="R", timeout=TIMEOUT, out=b)
+            reuse_s.append(time.perf_counter() - t0)
         ext_copy = [_memcpy_s(src, size, i << 20) for i, (_, size) in enumerate(extends)]
         med = statistics.median
         return {"rows stored when full": stored, "payload bytes": payload, "segment bytes": segment,
@@ -680,6 +687,7 @@ def in_process(takes: int) -> dict[str, Any]:
                 "take s": med(take_s), "memcpy s": med(copy_s), "batch bytes": med(nbytes),
                 "take / memcpy": med(t / c for t, c in zip(take_s, copy_s)),
                 "memcpy reused s": med(warm_s), "take / memcpy reused": med(t / c for t, c in zip(take_s, warm_s)),
+                "take out= s": med(reuse_s), "take out= / memcpy reused": med(reuse_s) / med(warm_s),
                 "extends": len(extends), "extend s": med(t for t, _ in extends),
                 "extend bytes": med(n for _, n in extends),
                 "extend / memcpy": med(t / c for (t, _), c in zip(extends, ext_copy))}
@@ -814,7 +822,10 @@ def markdown(res: dict[str, Any]) -> str:
                   f"a memcpy of its {ip['batch bytes'] / 1e3:,.0f} KB into a fresh array (as take's output is) "
                   f"{ip['memcpy s'] * 1e6:,.0f} us, into a reused one {ip['memcpy reused s'] * 1e6:,.0f} us (take / that: "
                   f"{ip['take / memcpy reused']:.1f}; medians of "
-                  f"{ip['takes']}); extend of {LIST} rollouts ({ip['extend bytes'] / 1e3:,.0f} KB) "
+                  f"{ip['takes']}); take(..., out=) of the batch before "
+                  + (f"{ip['take out= s'] * 1e6:,.0f} us ({ip['take out= / memcpy reused']:.1f}x that memcpy)"
+                     if "take out= s" in ip else "-")
+                  + f"; extend of {LIST} rollouts ({ip['extend bytes'] / 1e3:,.0f} KB) "
                   f"{ip['extend s'] * 1e6:,.0f} us, {ip['extend / memcpy']:.1f}x a memcpy of its bytes (median of "
                   f"{ip['extends']}); full: {ip['rows stored when full']} rows, {ip['payload bytes'] / 2**20:,.1f} MiB "
                   f"of payload in a segment of {ip['segment bytes'] / 2**20:,.1f} MiB."]

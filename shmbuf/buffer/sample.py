@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from shmbuf.core import gather, validate
-from shmbuf.core.batch import Batch, Outputs, count
+from shmbuf.core.batch import Batch, Outputs, as_out, count
 from shmbuf.core.engine import Engine
 from shmbuf.core.plain import NoRecords
 from shmbuf.core.read import SampleTimeout
@@ -51,7 +51,11 @@ class Reads:
         given), drawn as ``n`` rows are; only the fixed rows of the rows it leaves out
         are read. ``groups=True``: ``n`` whole groups, each the rows one ``extend``
         wrote (a GRPO group), uniformly over the groups the buffer holds whole, their
-        rows one after the other (see :mod:`shmbuf.ragged.groups`).
+        rows one after the other (see :mod:`shmbuf.ragged.groups`). ``out`` may also be
+        a batch a sample returned (the hot loop's ``b = buf.sample(n, out=b)``): refilled
+        in place, its ragged fields' values read into the memory of ``out``'s (one block,
+        replaced by a larger one when they do not fit); with ``max_tokens=`` its fixed
+        fields are new arrays (the row count varies).
 
         Examples:
             >>> import shmbuf
@@ -66,8 +70,9 @@ class Reads:
                 raise ValueError("groups=True takes n (whole groups) and timeout= only")
             return self.engine.records.groups(count(n, "n", 1), timeout)
         if max_tokens is not None or length is not None:
-            return self._sample_tokens(n, max_tokens, length, timeout, beta,
-                                       dict(min_version=min_version, max_staleness=max_staleness, version=version))
+            return as_out(out, self._sample_tokens(n, max_tokens, length, timeout, beta, out,
+                                                   dict(min_version=min_version, max_staleness=max_staleness,
+                                                        version=version)))
         if type(n) is not int or n < 0:
             n = count(n, "n")
         engine = self.engine
@@ -84,8 +89,10 @@ class Reads:
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
         if plain:
-            return engine.records.finish(self.sampler.sample(n, out, seconds, beta),
-                                         lambda m: self.sampler.sample(m, None, left(), beta), deadline, seconds)
+            records = engine.records
+            return as_out(out, records.finish(self.sampler.sample(n, records.fixed(out, n), seconds, beta),
+                                              lambda m: self.sampler.sample(m, None, left(), beta), deadline,
+                                              seconds, reuse=out))
         if beta is not None or type(self.sampler) is not Uniform:
             raise ValueError("min_version=, max_staleness= and freshness= are for a replay buffer without "
                              "priority= or another sampler")
@@ -95,12 +102,14 @@ class Reads:
         def draw(m: int, into: Batch | None, within: float) -> Batch:
             into, _ = self._outputs.prepare(into, (m,))
             return self._versions.sample(engine, m, into, within, min_version, max_staleness, version, freshness)
-        return engine.records.finish(draw(n, out, seconds), lambda m: draw(m, None, left()), deadline, seconds)
+        return as_out(out, engine.records.finish(draw(n, engine.records.fixed(out, n), seconds),
+                                                 lambda m: draw(m, None, left()), deadline, seconds, reuse=out))
 
     def _sample_tokens(self, n: int | None, max_tokens: Any, length: Any, timeout: float | None, beta: Any,
-                       bounds: dict[str, Any]) -> Batch:
+                       reuse: Any, bounds: dict[str, Any]) -> Batch:
         """``sample(max_tokens=, length=)``: rows drawn in rounds of about the number the
-        budget holds, until one does not fit (see :meth:`sample`)."""
+        budget holds, until one does not fit (see :meth:`sample`); ``reuse``: ``out=``,
+        whose ragged values' memory is reused."""
         records = self.engine.records
         if isinstance(records, NoRecords):
             raise ValueError("max_tokens= and length= are for a buffer with ragged fields")
@@ -114,7 +123,7 @@ class Reads:
         plain = all(v is None for v in bounds.values())
         while True:  # (again if every row drawn had its record covered before it was copied)
             batch = self._draw_tokens(limit, budget, length, deadline, plain, beta, bounds)
-            out = records.finish(batch, None, deadline, seconds, drop=True)
+            out = records.finish(batch, None, deadline, seconds, drop=True, reuse=reuse)
             if out is not None:
                 return out
             if time.monotonic() >= deadline:

@@ -33,6 +33,7 @@
  *   csrc/gather.c    drawing windows and copying them with the seqlock check
  *   csrc/episodes.c  n-step windows that stop at an episode's end; an episode's last row
  *   csrc/trees.c     the priority trees
+ *   csrc/records.c   the copies of ragged rows' records into and out of the arena (arena.py)
  *   _native.c        the Ring object (its lifetime, the guard of every method) and the module
  */
 #include "csrc/ring.h"
@@ -43,6 +44,7 @@
 #include "csrc/gather.c"
 #include "csrc/episodes.c"
 #include "csrc/trees.c"
+#include "csrc/records.c"
 
 /* ---- the Ring object --------------------------------------------------------------- */
 
@@ -113,6 +115,8 @@ GUARDED(Ring_gather)
 GUARDED(Ring_reduce_windows)
 GUARDED(Ring_draw)
 GUARDED(Ring_last_rows)
+GUARDED(Ring_records_read)
+GUARDED(Ring_records_write)
 
 static void free_fields(Ring *r) {
     for (int i = 0; r->fields && i < r->nfields; i++) {
@@ -260,6 +264,10 @@ static PyMethodDef Ring_methods[] = {
      "steps, total, last_flag)"},
     {"draw", (PyCFunction)(void (*)(void))Ring_draw, METH_FASTCALL, "draw(u, length, first, lane)"},
     {"last_rows", (PyCFunction)(void (*)(void))Ring_last_rows, METH_FASTCALL, "last_rows(end, lane, start, key, out)"},
+    {"records_read", (PyCFunction)(void (*)(void))Ring_records_read, METH_FASTCALL,
+     "records_read(words, width, arena, A, fields, outs): copy the records of rows out of the arena"},
+    {"records_write", (PyCFunction)(void (*)(void))Ring_records_write, METH_FASTCALL,
+     "records_write(words, width, arena, A, fields, values, skip, hook): copy a write's values into its records"},
     {"configure", (PyCFunction)Ring_configure, METH_VARARGS, "configure(pid, ctime, fd, lane, timeout[, stats_slot_offset, lane_stats_offset])"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "close()"},
     {NULL},

@@ -95,6 +95,8 @@ class Arena:
         lanes, cap = ring.lanes, ring.layout.capacity
         self.ring, self.A, self.field = ring, lane_arena, field
         self.dims = [(int(d), int(e)) for d, e in dims]
+        self._d = np.array([d for d, _ in self.dims], np.intp)  # (sizes: every field at once)
+        self._e = np.array([e for _, e in self.dims], np.int64)
         self.heads = np.ndarray((lanes, HEAD_WORDS), np.int64, mem, offset)
         at = offset + 8 * HEAD_WORDS * lanes
         self.table = np.ndarray((cap,), np.int64, mem, at)
@@ -102,15 +104,21 @@ class Arena:
         self.data = np.ndarray((lanes, lane_arena), np.uint8, mem, at)
         self.index = ring.index[field]
         self.staged = threading.local()  # this thread's write in flight: the values (see stage)
+        # the copies: the C ring's (the arenas named by their offset in the segment), or the loops below
+        c = ring.native
+        self._read = read_python if c is None else c.records_read
+        self._write = write_python if c is None else c.records_write
+        self._arenas = self.data if c is None else at
+        self._lanes = [self.data[i] if c is None else at + i * lane_arena for i in range(lanes)]
 
     # -- sizes -----------------------------------------------------------------------
 
     def sizes(self, lengths: np.ndarray) -> np.ndarray:
         """Record bytes of rows whose dimension lengths are ``lengths`` (``(n, dims)``)."""
-        total = np.zeros(len(lengths), np.int64)
-        for d, e in self.dims:
-            total += pad(lengths[:, d] * e)
-        return total
+        b = lengths[:, self._d] * self._e
+        b += PAD - 1
+        b &= -PAD
+        return b.sum(1)
 
     # -- writing ---------------------------------------------------------------------
 
@@ -205,45 +213,27 @@ class Arena:
         """(Slots stamped odd) copy the staged values into the records placed for them."""
         values = getattr(self.staged, "values", None)
         words = sources[self.index]
-        w = words.reshape(-1, words.shape[-1])
+        w = np.ascontiguousarray(words.reshape(-1, words.shape[-1]))
         if values is None or any(len(v) < len(w) for v in values):
             raise RuntimeError("a write of ragged rows without their values staged")
-        data, A = self.data[lane], self.A
         skip = len(values[0]) - len(w)  # (a write truncated to its last rows: theirs)
-        for i, (pos, lengths) in enumerate(zip(w[:, 1].tolist(), w[:, 2:].tolist())):
-            at = pos % A
-            for j, ((d, e), rows) in enumerate(zip(self.dims, values)):
-                nbytes = lengths[d] * e
-                if nbytes:
-                    data[at:at + nbytes] = rows[skip + i].reshape(-1).view(np.uint8)
-                at += pad(nbytes)
-                if HOOK is not None and j == 0:
-                    HOOK("record")
+        self._write(w, w.shape[1], self._lanes[lane], self.A, self.dims, values, skip, HOOK)
 
     # -- reading ---------------------------------------------------------------------
 
     def read(self, words: np.ndarray, outs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
-        """Copy the records of rows whose (checked) record words are ``words`` into
-        ``outs`` (per ragged field, record order: ``values`` viewed as bytes and the
-        byte ``offsets`` of each row in it); None if every record was intact, else the
-        mask of the intact rows (the others were covered meanwhile: draw them again)."""
-        data, A = self.data, self.A
+        """Copy the records of rows whose (checked) record words are ``words`` (int64,
+        C-contiguous) into ``outs`` (per ragged field, record order: its ``values``, and
+        the ``offsets`` of each row in them, in elements); None if every record was
+        intact, else the mask of the intact rows (the others were covered meanwhile: draw
+        them again)."""
         if HOOK is not None:
             HOOK("reading")
-        lanes = words[:, 0].tolist()
-        for i, (lane, pos, lengths) in enumerate(zip(lanes, words[:, 1].tolist(), words[:, 2:].tolist())):
-            at = pos % A
-            src = data[lane]
-            for (d, e), (buf, offsets) in zip(self.dims, outs):
-                nbytes = lengths[d] * e
-                if nbytes:
-                    o = int(offsets[i])
-                    buf[o:o + nbytes] = src[at:at + nbytes]
-                at += pad(nbytes)
+        self._read(words, words.shape[1], self._arenas, self.A, self.dims, outs)
         if HOOK is not None:
             HOOK("copied")
         heads = self.heads[:, 0].copy()  # (after the copies: the seqlock's second read)
-        ok = words[:, 1] >= heads[words[:, 0]] - A if len(words) else np.ones(0, bool)
+        ok = words[:, 1] >= heads[words[:, 0]] - self.A if len(words) else np.ones(0, bool)
         if FAULTS & 1:
             ok[:] = True
         return None if ok.all() else ok
@@ -256,3 +246,38 @@ class Arena:
 
     def check_lanes(self) -> None:
         """(At attach) nothing to check beyond the record words, which readers prove."""
+
+
+# -- the copies, in pure Python (the native path's: csrc/records.c; the same bytes) ---------
+
+def read_python(words: np.ndarray, width: int, data: np.ndarray, A: int, dims: Sequence[tuple[int, int]],
+                outs: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy the records of ``words`` (``(n, width)``) out of ``data`` (``(lanes, A)``
+    bytes) into ``outs`` (per field: values, offsets in elements); see :meth:`Arena.read`."""
+    bufs = [(values.reshape(-1).view(np.uint8), offsets.tolist()) for values, offsets in outs]
+    for i, (lane, pos, lengths) in enumerate(zip(words[:, 0].tolist(), words[:, 1].tolist(),
+                                                 words[:, 2:].tolist())):
+        at = pos % A
+        src = data[lane]
+        for (d, e), (buf, offsets) in zip(dims, bufs):
+            nbytes = lengths[d] * e
+            if nbytes:
+                o = offsets[i] * e
+                buf[o:o + nbytes] = src[at:at + nbytes]
+            at += -(-nbytes // PAD) * PAD
+
+
+def write_python(words: np.ndarray, width: int, data: np.ndarray, A: int, dims: Sequence[tuple[int, int]],
+                 values: list[list[np.ndarray]], skip: int, hook: Any) -> None:
+    """Copy ``values`` (per field, the rows from ``skip`` on) into the records of
+    ``words`` in one lane's arena ``data`` (``A`` bytes), calling ``hook("record")`` (if
+    not None) after the first field of each record; see :meth:`Arena.write`."""
+    for i, (pos, lengths) in enumerate(zip(words[:, 1].tolist(), words[:, 2:].tolist())):
+        at = pos % A
+        for j, ((d, e), rows) in enumerate(zip(dims, values)):
+            nbytes = lengths[d] * e
+            if nbytes:
+                data[at:at + nbytes] = rows[skip + i].reshape(-1).view(np.uint8)
+            at += -(-nbytes // PAD) * PAD
+            if hook is not None and j == 0:
+                hook("record")

@@ -31,6 +31,24 @@ def count(value: Any, what: str, minimum: int = 0) -> int:
     return int(value)
 
 
+def as_out(out: Any, batch: Any) -> Any:
+    """``out`` (a dict given as ``out=``; None: ``batch``) refilled with ``batch``'s
+    fields, and returned.
+
+    Examples:
+        >>> out = {"x": 1, "old": 2}
+        >>> as_out(out, {"x": 3}) is out, out
+        (True, {'x': 3})
+    """
+    if out is None or out is batch:
+        return batch
+    if not isinstance(out, dict):
+        raise ValueError(f"out must be a dict (a batch a read returned), got {type(out).__name__}")
+    out.clear()
+    out.update(batch)
+    return out
+
+
 class Outputs:
     """Makes a handle's batches, or checks a caller's ``out=`` (once: the same arrays
     again pass on an identity test).

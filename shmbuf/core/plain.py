@@ -142,7 +142,11 @@ class NoRecords:
     def done(self) -> None:
         pass
 
-    def finish(self, batch: Any, redraw: Any, deadline: float, timeout: float, drop: bool = False) -> Any:
+    def fixed(self, out: Any, n: int) -> Any:
+        return out
+
+    def finish(self, batch: Any, redraw: Any, deadline: float, timeout: float, drop: bool = False,
+               reuse: Any = None) -> Any:
         return batch
 
     def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Any:

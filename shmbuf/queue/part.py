@@ -43,5 +43,6 @@ def open(spec_: dict, engine: Any) -> dict[str, Any]:
     regions = engine.layout.regions
     queue = protocol.Queue(engine.ring, engine.lock, regions.get(protocol.REGION, (0, -1)), engine.seg.mmap,
                            regions.get(restart.REGION))
-    queue.finish = lambda batch, deadline, timeout: engine.records.finish(batch, None, deadline, timeout)
+    queue.finish = lambda batch, deadline, timeout, reuse: engine.records.finish(batch, None, deadline, timeout,
+                                                                                reuse=reuse)
     return {"writes": queue, "sampler": Consumed}

@@ -121,7 +121,7 @@ class Queue:
         self.head, self.next, self.table = self.live.head, self.live.next, self.live.table
         self.names = [f.name for f in ring.layout.fields]
         self._kept = takes.Kept()  # rows delivered to this handle's takes, not returned (a Ctrl-C)
-        self.finish: Callable[[Any, float, float], Any] = lambda b, deadline, timeout: b  # (ragged values: its part's)
+        self.finish: Callable[[Any, float, float, Any], Any] = lambda b, deadline, timeout, reuse: b  # (ragged: its part's)
         self.kept = None if kept is None else restart.Kept(mem, kept, lanes)  # (a queue in a file's)
 
     # -- changes ---------------------------------------------------------------------
@@ -219,13 +219,15 @@ class Queue:
         back = takes.waiting(self.ring, t, np.flatnonzero(t[:, E_STATE] == RETURNED).tolist() + dead)
         return int((lt[:, LANE_HEAD] - nxt).sum()) + back + len(self._kept)
 
-    def take(self, n: int, partial: bool, timeout: float, skip: Any = None, fit: Any = None) -> dict[str, Any]:
+    def take(self, n: int, partial: bool, timeout: float, skip: Any = None, fit: Any = None,
+             reuse: Any = None) -> dict[str, Any]:
         """The ``n`` oldest rows (fewer, at least 1, with ``partial``), each delivered
         to this call only; waits up to ``timeout`` for them (see the module). ``skip=(field,
         bound, newest)``: rows whose ``field`` is below ``bound`` are passed over, counted
         as stale, and never delivered (see :func:`shmbuf.queue.takes.usable`); the rows
         delivered count their staleness from ``newest`` (``stats()["sampled_staleness"]``).
-        ``fit``: a token budget's (see :func:`shmbuf.queue.takes.claim`).
+        ``fit``: a token budget's (see :func:`shmbuf.queue.takes.claim`); ``reuse``: a
+        batch whose ragged values' memory the rows are read into (``take(out=)``).
 
         Rows kept for this handle come first, then, if fewer than ``n``, a take for
         the rest (partial: of what is there, without waiting), each lane's rows in order
@@ -239,7 +241,7 @@ class Queue:
                     return kept[0]
             try:
                 more = self._take(n if kept is None else n - len(kept[1]), partial,
-                                  0.0 if kept is not None and partial else timeout, skip, fit)
+                                  0.0 if kept is not None and partial else timeout, skip, fit, reuse)
             except SampleTimeout:
                 if kept is not None and partial:
                     return kept[0]
@@ -251,7 +253,8 @@ class Queue:
             self._kept.back(kept, more)
             raise
 
-    def _take(self, n: int, partial: bool, timeout: float, skip: Any, fit: Any = None) -> takes.Rows:
+    def _take(self, n: int, partial: bool, timeout: float, skip: Any, fit: Any = None,
+              reuse: Any = None) -> takes.Rows:
         """A take from the queue's words (the rows kept for this handle aside): the rows,
         and their lanes and sequence numbers."""
         token = next(_TOKENS)
@@ -285,7 +288,7 @@ class Queue:
             # (through the read path: held rows cannot change, so its first copy passes)
             out = read(takes.Taken(self.ring, lanes, seqs), len(seqs), timeout,
                        deadline=max(deadline, time.monotonic() + LOCK_FLOOR))
-            out = self.finish(out, max(deadline, time.monotonic() + LOCK_FLOOR), timeout)  # (ragged values)
+            out = self.finish(out, max(deadline, time.monotonic() + LOCK_FLOOR), timeout, reuse)  # (ragged values)
             if HOOK is not None:
                 HOOK("copied", out)
             return self._deliver((out, lanes, seqs), pid, token, start, deadline, skip)  # (it ends our take)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.core import durable, validate
-from shmbuf.core.batch import count
+from shmbuf.core.batch import count, as_out
 from shmbuf.core.engine import Engine
 from shmbuf.queue import protocol, restart
 from shmbuf.versions.recent import FIELD
@@ -25,7 +25,8 @@ class Queues:
 
     def take(self, n: int, *, timeout: float | None = None, partial: bool = False,
              max_staleness: int | None = None, min_version: int | None = None, version: int | None = None,
-             max_tokens: int | None = None, length: str | None = None, groups: bool = False) -> Batch:
+             max_tokens: int | None = None, length: str | None = None, groups: bool = False,
+             out: Batch | None = None) -> Batch:
         """Take the ``n`` oldest rows of a queue (``mode="queue"``): each row is
         delivered to exactly one ``take`` of any process; waits up to ``timeout`` for
         them (``SampleTimeout``), or with ``partial=True`` returns as soon as there is at
@@ -54,6 +55,12 @@ class Queues:
         it ends before a write whose rows pass ``n`` or the budget, and takes at least
         the first write's rows whole (more than ``n`` if it holds more).
 
+        ``out``: a batch an earlier take returned, refilled in place and returned (the hot
+        loop's: ``b = q.take(..., out=b)``): its ragged fields' values are read into the
+        memory of ``out``'s (a larger block replaces it when they do not fit, with room
+        to spare); its other fields are new arrays (a take's row count varies). Any
+        array or view of the earlier batch sees the new rows.
+
         Examples:
             >>> import shmbuf
             >>> q = shmbuf.Buffer.create({"x": ((), "int64")}, 8, mode="queue")
@@ -69,14 +76,16 @@ class Queues:
         if n > self.capacity and not partial:
             raise ValueError(f"cannot take {n} rows at once from a queue of capacity {self.capacity}; "
                              "take fewer, or pass partial=True")
+        if out is not None and not isinstance(out, dict):
+            raise ValueError(f"out must be a dict (a batch an earlier take returned), got {type(out).__name__}")
         groups = validate.flag(groups, "groups")
         fit = None if max_tokens is None and length is None and not groups else \
             self.engine.records.fit(max_tokens, length, groups)
         if max_staleness is None and min_version is None and version is None:
             # (not through engine.sample: a queue has no rate gate, and the take counts the
             # rows it delivered itself, as it commits them)
-            return queue.take(n, partial, self.engine.seconds(timeout), None, fit)
+            return as_out(out, queue.take(n, partial, self.engine.seconds(timeout), None, fit, out))
         engine = self.engine
         bound, newest = self._versions.bound(engine, engine.window(), min_version, max_staleness, version)
-        return queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound, newest), fit)  # (counts staleness)
+        return as_out(out, queue.take(n, partial, self.engine.seconds(timeout), (FIELD, bound, newest), fit, out))
 

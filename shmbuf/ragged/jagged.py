@@ -9,6 +9,7 @@ and ends at ``total``.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from typing import Any, Iterable, Sequence
 
@@ -335,6 +336,49 @@ class Jagged:
             raise ValueError("concatenate needs at least one Jagged")
         values = np.concatenate([p.values for p in parts])
         return cls(values, _offsets_of(np.concatenate([p.lengths for p in parts])))
+
+    @classmethod
+    def empties(cls, lengths: Any, fields: Sequence[tuple[Any, tuple[int, ...]]],
+                block: np.ndarray | None = None) -> list["Jagged"]:
+        """Jaggeds of the same ``n`` rows whose values are not initialised (to be written),
+        all in one block of memory (each field's values at a multiple of 64 bytes of it,
+        ``values.base``): field ``k`` (``fields[k]``: its dtype and trailing shape) has
+        the lengths ``lengths[:, k]`` (ints ``(n, len(fields))``, each >= 0).
+
+        ``block``: a 1-D writeable uint8 array to put them in (a batch's, reused), if it
+        holds them; else a new one, a quarter larger than they need (sizes vary).
+
+        Examples:
+            >>> a, b = Jagged.empties([[2, 1], [0, 3]], [(np.int32, ()), (np.float32, (2,))])
+            >>> a.offsets, b.values.shape, a.values.base is b.values.base
+            (array([0, 2, 2]), (4, 2), True)
+        """
+        lens = np.asarray(lengths)
+        if lens.ndim != 2 or lens.shape[1] != len(fields) or (lens.size and lens.dtype.kind not in "iu"):
+            raise ValueError(f"lengths must be ints of shape (n, {len(fields)}), got {lens.dtype} {lens.shape}")
+        if lens.size and lens.min() < 0:
+            raise ValueError("lengths must be >= 0 (a row's length)")
+        offsets = np.zeros((len(fields), len(lens) + 1), np.int64)  # (each field's: a row of it)
+        np.cumsum(lens.T, axis=1, out=offsets[:, 1:])
+        places, need = [], 0
+        for (dtype, trailing), total in zip(fields, offsets[:, -1].tolist()):
+            dtype, shape = np.dtype(dtype), (total,) + tuple(trailing)
+            nbytes = math.prod(shape) * dtype.itemsize
+            places.append((need, nbytes, dtype, shape))
+            need += -(-nbytes // 64) * 64
+        if block is None:
+            block = np.empty(need, np.uint8)
+        elif not (isinstance(block, np.ndarray) and block.dtype == np.uint8 and block.ndim == 1
+                  and block.flags.c_contiguous and block.flags.writeable):
+            raise ValueError("block must be a 1-D writeable C-contiguous uint8 array")
+        elif block.nbytes < need:
+            block = np.empty(need + need // 4, np.uint8)
+        out = []
+        for o, (at, nbytes, dtype, shape) in zip(offsets, places):
+            self = cls.__new__(cls)  # (made right here: not checked again)
+            self._values, self._offsets = block[at:at + nbytes].view(dtype).reshape(shape), o
+            out.append(self)
+        return out
 
     @classmethod
     def empty(cls, lengths: Any, dtype: Any, trailing: tuple[int, ...] = ()) -> "Jagged":

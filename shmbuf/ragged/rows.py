@@ -15,6 +15,7 @@ within the call's deadline (:class:`~shmbuf.core.read.SampleTimeout` after it).
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -36,6 +37,10 @@ class Rows:
         self.engine, self.arena, self.ragged, self.dims = engine, arena, ragged, dims
         self.names = [r.name for r in ragged]
         self._dim = [dims.index(r.key) for r in ragged]
+        self._first = [self._dim.index(d) for d in self._dim]  # (the first field of each one's length)
+        self._cols = np.array([2 + d for d in self._dim], np.intp)  # (each field's length in a record word)
+        self._specs = [(r.dtype, r.trailing) for r in ragged]
+        self._blocks: Any = weakref.WeakValueDictionary()  # (id: block of the batches read here, reusable)
         self._checks = [schema.as_field(r) for r in ragged]
         self.mean = 64.0  # tokens a row of the budget's dimension had, as the last budget found
 
@@ -62,9 +67,8 @@ class Rows:
                              f"{ {k: len(v) for k, v in zip(self.names, per_field)} }")
         words = np.zeros((n, 2 + len(self.dims)), np.int64)
         for j, (r, rows) in enumerate(zip(self.ragged, per_field)):
-            lengths = np.fromiter((len(v) for v in rows), np.int64, n)
-            d = self._dim[j]
-            first = next(i for i in range(j + 1) if self._dim[i] == d)
+            lengths = np.fromiter(map(len, rows), np.int64, n)
+            d, first = self._dim[j], self._first[j]
             if first < j:
                 bad = np.flatnonzero(words[:, 2 + d] != lengths)
                 if len(bad):
@@ -101,19 +105,24 @@ class Rows:
             raise ValueError(f"field {r.name!r}: expected one array per row (a list of arrays of shape "
                              f"(length, *{r.trailing}), or a shmbuf.Jagged), got {type(value).__name__}")
         out = []
+        nd, trailing, dtype = 1 + len(r.trailing), r.trailing, r.dtype
         for i, v in enumerate(rows):
             if type(v) is not np.ndarray:
                 try:
                     v = np.asarray(v)
                 except (ValueError, TypeError) as exc:
                     raise ValueError(f"field {r.name!r}: cannot make an array of row {i} ({exc})") from None
-            if v.ndim != 1 + len(r.trailing) or v.shape[1:] != r.trailing:
+            shape = v.shape
+            if len(shape) != nd or (trailing and shape[1:] != trailing):
                 where = "the value" if single else f"row {i}"
-                want = "(length, " + ", ".join(map(str, r.trailing)) + ")" if r.trailing else "(length,)"
-                raise ValueError(f"field {r.name!r}: expected {where} of shape {want}, got shape {v.shape}")
-            if v.dtype != r.dtype:
+                want = "(length, " + ", ".join(map(str, trailing)) + ")" if trailing else "(length,)"
+                raise ValueError(f"field {r.name!r}: expected {where} of shape {want}, got shape {shape}")
+            if v.dtype is not dtype and v.dtype != dtype:  # (numpy's dtypes of a kind: one object)
                 validate.check_cast(f, v)
-            out.append(np.ascontiguousarray(v, r.dtype))
+                v = np.ascontiguousarray(v, dtype)
+            elif not v.flags.c_contiguous:  # (an array of the dtype, C-contiguous, as it is)
+                v = np.ascontiguousarray(v)
+            out.append(v)
         return out
 
     def done(self) -> None:
@@ -155,17 +164,34 @@ class Rows:
         raise ValueError(f"length={dim!r} names no ragged field or length of this buffer; it has "
                          f"{sorted(set(self.dims) | set(self.names))}")
 
+    def fixed(self, out: Any, n: int) -> Batch | None:
+        """What a sampler fills of ``out`` (``sample(n, out=)``, None: nothing given): a
+        batch a read returned (its ragged fields :class:`Jagged`) as its fixed arrays and
+        new arrays of the hidden fields (record words, groups)."""
+        if out is None:
+            return None
+        if not isinstance(out, dict) or not all(isinstance(out.get(k), Jagged) for k in self.names):
+            got = {k: type(out.get(k)).__name__ for k in self.names} if isinstance(out, dict) else type(out).__name__
+            raise ValueError(f"out must be a batch a read of this buffer returned (its ragged field(s) {self.names} "
+                             f"each a shmbuf.Jagged), got {got}")
+        fixed = {k: a for k, a in out.items() if k not in self.names}
+        fixed[schema.FIELD] = np.empty((n, 2 + len(self.dims)), np.int64)
+        fixed[schema.GROUP] = np.empty((n, 2), np.int64)
+        return fixed
+
     def finish(self, batch: Batch, redraw: Callable[[int], Batch] | None, deadline: float,
-               timeout: float, drop: bool = False) -> Batch | None:
+               timeout: float, drop: bool = False, reuse: Any = None) -> Batch | None:
         """``batch`` (a sampler's, with record words) with its ragged fields read in: rows
         whose record was covered meanwhile are replaced by ``redraw(m)``'s (None: a
         take's rows, which nothing may cover: an error), until ``deadline``; with
         ``drop`` (a token budget's rows), left out instead, and None if no row is left
-        (the caller draws its budget again)."""
+        (the caller draws its budget again). ``reuse``: a batch a read returned
+        (``out=``), whose ragged values' memory the values read go into if they fit
+        (else a larger block replaces it)."""
         words = batch.pop(schema.FIELD)
         batch.pop(schema.GROUP, None)
         self._check(words)
-        jagged, ok = self._read(words)
+        jagged, ok = self._read(words, reuse)
         if drop and ok is not None and not ok.any():
             return None  # (every row covered meanwhile: not a take's, whose rows nothing may cover)
         if drop and ok is not None:
@@ -219,20 +245,28 @@ class Rows:
         >= 0, a record that fits its lane's arena."""
         if not len(words):
             return
-        lengths = words[:, 2:]
-        if (words[:, 0] < 0).any() or (words[:, 0] >= self.engine.layout.lanes).any() or (lengths < 0).any() \
-                or (words[:, 1] < 0).any() or (lengths > self.arena.A).any() \
-                or (self.arena.sizes(lengths) > self.arena.A).any():
+        lengths, A = words[:, 2:], self.arena.A
+        if words.min() < 0 or words[:, 0].max() >= self.engine.layout.lanes or lengths.max() > A \
+                or (words[:, 1] % A + self.arena.sizes(lengths) > A).any():
             raise FormatError(f"buffer {self.engine.name!r} holds a record word no shmbuf process writes: "
                               "it is damaged")
 
-    def _read(self, words: np.ndarray) -> tuple[dict[str, Jagged], np.ndarray | None]:
-        jagged, outs = {}, []
-        for r, d in zip(self.ragged, self._dim):
-            j = Jagged.empty(words[:, 2 + d], r.dtype, r.trailing)
-            jagged[r.name] = j
-            outs.append((j.values.reshape(-1).view(np.uint8), j.offsets * r.element_bytes))
-        return jagged, self.arena.read(words, outs)
+    def _read(self, words: np.ndarray, reuse: Any = None) -> tuple[dict[str, Jagged], np.ndarray | None]:
+        """The rows' ragged fields, their values read from the records of ``words`` into
+        one block of memory (:meth:`Jagged.empties`): the block of ``reuse``'s (a batch
+        a read of this handle returned) if they fit, else a new one."""
+        block = None
+        if isinstance(reuse, dict):
+            bases = {id(j.values.base): j.values.base for j in (reuse.get(k) for k in self.names)
+                     if isinstance(j, Jagged)}
+            block = next(iter(bases.values())) if len(bases) == 1 else None
+            block = block if block is not None and self._blocks.get(id(block)) is block else None  # (ours only)
+        fields = Jagged.empties(words[:, self._cols], self._specs, block)
+        base = fields[0].values.base
+        if base is not block:
+            self._blocks[id(base)] = base
+        jagged = dict(zip(self.names, fields))
+        return jagged, self.arena.read(np.ascontiguousarray(words), [(j.values, j.offsets) for j in fields])
 
     def fit(self, max_tokens: Any, length: Any, groups: bool = False) -> Callable[[np.ndarray, np.ndarray], tuple[int, bool]]:
         """A take's budget: of the rows ``(lanes, seqs)`` it would claim, in order, how many

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <time.h>
