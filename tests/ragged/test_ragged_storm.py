@@ -371,6 +371,35 @@ def late_writer(name: str, flag: str, go: str) -> None:
     buf.extend(ragged_rows(98, 0, 1), lane=0, timeout=30)
 
 
+@contextlib.contextmanager
+def stopped_late_writer(name: str, tmp_path):
+    """:func:`late_writer` in a process, stopped at "reserved" while the block runs; then
+    it goes on and must end well (killed if the block failed)."""
+    flag, go = str(tmp_path / "at-reserved"), str(tmp_path / "go")
+    p = CTX.Process(target=late_writer, args=(name, flag, go))
+    p.start()
+    try:
+        wait_for_file(flag, p, "the late writer to stop at 'reserved'")
+        yield p
+        open(go, "w").close()
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join(30)
+
+
+def written(extend) -> bool:
+    """Whether ``extend()`` wrote (else it timed out waiting for the stopped writer)."""
+    try:
+        extend()
+        return True
+    except shmbuf.WriteTimeout as exc:
+        assert "still writing rows whose records" in str(exc)
+        return False
+
+
 @pytest.mark.parametrize("broken", [False, True], ids=["protected", "wait-off"])
 def test_a_late_writers_bytes_never_land_in_a_newer_record(name, tmp_path, monkeypatch, broken):
     """A writer stopped with its record placed and no byte written; another write wraps
@@ -380,27 +409,11 @@ def test_a_late_writers_bytes_never_land_in_a_newer_record(name, tmp_path, monke
     its row torn."""
     if broken:
         monkeypatch.setattr(arena.Arena, "wait", lambda self, *a: None)
-    flag, go = str(tmp_path / "at-reserved"), str(tmp_path / "go")
+    i = 10  # 4 rows of 1,024 bytes after its 1,024: the 4th starts where its record is
     with shmbuf.Buffer.create(RAGGED_FIELDS, 16, name=name, arena=4096, seed=0) as buf:
-        p = CTX.Process(target=late_writer, args=(name, flag, go))
-        p.start()
-        try:
-            wait_for_file(flag, p, "the late writer to stop at 'reserved'")
-            i = 10  # 4 rows of 1,024 bytes after its 1,024: the 4th starts where its record is
+        with stopped_late_writer(name, tmp_path):
             buf.extend(ragged_rows(99, i, i + 3), lane=0, timeout=5)
-            try:
-                buf.extend(ragged_rows(99, i + 3, i + 4), lane=0, timeout=0.3)
-                wrote = True
-            except shmbuf.WriteTimeout as exc:
-                assert "still writing rows whose records" in str(exc)
-                wrote = False
-            open(go, "w").close()
-            p.join(30)
-            assert p.exitcode == 0
-        finally:
-            if p.is_alive():
-                p.kill()
-                p.join(30)
+            wrote = written(lambda: buf.extend(ragged_rows(99, i + 3, i + 4), lane=0, timeout=0.3))
         b = buf.sample(64, timeout=5)
         assert wrote == broken
         assert (b["w"] == 99).all() and set(b["i"].tolist()) == set(range(i, i + 3 + wrote))
@@ -431,29 +444,12 @@ def test_a_late_writers_bytes_never_land_in_a_record_placed_after_its_row_left(n
     evicts nothing (the row left already), but the stopped writer's late bytes would land
     in its record all the same: it must wait for it too (it published at once: once the
     stopped writer went on, a sample saw its row torn)."""
-    flag, go = str(tmp_path / "at-reserved"), str(tmp_path / "go")
     half = lambda k: ragged_rows(97, k * 10_000 + 128, k * 10_000 + 129)  # noqa: E731 (512 record bytes)
     with shmbuf.Buffer.create(RAGGED_FIELDS, 16, name=name, arena=4096, seed=0) as buf:
-        p = CTX.Process(target=late_writer, args=(name, flag, go))
-        p.start()
-        try:
-            wait_for_file(flag, p, "the late writer to stop at 'reserved'")
+        with stopped_late_writer(name, tmp_path):
             buf.extend(ragged_rows(99, 10, 13), lane=0, timeout=5)  # (the arena's rest: 3 x 1,024 bytes)
-            with pytest.raises(shmbuf.WriteTimeout, match="still writing rows whose records"):
-                buf.extend(half(1), lane=0, timeout=0.3)  # (the record's first half)
-            try:
-                buf.extend(half(2), lane=0, timeout=0.3)  # (its second half)
-                wrote = True
-            except shmbuf.WriteTimeout as exc:
-                assert "still writing rows whose records" in str(exc)
-                wrote = False
-            open(go, "w").close()
-            p.join(30)
-            assert p.exitcode == 0
-        finally:
-            if p.is_alive():
-                p.kill()
-                p.join(30)
+            assert not written(lambda: buf.extend(half(1), lane=0, timeout=0.3))  # (the record's first half)
+            wrote = written(lambda: buf.extend(half(2), lane=0, timeout=0.3))  # (its second half)
         b = buf.sample(64, timeout=5)
         torn = {(int(b["w"][j]), int(b["i"][j])) for j in range(len(b["w"]))
                 if ragged_torn({k: v[[j]] for k, v in b.items()})}
