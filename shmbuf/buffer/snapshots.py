@@ -102,9 +102,8 @@ class Snapshots:
             >>> a.close(); b.close()
         """
         e = self.engine
-        e.records.check_copy("state_dict()")
-        return contents.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"], e.seconds(timeout),
-                               e.writes)  # (its waits: one deadline)
+        return e.records.snapshot(contents.snapshot(e.ring, e.layout.stored(), self.sampler.state()["rng"],
+                                                    e.seconds(timeout), e.writes))  # (its waits: one deadline)
 
     def load_state_dict(self, state: Mapping[str, Any], *, timeout: float | None = None) -> None:
         """Restore :meth:`state_dict` output; a bad state raises and changes nothing.
@@ -118,8 +117,7 @@ class Snapshots:
         file's writes to the disk, are not interrupted.
         """
         e = self.engine
-        e.records.check_copy("load_state_dict()")
-        checked = contents.check(state, e.layout, e.layout.stored(), e.writes)
+        checked = e.records.check_state(state, contents.check(state, e.layout, e.layout.stored(), e.writes))
         deadline = Deadline(e.seconds(timeout))
         contents.restore(e.ring, checked, deadline.left(), seg=e.seg)
         e.writes.reset(deadline.left())  # (a queue: every row restored is one not yet taken)

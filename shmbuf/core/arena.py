@@ -238,6 +238,31 @@ class Arena:
             ok[:] = True
         return None if ok.all() else ok
 
+    def restore(self, slots: np.ndarray, row: np.ndarray, values: Sequence[Any], seq: np.ndarray) -> None:
+        """(A restore, under the lock, every row unpublished) place the records of the
+        rows restored into ``slots`` (whose record words hold their lengths), row
+        ``row[i]`` of each ragged field's ``values`` (Jagged), each lane's in the order of
+        their sequence numbers ``seq``, from two laps past its arena head (every record
+        placed before fails a reader's check from the moment the head moves)."""
+        lc, A, words = self.ring.lane_capacity, self.A, self.ring.arrays[self.field]
+        for lane in np.unique(slots // lc).tolist():
+            mine = np.flatnonzero(slots // lc == lane)
+            mine = mine[np.argsort(seq[mine], kind="stable")] if len(mine) > 1 else mine
+            sizes = self.sizes(words[slots[mine], 2:])
+            start = (int(self.heads[lane, 0]) // A + 2) * A
+            pos = start + np.cumsum(sizes) - sizes
+            self.heads[lane, 0] = start + int(sizes.sum())  # (before any byte: old records fail from here)
+            data = self.data[lane]
+            for k, i in enumerate(mine.tolist()):
+                at, r = int(pos[k]) % A, int(row[i])
+                for (d, e), j in zip(self.dims, values):
+                    chunk = j[r].reshape(-1).view(np.uint8)
+                    data[at:at + len(chunk)] = chunk
+                    at += pad(len(chunk))
+            words[slots[mine], 0] = lane
+            words[slots[mine], 1] = pos
+            self.table[slots[mine]] = pos
+
     # -- facts -----------------------------------------------------------------------
 
     def used(self) -> list[dict[str, int]]:

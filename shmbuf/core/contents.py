@@ -324,6 +324,8 @@ def restore(ring: Ring, checked: dict[str, Any], timeout: float, chunk_bytes: in
                     a[lo:lo + chunk] = checked["data"][name][lo:lo + chunk]
             if progress is not None:
                 progress(min(chunk, ring.layout.capacity - lo) * (ring.layout.row_bytes + 8))
+        if checked.get("records") is not None:  # (a buffer with ragged fields: their values, placed anew)
+            ring.records.restore(*checked["records"])
         if checked.get("episodes") is not None:  # (an episode buffer's episode numbers)
             ring.lane_table[:, LANE_EPISODES] = checked["episodes"]
         # head before base: a sampler reads base before head (Ring.window), so it never

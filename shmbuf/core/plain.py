@@ -161,6 +161,12 @@ class NoRecords:
     def check_each(self) -> None:
         """Raise the ``ValueError`` of an ``add_each`` these rows cannot take (none)."""
 
+    def snapshot(self, state: dict) -> dict:
+        return state
+
+    def check_state(self, state: Any, checked: dict) -> dict:
+        return checked
+
     def check_copy(self, what: str) -> None:
         """Raise the ``ValueError`` of a copy of the rows (``what``: ``"state_dict"``,
         ``"save"``...) that cannot hold these records (none: there are none)."""

@@ -144,6 +144,60 @@ class Rows:
         raise ValueError(f"add_each() of rows with ragged fields ({self.names}) is not supported yet: add() "
                          "each row into its lane (lane=) instead; nothing was written")
 
+    def snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state dict (:func:`shmbuf.core.contents.snapshot`'s) with its rows' ragged
+        values, read with the checked read: ``state["ragged"]`` holds per ragged field
+        ``(values, offsets)`` of the rows kept (``stamps`` not 0, in slot order); a row
+        whose record was covered after its fixed part was copied is left out, as a row
+        overwritten during the copy is."""
+        stamps = state["stamps"]
+        kept = np.flatnonzero(stamps)
+        words = state["data"][schema.FIELD][kept]
+        self._check(words)
+        jagged, ok = self._read(words)
+        if ok is not None:
+            stamps[kept[~ok]] = 0
+            jagged = {k: j[np.flatnonzero(ok)] for k, j in jagged.items()}
+        state["ragged"] = {k: (j.values, j.offsets) for k, j in jagged.items()}
+        return state
+
+    def check_state(self, state: Any, checked: dict[str, Any]) -> dict[str, Any]:
+        """``checked`` (:func:`shmbuf.core.contents.check`'s) with what the arena needs to
+        restore the ragged values of ``state`` (``ValueError`` if they do not match its
+        rows or do not fit a lane's arena; nothing changed)."""
+        given = state.get("ragged") if isinstance(state, Mapping) else None
+        if not isinstance(given, Mapping) or set(given) != set(self.names):
+            raise ValueError(f"state_dict['ragged'] must hold the ragged fields {self.names} (a state of a buffer "
+                             "with ragged fields, from its state_dict())")
+        raw = np.flatnonzero(np.asarray(state["stamps"]))  # (the rows the values are of, in order)
+        words = np.asarray(state["data"][schema.FIELD])[raw]
+        values = []
+        for r, d in zip(self.ragged, self._dim):
+            try:
+                j = Jagged(np.asarray(given[r.name][0]), np.asarray(given[r.name][1]))
+            except (TypeError, ValueError, IndexError) as exc:
+                raise ValueError(f"state_dict['ragged'][{r.name!r}] is not (values, offsets): {exc}") from None
+            if j.values.dtype != r.dtype or j.values.shape[1:] != r.trailing or len(j) != len(raw) \
+                    or not np.array_equal(j.lengths, words[:, 2 + d]):
+                raise ValueError(f"state_dict['ragged'][{r.name!r}] does not match the state's rows: "
+                                 f"{len(j)} rows of {j.values.dtype} {j.values.shape[1:]}, for {len(raw)} rows of "
+                                 f"{r.dtype} {r.trailing} and their lengths")
+            values.append(j)
+        slots = np.flatnonzero(checked["stamps"])
+        old = slots if checked["source"] is None else checked["source"][slots]
+        row = np.searchsorted(raw, old)
+        if (row >= len(raw)).any() or (raw[np.minimum(row, len(raw) - 1)] != old).any():
+            raise ValueError("state_dict['stamps'] names rows the state has no ragged values of")
+        lanes = slots // self.engine.layout.lane_capacity
+        used = np.bincount(lanes, self.arena.sizes(words[row, 2:]), minlength=self.engine.layout.lanes)
+        if (used > self.arena.A).any():
+            lane = int(np.argmax(used))
+            raise ValueError(f"the state's rows of lane {lane} hold {int(used[lane]):,} bytes of ragged values, "
+                             f"more than its arena ({self.arena.A:,} bytes); restore into a buffer with arena= "
+                             "at least as large as the one saved")
+        checked["records"] = (slots, row, values, (checked["stamps"][slots] >> 1) - 1)
+        return checked
+
     def check_copy(self, what: str) -> None:
         """A copy of the rows (``what``) cannot hold ragged values yet: refused."""
         raise ValueError(f"{what} of a buffer with ragged fields ({self.names}) is not supported yet: it would "
