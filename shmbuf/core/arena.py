@@ -39,7 +39,12 @@ which proves each row's record word: the record bytes are copied, then ``H`` of 
 lane is read again; a row whose ``pos < H - A`` may have been covered while it was
 copied and is refused (the caller draws again), exactly as a stamp that changed. On
 x86-64 the stores of a writer (``H``, then the bytes) and the loads of a reader (the
-bytes, then ``H``) keep program order, which is all this seqlock needs.
+bytes, then ``H``) keep program order, which is all this seqlock needs. The copies are
+C's (``csrc/records.c``, with an acquire fence after the read's copies) on the native
+path and numpy's on the pure one: the same bytes.
+
+**Restoring** a state (:meth:`Arena.restore`, under the restore's lock, its rows not
+yet published) places every lane's records anew from two laps past ``H``.
 """
 
 from __future__ import annotations
