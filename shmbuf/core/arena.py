@@ -268,15 +268,6 @@ class Arena:
             words[slots[mine], 1] = pos
             self.table[slots[mine]] = pos
 
-    # -- facts -----------------------------------------------------------------------
-
-    def used(self) -> list[dict[str, int]]:
-        """Per lane: bytes ever reserved, and the arena's size."""
-        return [{"reserved": int(h), "arena": self.A} for h in self.heads[:, 0].tolist()]
-
-    def check_lanes(self) -> None:
-        """(At attach) nothing to check beyond the record words, which readers prove."""
-
 
 # -- the copies, in pure Python (the native path's: csrc/records.c; the same bytes) ---------
 

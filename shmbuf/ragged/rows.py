@@ -278,7 +278,8 @@ class Rows:
         """``batch`` (rows the checked gather copied, every stored field) with its ragged
         fields read in and the hidden fields left out; None if a record was covered
         meanwhile (draw the rows again)."""
-        batch = {k: a for k, a in batch.items() if not k.startswith("_") or k in (schema.FIELD,)}
+        batch = dict(batch)
+        batch.pop(schema.GROUP, None)
         words = batch.pop(schema.FIELD)
         self._check(words)
         jagged, ok = self._read(words)

@@ -315,3 +315,13 @@ def test_sample_whole_groups_uniformly(name):
         plain.add({"x": 1})
         with pytest.raises(ValueError, match="groups= is for a buffer with ragged fields"):
             plain.sample(1, groups=True)
+
+
+def test_whole_groups_keep_every_field_of_the_users(name):
+    """A user's field whose name starts with an underscore comes with a group sample as
+    with any other (only the buffer's own hidden fields stay behind)."""
+    fields = {"r": ((None,), np.int32), "_id": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 8, name=name, arena=4096, seed=0) as buf:
+        buf.extend({"r": [np.arange(2), np.arange(3)], "_id": [7, 7]})
+        b = buf.sample(2, groups=True)
+        assert sorted(b) == ["_id", "r"] and b["_id"].tolist() == [7, 7, 7, 7]
