@@ -5,10 +5,11 @@ Two generator processes play the inference engine: each pulls the newest policy 
 ``shmbuf.Weights`` and writes rollouts (a prompt of 16 to 256 tokens, a response of 1 to
 1,024, a log-probability per response token, a reward) into a ``shmbuf.Buffer`` in queue
 mode with ragged fields, each row stamped with the policy version it was generated
-with. No padding, no pickling: the tokens go straight into shared memory. The trainer
-takes batches by token budget, ``take(64, partial=True, max_tokens=8192, length="R",
-max_staleness=2)`` (the oldest rollouts, each delivered once, up to 8,192 response
-tokens, none more than 2 versions behind the policy it trains), splits each into two
+with; the 4 rollouts of one write answer one prompt (a GRPO group). No padding, no
+pickling: the tokens go straight into shared memory. The trainer takes batches by token budget, ``take(64, partial=True, max_tokens=8192, length="R",
+max_staleness=2, groups=True)`` (the oldest rollouts, each delivered once, up to 8,192
+response tokens, none more than 2 versions behind the policy it trains, groups whole),
+computes each rollout's advantage against its group's mean reward, splits each into two
 micro-batches of even token counts, turns them into torch jagged nested tensors
 (``Jagged.to_torch()``, no copy; numpy padded batches where torch is missing), makes a
 toy policy-gradient update of a per-token bias, and publishes the next version.
@@ -61,13 +62,14 @@ def mix(g: int, rows: np.ndarray) -> np.ndarray:
 
 def spec(g: int, rows: np.ndarray) -> dict[str, np.ndarray]:
     """What rollouts ``rows`` of generator ``g`` hold: their lengths, the first token of
-    the prompt and of the response (token i of each: (first + i) % VOCAB), the reward."""
-    h = mix(g, rows)
-    field = lambda shift, n: ((h >> np.uint64(shift)) % np.uint64(n)).astype(np.int64)  # noqa: E731
-    return {"prompt_len": PROMPT[0] + field(0, PROMPT[1] - PROMPT[0] + 1),
-            "response_len": RESPONSE[0] + field(10, RESPONSE[1] - RESPONSE[0] + 1),
-            "prompt_first": field(22, VOCAB), "response_first": field(38, VOCAB),
-            "reward": (field(54, 1000) / 1000).astype(np.float32)}
+    the prompt and of the response (token i of each: (first + i) % VOCAB), the reward.
+    The ``PER_WRITE`` rollouts of one write are a GRPO group: responses to one prompt."""
+    h, p = mix(g, rows), mix(g, rows // PER_WRITE)  # (the prompt: the group's)
+    field = lambda h, shift, n: ((h >> np.uint64(shift)) % np.uint64(n)).astype(np.int64)  # noqa: E731
+    return {"prompt_len": PROMPT[0] + field(p, 0, PROMPT[1] - PROMPT[0] + 1),
+            "response_len": RESPONSE[0] + field(h, 10, RESPONSE[1] - RESPONSE[0] + 1),
+            "prompt_first": field(p, 22, VOCAB), "response_first": field(h, 38, VOCAB),
+            "reward": (field(h, 54, 1000) / 1000).astype(np.float32)}
 
 
 def logprob(tokens: np.ndarray) -> np.ndarray:
@@ -135,12 +137,20 @@ def check(b: dict) -> int:
     return tokens
 
 
+def advantages(b: dict) -> np.ndarray:
+    """GRPO's: each rollout's reward less the mean reward of its group (the rollouts of
+    one write: one prompt's responses; a take with ``groups=True`` never splits one)."""
+    _, group = np.unique(b["generator"].astype(np.int64) << 40 | b["row"] // PER_WRITE, return_inverse=True)
+    counts = np.bincount(group)
+    assert (counts == PER_WRITE).all(), "a group split over two takes"
+    return (b["reward"] - (np.bincount(group, b["reward"]) / counts)[group]).astype(np.float32)
+
+
 def update(bias, part: dict, torch) -> float:
     """A toy policy-gradient step on one micro-batch: each response token's bias moves by
     its rollout's advantage; returns the surrogate loss. With torch, through jagged
     nested tensors; without, through padded numpy arrays and their mask."""
-    reward = part["reward"]
-    adv = reward - reward.mean()
+    adv = part["advantage"]
     if torch is not None:
         response = part["response"].to_torch()  # (rows, j1): a jagged nested tensor, no copy
         logprobs = part["logprobs"].to_torch()
@@ -192,13 +202,14 @@ def train(seconds: float = 3.0, use_torch: bool | None = None, min_takes: int = 
         try:
             while t0 is None or time.monotonic() - t0 < seconds or takes < min_takes:
                 b = q.take(TAKE, partial=True, max_tokens=MAX_TOKENS, length="R",
-                           max_staleness=MAX_STALENESS, timeout=60)
+                           max_staleness=MAX_STALENESS, groups=True, timeout=60)
                 stale.append(weights.version - b["version"])  # versions behind the policy trained
                 checked = check(b)
                 tokens += checked
                 timed += checked if t0 is not None else 0
                 for g in range(GENERATORS):
                     seen[g] += b["row"][b["generator"] == g].tolist()
+                b["advantage"] = advantages(b)
                 for positions in batches.balanced(b["response"].lengths, MICRO_BATCHES):
                     if len(positions):
                         losses.append(update(bias, batches.select(b, positions), torch))

@@ -73,6 +73,25 @@ def test_async_llm_rl_check_finds_a_wrong_token():
         async_llm_rl.check(batch)
 
 
+def test_async_llm_rl_advantages_are_per_group_and_refuse_a_split_group():
+    """GRPO's advantages: each rollout's reward less its group's mean; a batch holding part
+    of a group (what a take without groups=True can return) fails the check."""
+    import async_llm_rl
+    from shmbuf.ragged.jagged import Jagged
+
+    k = async_llm_rl.PER_WRITE
+    rows = async_llm_rl.rollouts(1, np.arange(0, 2 * k))
+    batch = {n: Jagged.from_rows(v, dtype=async_llm_rl.FIELDS[n][1]) if isinstance(v, list) else v
+             for n, v in rows.items()}
+    assert (batch["prompt"][0] == batch["prompt"][k - 1]).all()  # one prompt per group
+    adv = async_llm_rl.advantages(batch)
+    for g in range(2):
+        part = slice(g * k, (g + 1) * k)
+        assert np.allclose(adv[part], batch["reward"][part] - batch["reward"][part].mean())
+    with pytest.raises(AssertionError, match="a group split"):
+        async_llm_rl.advantages({n: v[1:] for n, v in batch.items()})
+
+
 @pytest.mark.timeout(300)
 def test_async_llm_rl_prints_its_verification_and_leaves_nothing_after_ctrl_c():
     import signal
