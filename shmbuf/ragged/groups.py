@@ -41,7 +41,7 @@ class Groups(Sampler):
     position one group's batch (``{field: rows}``, its ragged fields read in)."""
 
     what = "whole groups"
-    hint = ": writers overwrite the groups faster than they can be read (capacity or arena= too small?)"
+    hint = ""
 
     def __init__(self, engine: Any, rows: Any) -> None:
         self.engine, self.rows = engine, rows
@@ -58,6 +58,7 @@ class Groups(Sampler):
         lane = np.broadcast_to(lane, first.shape)
         place = self.place[lane * self.lc + first % self.lc]  # (a guide: the gather proves it)
         starts = np.flatnonzero(place[:, 0] == 0)[:m]
+        self.drawn, self.starts = len(first), len(starts)
         return lane[starts], first[starts], place[starts, 1]
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray:
@@ -78,6 +79,10 @@ class Groups(Sampler):
                 if got is not None:
                     out["groups"][at[j]] = got
                     ok[at[j]] = True
+        # (what the timeout's message says: the last round's counts, as they were)
+        self.hint = (f": the last round drew {self.drawn} rows, {self.starts} of them a group's first row, and "
+                     f"{int(ok.sum())} of those groups were read whole (the others' rows were unpublished, "
+                     f"being written or overwritten while read, or their records covered)")
         return ok
 
 

@@ -317,6 +317,17 @@ def test_sample_whole_groups_uniformly(name):
             plain.sample(1, groups=True)
 
 
+def test_a_group_sample_that_finds_no_whole_group_says_what_it_found(name):
+    """A buffer whose only group lost its first rows holds no whole group: the timeout
+    says what the last round found (counts, not a guess at the cause)."""
+    fields = {"r": ((None,), np.int32), "i": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 16, name=name, arena=1 << 14, seed=0) as buf:
+        buf.extend({"r": [np.arange(2)] * 20, "i": np.arange(20)}, truncate_ok=True)  # rows 4..19 kept
+        with pytest.raises(shmbuf.SampleTimeout, match=r"the last round drew \d+ rows, 0 of them a group's first row, "
+                                                       r"and 0 of those groups were read whole"):
+            buf.sample(1, groups=True, timeout=0.2)
+
+
 def test_whole_groups_keep_every_field_of_the_users(name):
     """A user's field whose name starts with an underscore comes with a group sample as
     with any other (only the buffer's own hidden fields stay behind)."""
