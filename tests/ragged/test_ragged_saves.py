@@ -6,13 +6,19 @@ rows, is refused before anything is created."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import time
 
 import numpy as np
 import pytest
 
 import shmbuf
+from helpers import RAGGED_FIELDS, ragged_torn, ragged_writer, read_log
+from shmbuf import Jagged
 from shmbuf.core import arena, segment
 from shmbuf.persist import save as persist
+
+CTX = mp.get_context("fork")
 
 F = {"r": (("R",), np.int32), "lp": (("R",), np.float32), "p": ((None, 2), np.int16), "k": ((), np.int64)}
 
@@ -188,3 +194,49 @@ def test_a_save_of_format_3_without_ragged_fields_still_loads(name, tmp_path):
     with shmbuf.Buffer.load(tmp_path / "s", name=name + "-l") as b:
         assert len(b) == 3
         b.unlink()
+
+
+def saved_rows(d) -> dict:
+    """Every row a save holds, read from its files alone (fixed fields at the slots its
+    stamps keep, ragged fields from their values and offsets)."""
+    meta = json.loads((d / "shmbuf.json").read_text())
+    kept = np.flatnonzero(np.load(d / "stamps.npy", allow_pickle=False))
+    out = {f["name"]: np.load(d / f["file"], allow_pickle=False)[kept] for f in meta["fields"]
+           if not f["name"].startswith("_")}
+    for r in meta["ragged"]:
+        out[r["name"]] = Jagged(np.load(d / r["values"], allow_pickle=False), np.load(d / r["offsets"], allow_pickle=False))
+    return out
+
+
+def test_saves_beside_writer_processes_hold_only_whole_rows(name, tmp_path):
+    """Two writer processes wrap their lanes' small arenas again and again while the
+    buffer is saved and loaded: every row of every save (read from its files) and of
+    every load is whole, whatever the saves left out."""
+    stop = str(tmp_path / "stop")
+    with shmbuf.Buffer.create(RAGGED_FIELDS, 64, lanes=2, name=name, arena=2 * 4096) as buf:
+        logs = [str(tmp_path / f"w{w}.log") for w in range(2)]
+        procs = [CTX.Process(target=ragged_writer, args=(name, w, w, None, logs[w], stop)) for w in range(2)]
+        for p in procs:
+            p.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not all(sum(t == "W" for t, _ in read_log(log)) >= 20 for log in logs):
+                assert time.monotonic() < deadline and all(p.is_alive() for p in procs)
+                time.sleep(0.01)
+            kept = 0
+            for k in range(6):
+                summary = buf.save(tmp_path / f"s{k}")
+                rows = saved_rows(tmp_path / f"s{k}")
+                assert len(rows["w"]) == summary["rows"] and ragged_torn(rows) == 0
+                with shmbuf.Buffer.load(tmp_path / f"s{k}", name=f"{name}-{k}") as b:
+                    assert len(b) == summary["rows"]
+                    if len(b):
+                        assert ragged_torn(b.sample(200)) == 0
+                    b.unlink()
+                kept += summary["rows"]
+            assert kept > 0
+        finally:
+            open(stop, "w").close()
+            for p in procs:
+                p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
