@@ -19,7 +19,7 @@ rather than load its rows without their values). A save is a directory::
                      leaf ``p**a``, NaN where the row was not in the trees yet
     ragged-NNN-values.npy, ragged-NNN-offsets.npy
                      format 4: per ragged field (NNN its position in the metadata's
-                     "ragged" list: {name, dtype, shape, values, offsets}), the values
+                     "ragged" list: {name, dtype, shape, rows, values, offsets}), the values
                      of the rows kept end to end ``(total, *trailing)`` and their
                      offsets, int64 ``(rows kept + 1,)``: row ``i`` (the ``i``-th slot
                      whose stamp is not 0) is ``values[offsets[i]:offsets[i + 1]]``;
@@ -151,7 +151,8 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
         values = []
         for i, (k, (v, o)) in enumerate(ragged.items()):
             values.append({"name": k, "dtype": npformat.dtype_to_descr(v.dtype), "shape": list(v.shape),
-                           "rows": len(o) - 1, "values": _ragged_file(i, "values"), "offsets": _ragged_file(i, "offsets")})
+                           "rows": len(o) - 1, "values": _ragged_file(i, "values"),
+                           "offsets": _ragged_file(i, "offsets")})
             for what, a in (("values", v), ("offsets", o)):
                 with private_file(tmp / values[-1][what]) as f:
                     np.save(f, a, allow_pickle=False)

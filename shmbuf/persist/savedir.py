@@ -122,7 +122,8 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy|ragged-[0-9]{3,}-(?:values|offsets)\.npy)")
+_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy"
+                        r"|ragged-[0-9]{3,}-(?:values|offsets)\.npy)")
 _TEMPORARY = re.compile(r"\..+\.shmbuf-(?:tmp|old)-([0-9]+)-(?:([0-9]+\.[0-9]{3})-)?[0-9a-f]{8}")
 
 

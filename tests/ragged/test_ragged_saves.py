@@ -56,6 +56,7 @@ def test_a_save_loads_back_whole_with_the_same_arena_and_samples(name, tmp_path)
             z = b.sample(100)
             assert whole(z) and min(z["k"].tolist()) >= 54
             b.unlink()
+        assert a.save(tmp_path / "s", overwrite=True)["rows"] == 16  # (its files are a save's: replaced)
 
 
 def test_a_saved_queue_delivers_its_rows_not_taken_with_their_values(name, tmp_path):
@@ -204,7 +205,8 @@ def saved_rows(d) -> dict:
     out = {f["name"]: np.load(d / f["file"], allow_pickle=False)[kept] for f in meta["fields"]
            if not f["name"].startswith("_")}
     for r in meta["ragged"]:
-        out[r["name"]] = Jagged(np.load(d / r["values"], allow_pickle=False), np.load(d / r["offsets"], allow_pickle=False))
+        out[r["name"]] = Jagged(np.load(d / r["values"], allow_pickle=False),
+                                np.load(d / r["offsets"], allow_pickle=False))
     return out
 
 
