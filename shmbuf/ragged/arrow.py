@@ -31,8 +31,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.ragged.jagged import Jagged
-
 
 def pyarrow() -> Any:
     """The ``pyarrow`` module; ``ImportError`` that says how to install it."""
@@ -64,21 +62,24 @@ def array(values: np.ndarray) -> Any:
     return out
 
 
-def to_arrow(j: Jagged) -> Any:
-    """``j`` as a ``pyarrow.LargeListArray`` of ``len(j)`` rows (see the module: no copy
-    of C-contiguous, non-bool values)."""
+def to_arrow(values: np.ndarray, offsets: np.ndarray) -> Any:
+    """The rows of a Jagged's ``values`` and ``offsets`` (int64, from 0) as a
+    ``pyarrow.LargeListArray`` (see the module: no copy of C-contiguous, non-bool
+    values); :meth:`Jagged.to_arrow <shmbuf.ragged.jagged.Jagged.to_arrow>` calls it."""
     pa = pyarrow()
-    child = array(j.values)
-    offsets = np.ascontiguousarray(j.offsets)
-    return pa.Array.from_buffers(pa.large_list(child.type), len(j), [None, pa.py_buffer(offsets)], children=[child])
+    child = array(values)
+    offsets = np.ascontiguousarray(offsets)
+    return pa.Array.from_buffers(pa.large_list(child.type), len(offsets) - 1, [None, pa.py_buffer(offsets)],
+                                 children=[child])
 
 
-def from_arrow(arr: Any) -> Jagged:
+def from_arrow(arr: Any) -> tuple[np.ndarray, np.ndarray]:
     """A ``pyarrow`` list array (``LargeListArray``, ``ListArray``, or a ``ChunkedArray``
-    of either) as a :class:`Jagged`: over the same memory where it can be (see the
-    module); its values are read-only then, as Arrow's memory is. Lists of
-    fixed-size lists give trailing dimensions. ``ValueError`` for null rows or values, or
-    a type that is not a list of numbers."""
+    of either) as a Jagged's ``(values, offsets)`` (int64, from 0): over the same
+    memory where it can be (see the module); its values are read-only then, as Arrow's
+    memory is. Lists of fixed-size lists give trailing dimensions. ``ValueError`` for
+    null rows or values, or a type that is not a list of numbers;
+    :meth:`Jagged.from_arrow <shmbuf.ragged.jagged.Jagged.from_arrow>` calls it."""
     pa = pyarrow()
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)  # (more than one: a copy)
@@ -106,12 +107,12 @@ def from_arrow(arr: Any) -> Jagged:
     if offsets[0] != 0 or offsets[-1] != len(values):  # (a slice of a larger array: rebased, a copy of the offsets)
         values = values[offsets[0]:offsets[-1]]
         offsets = offsets - offsets[0]
-    return Jagged(values, offsets)
+    return values, offsets
 
 
 def to_table(batch: Mapping[str, Any]) -> Any:
     """A batch (``sample``'s or ``take``'s: fixed fields as arrays of ``n`` rows, ragged
-    fields as :class:`Jagged`) as a ``pyarrow.Table`` of ``n`` rows, one column a field
+    fields as Jagged: anything with ``values`` and ``offsets``) as a ``pyarrow.Table`` of ``n`` rows, one column a field
     in the batch's order: a ragged field a ``large_list`` column (:func:`to_arrow`), a
     fixed field of shape ``(n, *shape)`` a column of its type (fixed-size lists for
     ``shape``). No copy where the layouts agree (see the module).
@@ -129,7 +130,8 @@ def to_table(batch: Mapping[str, Any]) -> Any:
     pa = pyarrow()
     columns, n = {}, None
     for name, value in batch.items():
-        column = to_arrow(value) if isinstance(value, Jagged) else array(np.asarray(value))
+        ragged = isinstance(getattr(value, "offsets", None), np.ndarray)  # (a Jagged: jagged.py imports us)
+        column = to_arrow(value.values, value.offsets) if ragged else array(np.asarray(value))
         if n is not None and len(column) != n:
             raise ValueError(f"the batch's fields hold different numbers of rows: {name!r} {len(column)}, "
                              f"the ones before it {n}")

@@ -291,7 +291,7 @@ class Jagged:
         (``pip install 'shmbuf[arrow]'``), imported only here. See
         :mod:`shmbuf.ragged.arrow` (its examples, and ``to_table`` for a whole batch)."""
         from shmbuf.ragged.arrow import to_arrow
-        return to_arrow(self)
+        return to_arrow(self._values, self._offsets)
 
     @classmethod
     def from_arrow(cls, arr: Any) -> "Jagged":
@@ -300,7 +300,7 @@ class Jagged:
         offsets, one chunk, numbers that are not bool; a slice rebases its offsets), its
         values read-only then. ``ValueError`` for null rows. See :mod:`shmbuf.ragged.arrow`."""
         from shmbuf.ragged.arrow import from_arrow
-        return from_arrow(arr)
+        return cls(*from_arrow(arr))
 
     @classmethod
     def from_rows(cls, rows: Iterable[Any], dtype: Any = None, trailing: tuple[int, ...] | None = None) -> "Jagged":
