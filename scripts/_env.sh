@@ -33,14 +33,14 @@ fi
 install_extras() {
   local stamp="$VIRTUAL_ENV/.shmbuf-extras-installed"
   if [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] \
-      && python -c "import torch, gymnasium, h5py, safetensors" 2>/dev/null; then
+      && python -c "import torch, gymnasium, h5py, safetensors, pyarrow" 2>/dev/null; then
     return 0
   fi
-  echo "scripts: installing the optional dependencies (torch==2.13.0, gymnasium, h5py, safetensors) into $VIRTUAL_ENV" >&2
+  echo "scripts: installing the optional dependencies (torch==2.13.0, gymnasium, h5py, safetensors, pyarrow) into $VIRTUAL_ENV" >&2
   python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-  python -m pip install --quiet --disable-pip-version-check -e ".[test,torch,gym,hdf5,safetensors]" 2>&1 \
+  python -m pip install --quiet --disable-pip-version-check -e ".[test,torch,gym,hdf5,safetensors,arrow]" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-  python -c "import torch, gymnasium, h5py, safetensors; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+  python -c "import torch, gymnasium, h5py, safetensors, pyarrow; assert torch.__version__.startswith('2.13.0'), torch.__version__"
   touch "$stamp"
 }

@@ -18,19 +18,29 @@ file holds every complete episode, steps concatenated in episode order::
 d3rlpy reads it with ``MDPDataset(f["observations"][:], f["actions"][:],
 f["rewards"][:], f["terminals"][:], timeouts=f["timeouts"][:])``; D4RL tools with the same
 keys.
+
+A batch (``sample``'s or ``take``'s, ragged fields included) goes to a file of its own
+with :func:`export_batch`: one dataset a fixed field, two a ragged field (``<name>``:
+its values end to end, ``<name>.offsets``: int64, row ``i`` is
+``values[offsets[i]:offsets[i + 1]]``; see :func:`shmbuf.ragged.batches.as_arrays`);
+:func:`import_batch` reads it back. (An episode buffer has no ragged fields.)
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
+
+from shmbuf.ragged.batches import as_arrays, from_arrays
+from shmbuf.ragged.jagged import Jagged
 
 if TYPE_CHECKING:
     from shmbuf.episodes import EpisodeBuffer
 
 FORMAT, VERSION = "shmbuf-episodes", 1
+BATCH_FORMAT = "shmbuf-batch"
 
 
 def _h5py() -> Any:
@@ -130,3 +140,51 @@ def import_episodes(ebuf: "EpisodeBuffer", path: str | os.PathLike, *, action: s
                 episode["next_" + o] = data["next_" + o][b - 1]
             ebuf.add_episode(episode, terminated=bool(term is not None and term[b - 1] > 0))
     return len(ends)
+
+
+def export_batch(batch: Mapping[str, Any], path: str | os.PathLike, *, compression: str | None = None) -> None:
+    """Write a batch (fixed fields as arrays of ``n`` rows, ragged fields as
+    :class:`~shmbuf.ragged.jagged.Jagged`) to a new HDF5 file at ``path`` (0600; never
+    over an existing file): a dataset per fixed field, ``<name>`` and ``<name>.offsets``
+    per ragged field (see the module). ``compression``: an h5py filter (``"gzip"``).
+
+    Examples:
+        >>> import tempfile, os, numpy as np
+        >>> from shmbuf import Jagged
+        >>> tmp = tempfile.TemporaryDirectory(); f = os.path.join(tmp.name, "batch.h5")
+        >>> export_batch({"tokens": Jagged.from_rows([[5, 6, 7], [8]]), "reward": np.ones(2)}, f)
+        >>> import h5py; h5py.File(f)["tokens.offsets"][:].tolist()
+        [0, 3, 4]
+        >>> import_batch(f)["tokens"][0].tolist()
+        [5, 6, 7]
+        >>> tmp.cleanup()
+    """
+    h5py = _h5py()
+    arrays = as_arrays(batch)
+    from_arrays(arrays)  # (checked before the file is made: names, offsets, row counts)
+    os.close(os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    try:
+        with h5py.File(os.fspath(path), "w") as f:
+            f.attrs.update({"format": BATCH_FORMAT, "version": VERSION, "fields": list(batch),
+                            "ragged": [k for k, v in batch.items() if isinstance(v, Jagged)]})
+            for key, a in arrays.items():
+                f.create_dataset(key, data=a, compression=compression)
+    except BaseException:
+        os.unlink(os.fspath(path))
+        raise
+
+
+def import_batch(path: str | os.PathLike) -> dict[str, Any]:
+    """The batch an HDF5 file of :func:`export_batch` holds (or any file of datasets named
+    so), read into memory: ragged fields as :class:`~shmbuf.ragged.jagged.Jagged`
+    (checked: ``ValueError`` for offsets that are not int64, decrease or pass the values'
+    end, fields of different row counts)."""
+    h5py = _h5py()
+    with h5py.File(os.fspath(path), "r") as f:
+        order = [str(k) for k in f.attrs.get("fields", [])] or list(f.keys())
+        arrays = {}
+        for k in order + [k for k in f.keys() if k not in order]:
+            if not isinstance(f[k], h5py.Dataset):
+                raise ValueError(f"{os.fspath(path)!r}: {k!r} is a group, not a batch's dataset")
+            arrays[k] = np.asarray(f[k][()])
+    return from_arrays(arrays)

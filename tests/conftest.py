@@ -31,7 +31,7 @@ if os.environ.get("SHMBUF_TEST_STEP") != "ray":  # (scripts/test-ray: a virtuale
     collect_ignore += ["ray/test_ray.py"]
 if os.environ.get("SHMBUF_TEST_STEP") == "core":
     collect_ignore += ["test_torch.py", "test_spaces.py", "test_hdf5.py", "test_examples.py", "compat/test_compat_velora.py",
-                       "compat/test_compat_d3rlpy_dump.py"]
+                       "compat/test_compat_d3rlpy_dump.py", "ragged/test_ragged_arrow.py", "ragged/test_ragged_safetensors.py"]
 
 # A run started in the background of a shell without job control inherits SIGINT
 # ignored, and so would every process it starts: the tests of Ctrl-C (real SIGINTs)
@@ -150,7 +150,7 @@ def shm_path(name: str) -> str:
 # Doctests of the optional-dependency modules: marked "extras" (scripts/test runs them in
 # a step of their own) and skipped where the dependency is not installed.
 OPTIONAL_DOCTESTS = {"shmbuf/torch.py": "torch", "shmbuf/spaces.py": "gymnasium", "shmbuf/hdf5.py": "h5py",
-                     "shmbuf/actors/weights.py": None, "shmbuf/compat/velora.py": "torch"}
+                     "shmbuf/ragged/arrow.py": "pyarrow", "shmbuf/actors/weights.py": None, "shmbuf/compat/velora.py": "torch"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -83,3 +83,48 @@ def test_the_export_is_readable_by_its_owner_alone(name, tmp_path):
         os.umask(old)
     assert (tmp_path / "e.h5").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "target").read_text() == "keep" and not (tmp_path / "bad.h5").exists()
+
+
+RAGGED = {"r": (("R",), np.int32), "lp": (("R",), np.float32), "p": ((None, 2), np.int16), "k": ((), np.int64),
+          "obs": ((3,), np.float32)}
+
+
+def _ragged_rows(buf):
+    buf.extend({"r": [np.full(n, n, np.int32) for n in (3, 0, 5)], "lp": [np.full(n, -n, np.float32) for n in (3, 0, 5)],
+                "p": [np.full((n % 3, 2), n, np.int16) for n in (3, 0, 5)], "k": [3, 0, 5],
+                "obs": np.ones((3, 3))})
+
+
+def test_a_batch_with_ragged_fields_goes_to_hdf5_as_values_and_offsets(name, tmp_path):
+    from shmbuf.hdf5 import export_batch, import_batch
+    with shmbuf.Buffer.create(RAGGED, 16, name=name, arena=1 << 14, seed=0) as buf:
+        _ragged_rows(buf)
+        batch = buf.sample(12)
+        export_batch(batch, tmp_path / "b.h5")
+        with h5py.File(tmp_path / "b.h5") as h:
+            assert sorted(h.keys()) == sorted(["r", "r.offsets", "lp", "lp.offsets", "p", "p.offsets", "k", "obs"])
+            assert h["r.offsets"].dtype == np.int64 and h["p"].shape == (len(batch["p"].values), 2)
+            assert h.attrs["format"] == "shmbuf-batch" and list(h.attrs["ragged"]) == ["r", "lp", "p"]
+        back = import_batch(tmp_path / "b.h5")
+        assert list(back) == list(batch)
+        for k in ("r", "lp", "p"):
+            assert back[k].values.dtype == batch[k].values.dtype
+            assert np.array_equal(back[k].values, batch[k].values) and np.array_equal(back[k].offsets, batch[k].offsets)
+        assert np.array_equal(back["k"], batch["k"]) and np.array_equal(back["obs"], batch["obs"])
+        with pytest.raises(FileExistsError):
+            export_batch(batch, tmp_path / "b.h5")
+
+
+def test_a_batch_hdf5_cannot_hold_or_a_damaged_one_is_refused(tmp_path):
+    from shmbuf import Jagged
+    from shmbuf.hdf5 import export_batch, import_batch
+    j = Jagged.from_rows([[1, 2], [3]], dtype=np.int32)
+    with pytest.raises(ValueError, match=r"field 'r': the array 'r.offsets' would hold both it and another field"):
+        export_batch({"r": j, "r.offsets": np.zeros(2)}, tmp_path / "clash.h5")
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        export_batch({"r": j, "k": np.zeros(3)}, tmp_path / "rows.h5")
+    assert not list(tmp_path.iterdir())  # (nothing written)
+    with h5py.File(tmp_path / "bad.h5", "w") as h:
+        h["r"], h["r.offsets"] = np.arange(3, dtype=np.int32), np.array([0, 2, 1, 3])
+    with pytest.raises(ValueError, match=r"field 'r' \(its values, and 'r.offsets'\): offsets must not decrease"):
+        import_batch(tmp_path / "bad.h5")

@@ -108,7 +108,7 @@ def test_a_build_without_a_c_compiler_succeeds_and_says_so_in_one_line(tmp_path)
 
 def test_import_shmbuf_imports_no_optional_dependency():
     code = ("import sys, shmbuf, shmbuf.spaces, shmbuf.persist.save, shmbuf.torch, shmbuf.actors.weights, shmbuf.cli, "
-            "shmbuf.hdf5, shmbuf.compat.imitation, shmbuf.compat.fishyrl, shmbuf.compat.velora\n"
-            "bad = {'torch', 'gymnasium', 'gym', 'h5py', 'safetensors', 'ray'} & set(sys.modules)\n"
+            "shmbuf.hdf5, shmbuf.ragged.arrow, shmbuf.compat.imitation, shmbuf.compat.fishyrl, shmbuf.compat.velora\n"
+            "bad = {'torch', 'gymnasium', 'gym', 'h5py', 'safetensors', 'ray', 'pyarrow'} & set(sys.modules)\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -17,7 +17,7 @@ from importlib import metadata
 from typing import Any
 
 EXTRAS = {  # extra: the distributions it installs (pip install 'shmbuf[EXTRA]')
-    "torch": ["torch"], "gym": ["gymnasium"], "hdf5": ["h5py"], "safetensors": ["safetensors"],
+    "torch": ["torch"], "gym": ["gymnasium"], "hdf5": ["h5py"], "safetensors": ["safetensors"], "arrow": ["pyarrow"],
     "ray": ["ray"], "sb3": ["stable-baselines3"], "torchrl": ["torchrl", "tensordict"], "bench": ["cpprb"]}
 
 

@@ -83,6 +83,16 @@ def lane_bytes(total: int, lanes: int) -> int:
     return -(-(-(-total // lanes)) // 64) * 64
 
 
+def record_bytes(lengths: np.ndarray, dims: np.ndarray, element: np.ndarray) -> np.ndarray:
+    """Record bytes of rows whose dimension lengths are ``lengths`` (``(n, dims)``), for
+    ragged fields (record order) of dimensions ``dims`` (their indices in ``lengths``,
+    intp) and ``element`` bytes per element (int64)."""
+    b = lengths[:, dims] * element
+    b += PAD - 1
+    b &= -PAD
+    return b.sum(1)
+
+
 def region_bytes(capacity: int, lanes: int, lane_arena: int) -> int:
     return 8 * HEAD_WORDS * lanes + (-(-8 * capacity // 64) * 64) + lanes * lane_arena
 
@@ -120,10 +130,7 @@ class Arena:
 
     def sizes(self, lengths: np.ndarray) -> np.ndarray:
         """Record bytes of rows whose dimension lengths are ``lengths`` (``(n, dims)``)."""
-        b = lengths[:, self._d] * self._e
-        b += PAD - 1
-        b &= -PAD
-        return b.sum(1)
+        return record_bytes(lengths, self._d, self._e)
 
     # -- writing ---------------------------------------------------------------------
 

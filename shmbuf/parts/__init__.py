@@ -220,5 +220,15 @@ class Parts:
             if m.KEY in self.specs and hasattr(m, "check_rows"):
                 m.check_rows(arrays, kept)
 
+    def check_state(self, layout: Any, state: Mapping[str, Any], checked: dict, where: str) -> dict:
+        """``checked`` (:func:`shmbuf.core.contents.check`'s) with what the parts need to
+        restore the rest of ``state`` (a part's optional ``check_state(spec, layout, state,
+        checked, where)``: the ragged values of the rows), checked before a load makes the
+        buffer; ``where``: what the errors call the state."""
+        for m in modules():
+            if m.KEY in self.specs and hasattr(m, "check_state"):
+                checked = m.check_state(self.specs[m.KEY], layout, state, checked, where)
+        return checked
+
     def __repr__(self) -> str:
         return f"Parts({self.specs!r})"

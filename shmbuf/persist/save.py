@@ -1,6 +1,8 @@
 """Save a live buffer to a directory and load it back: no pickle, no stop of the writers.
 
-**Format** (``FORMAT_VERSION`` 3). A save is a directory::
+**Format** (``FORMAT_VERSION`` 3; ``RAGGED_FORMAT_VERSION`` 4 for a buffer with ragged
+fields, which adds their values: a shmbuf that reads 3 at most refuses such a save
+rather than load its rows without their values). A save is a directory::
 
     shmbuf.json      metadata (UTF-8 JSON, written last): format name and version,
                      kind ("buffer" or "episodes"), name, capacity, lanes, the fields
@@ -15,6 +17,13 @@
                      name never becomes a path
     priority.npy     float64 (capacity,), prioritized buffers only: each saved row's
                      leaf ``p**a``, NaN where the row was not in the trees yet
+    ragged-NNN-values.npy, ragged-NNN-offsets.npy
+                     format 4: per ragged field (NNN its position in the metadata's
+                     "ragged" list: {name, dtype, shape, rows, values, offsets}), the values
+                     of the rows kept end to end ``(total, *trailing)`` and their
+                     offsets, int64 ``(rows kept + 1,)``: row ``i`` (the ``i``-th slot
+                     whose stamp is not 0) is ``values[offsets[i]:offsets[i + 1]]``;
+                     the ragged part's spec (its fields, ``arena``) is in meta's "parts"
 
 The arrays are plain ``.npy`` files (numpy's own format, any tool reads them), loaded
 with memory mapping and ``allow_pickle=False``: loading never runs code, and a large
@@ -29,7 +38,10 @@ header lock (as long as a writer's reservation holds it); then, chunk by chunk a
 without the lock, stamps, rows, stamps again (as :func:`shmbuf.core.contents.copy_rows`). A
 row is saved only if it was published inside its lane's window when the positions
 were read and its stamp did not change during its copy, so the save holds exactly rows
-that were published at one moment, each whole. The priority leaves are read under the
+that were published at one moment, each whole. The ragged values of the rows kept are
+then read as ``state_dict`` reads them (:meth:`shmbuf.ragged.rows.Rows.snapshot`, the
+checked read): a row whose record was covered after its fixed part was copied is left
+out too. The priority leaves are read under the
 trees' seqlock, chunk by chunk. Everything goes to a temporary sibling directory
 (``.NAME.shmbuf-tmp-PID-START-XXXXXXXX``) that is renamed into place at the end (after
 ``fsync``): a crash mid-save leaves no directory that loads, and the next save into the
@@ -40,7 +52,8 @@ symbolic link, and ``overwrite`` never deletes a file that is not a save's.
 **Load** checks everything before it creates anything (the size against ``/dev/shm``'s
 free space from the metadata alone, then metadata types, a schema numpy accepts and
 that matches the files, each file's dtype and shape, stamps that name rows of their
-slots), then creates the buffer and writes the rows back under the header lock, each
+slots, ragged values that match the rows kept and fit a lane's arena: the parts'
+``check_state``), then creates the buffer and writes the rows back under the header lock, each
 lane's kept rows consecutive (see :func:`shmbuf.core.contents.check`); if anything fails after
 the create, the new segment is removed.
 """
@@ -65,12 +78,13 @@ from shmbuf.core.deadline import Deadline
 from shmbuf.core.engine import Engine
 from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, dtype_from_json, from_flat, normalize_fields
 from shmbuf.rate import limit
-from shmbuf.persist.savedir import (META_FILE, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
+from shmbuf.persist.savedir import (META_FILE, Mapped, NpyIn, NpyOut, Progress, check_destination, clear_temporaries,  # noqa: F401
                         clear_temporaries_in, fsync, private_file, remove_tree, temporaries)
 from shmbuf.version import __version__
 
 FORMAT = "shmbuf-save"
 FORMAT_VERSION = 3
+RAGGED_FORMAT_VERSION = 4  # (a buffer with ragged fields: shmbuf that reads 3 at most refuses it)
 FLAT_META_FORMAT = 1  # (its meta: the user's keys and the library's in one object)
 STAMPS_FILE = "stamps.npy"
 PRIORITY_FILE = "priority.npy"
@@ -84,13 +98,16 @@ def _field_file(i: int) -> str:
     return f"field-{i:03d}.npy"
 
 
+def _ragged_file(i: int, what: str) -> str:
+    return f"ragged-{i:03d}-{what}.npy"
+
+
 def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
          progress: bool | None = None, timeout: float) -> dict[str, Any]:
     """Save the buffer of ``engine`` (a live handle's) into the directory ``path``; see
     the module docstring. Returns a summary: path, rows kept, rows left out (being
     written or overwritten during the save), bytes and seconds. ``timeout`` bounds its
     waits (the priority leaves', a queue's quiet, the lock's), one deadline for all."""
-    engine.records.check_copy("save()")
     t0 = time.monotonic()
     deadline = Deadline(timeout)
     dest = Path(os.fspath(path))
@@ -121,11 +138,24 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
                 kept = contents.copy_rows(ring, heads, bases, data, stamps, progress=bar)
                 gone = engine.writes.delivered(stamps)  # (a queue's delivered rows are left out)
                 stamps[gone] = 0
-                kept -= int(gone.sum())
+                for out in data.values():
+                    out.f.flush()
+                # the ragged values of the rows kept, read as state_dict reads them: a row whose
+                # record was covered after its fixed part was copied is left out (its stamp 0)
+                ragged = engine.records.snapshot({"stamps": stamps, "data": Mapped(tmp, files)}).get("ragged", {})
+                kept = int(np.count_nonzero(stamps))
                 bar.close()
         finally:
             for out in data.values():
                 out.f.close()
+        values = []
+        for i, (k, (v, o)) in enumerate(ragged.items()):
+            values.append({"name": k, "dtype": npformat.dtype_to_descr(v.dtype), "shape": list(v.shape),
+                           "rows": len(o) - 1, "values": _ragged_file(i, "values"),
+                           "offsets": _ragged_file(i, "offsets")})
+            for what, a in (("values", v), ("offsets", o)):
+                with private_file(tmp / values[-1][what]) as f:
+                    np.save(f, a, allow_pickle=False)
         with private_file(tmp / STAMPS_FILE) as f:
             np.save(f, stamps)
         max_priority = None
@@ -136,7 +166,8 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
                 np.save(f, np.where((stamps > 0) & (seq == rows + 1), leaf, np.nan))
         lo = contents.windows(heads, bases, layout.lane_capacity)
         meta = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "shmbuf": __version__,
+            "format": FORMAT, "format_version": RAGGED_FORMAT_VERSION if values else FORMAT_VERSION,
+            "shmbuf": __version__,
             "kind": engine.layout.meta.get("kind", "buffer"), "name": engine.name,
             "capacity": layout.capacity, "lanes": layout.lanes, "persist": bool(engine.layout.flags & FLAG_PERSIST),
             "fields": [{"name": k, "dtype": npformat.dtype_to_descr(np.dtype(d)), "shape": list(s),
@@ -149,6 +180,8 @@ def save(engine: Engine, path: str | os.PathLike, *, overwrite: bool = False,
             "rows": kept, "rows_left_out": int((heads - lo).sum()) - kept,
             "saved_at": time.time(),
         }
+        if values:
+            meta["ragged"] = values
         for f in tmp.iterdir():
             fsync(f)
         with private_file(tmp / META_FILE) as f:  # last: the seal
@@ -234,9 +267,9 @@ def _read(path: Path) -> dict[str, Any]:
         raise _bad(path, f"{META_FILE} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _bad(path, f"{META_FILE} does not say format {FORMAT!r}")
-    if meta.get("format_version") not in (FLAT_META_FORMAT, 2, FORMAT_VERSION):
+    if meta.get("format_version") not in (FLAT_META_FORMAT, 2, FORMAT_VERSION, RAGGED_FORMAT_VERSION):
         raise _bad(path, f"format version {meta.get('format_version')!r}; this shmbuf "
-                         f"({__version__}) reads versions {FLAT_META_FORMAT} to {FORMAT_VERSION}")
+                         f"({__version__}) reads versions {FLAT_META_FORMAT} to {RAGGED_FORMAT_VERSION}")
     capacity = _get(meta, "capacity", int, path)
     lanes = _get(meta, "lanes", int, path)
     name = _get(meta, "name", str, path)
@@ -261,7 +294,8 @@ def _read(path: Path) -> dict[str, Any]:
         if len(fields) != len(specs) or not all(isinstance(s["file"], str) for s in specs):
             raise ValueError("repeated field names or a file that is not a string")
         normalize_fields(fields)
-        layout = Layout.plan(fields, capacity, lanes, meta=described)
+        regions = parts.plan(opened.specs, parts.Plan({}, capacity, lanes, {}, False)).regions  # (the arena's)
+        layout = Layout.plan(fields, capacity, lanes, meta=described, regions=regions)
     except (TypeError, ValueError, KeyError) as exc:
         raise _bad(path, f"{META_FILE}: bad schema, capacity or lanes ({' '.join(str(exc).split())})"[:500]) from None
     missing = parts.own_fields(opened.specs) - set(fields)
@@ -283,11 +317,45 @@ def _read(path: Path) -> dict[str, Any]:
     if opened.keywords["priority"] is not None:
         prio = _array(path, PRIORITY_FILE, np.dtype(np.float64), (capacity,))
     sampled = _get(meta, "sampled", int, path)
+    ragged = _ragged(meta, path)
     return {"path": path, "name": name, "kind": meta.get("kind"), "layout": layout,
             "fields": {f.name: (f.shape, f.dtype) for f in layout.fields}, "meta": described, "parts": opened,
             "persist": bool(meta.get("persist")), "heads": heads, "bases": bases,
             "episodes": episodes, "stamps": stamps, "data": data, "files": files, "priority": prio,
-            "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng")}
+            "max_priority": meta.get("max_priority"), "sampled": sampled, "rng": meta.get("rng"),
+            "ragged": ragged}
+
+
+def _ragged(meta: dict[str, Any], path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """The ragged values of a save of format 4 (memory-mapped; None for older formats):
+    per field ``(values, offsets)`` of its rows, each file a ``.npy`` of the dtype and
+    shape its metadata says (offsets int64 ``(rows + 1,)``). Whether they
+    match the rows is the ragged part's check (:func:`shmbuf.ragged.rows.check_values`)."""
+    given = meta.get("ragged")
+    if meta["format_version"] != RAGGED_FORMAT_VERSION:
+        if given is not None:
+            raise _bad(path, f"{META_FILE}: format version {meta['format_version']} holds no ragged values, but it "
+                             "lists some")
+        return None
+    if not isinstance(given, list) or not given:
+        raise _bad(path, f"{META_FILE}: format {RAGGED_FORMAT_VERSION} lists the ragged values under 'ragged', "
+                         f"got {given!r:.200}")
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for s in given:
+        try:
+            name, dtype, shape, rows = s["name"], dtype_from_json(s["dtype"]), tuple(s["shape"]), s["rows"]
+            files = (s["values"], s["offsets"])
+            if not isinstance(name, str) or name in out or not shape or \
+                    not all(type(d) is int and d >= 0 for d in (*shape, rows)):
+                raise ValueError(f"a name used twice, or a bad shape {list(shape)} or count of rows {rows!r}")
+        except (TypeError, ValueError, KeyError) as exc:
+            raise _bad(path, f"{META_FILE}: bad ragged values {s!r:.200} ({' '.join(str(exc).split())})"[:500]) \
+                from None
+        for f in files:
+            if not isinstance(f, str) or os.path.basename(f) != f or not f.endswith(".npy"):
+                raise _bad(path, f"ragged field {name!r}: file {f!r} is not a plain .npy name")
+        out[name] = (_array(path, files[0], dtype, shape), _array(path, files[1], np.dtype(np.int64), (rows + 1,)))
+    return out
 
 
 def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
@@ -313,8 +381,13 @@ def load(cls: type, path: str | os.PathLike, *, name: str | None, persist: bool,
     try:
         # (the buffer's write part checks the rows of its own field; the buffer is made after)
         checked = contents.check(check, got["layout"], got["fields"], described)
+        # (the ragged part checks the values of its rows: they match them, and fit its arena)
+        checked = described.check_state(got["layout"], {**check, "ragged": got["ragged"]}, checked,
+                                         "the save's ragged values")
     except (TypeError, ValueError) as exc:
         raise _bad(got["path"], str(exc)) from None
+    if got["ragged"] is not None and checked.get("records") is None:
+        raise _bad(got["path"], f"{META_FILE} lists ragged values, but its parts keep no ragged fields")
     checked["episodes"] = got["episodes"]
     prio = got["priority"]
     if prio is not None:

@@ -100,6 +100,20 @@ class NpyIn:
         self.f.close()
 
 
+class Mapped(dict):
+    """The fields a save wrote so far (``{field: file name}`` in ``tmp``), each
+    memory-mapped from its file when asked for (the records' reader asks for the record
+    words only)."""
+
+    def __init__(self, tmp: Path, files: dict[str, str]) -> None:
+        super().__init__()
+        self.tmp, self.files = tmp, files
+
+    def __missing__(self, name: str) -> np.ndarray:
+        a = self[name] = np.load(self.tmp / self.files[name], mmap_mode="r", allow_pickle=False)
+        return a
+
+
 def fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -108,7 +122,8 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy)")
+_SAVE_FILE = re.compile(r"(shmbuf\.json|stamps\.npy|priority\.npy|field-[0-9]{3,}\.npy"
+                        r"|ragged-[0-9]{3,}-(?:values|offsets)\.npy)")
 _TEMPORARY = re.compile(r"\..+\.shmbuf-(?:tmp|old)-([0-9]+)-(?:([0-9]+\.[0-9]{3})-)?[0-9a-f]{8}")
 
 

@@ -133,3 +133,55 @@ def padding(lengths: Any, multiple: int = 1) -> float:
     lens = as_lengths(lengths)
     slots = len(lens) * padded_width(lens, multiple)
     return 0.0 if slots == 0 else (slots - int(lens.sum())) / slots
+
+
+OFFSETS = ".offsets"
+"""The suffix of a ragged field's offsets among a batch's named arrays (:func:`as_arrays`)."""
+
+
+def as_arrays(batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A batch as named arrays, for the formats that hold those (HDF5 datasets,
+    safetensors tensors, ``np.savez``): a fixed field as it is, a ragged field
+    (:class:`Jagged`) as two: ``name``, its values ``(total, *trailing)``, and
+    ``name + ".offsets"``, its offsets (int64 ``(n + 1,)``). No copy. :func:`from_arrays`
+    reads them back. ``ValueError`` if a field's name is another's offsets'.
+
+    Examples:
+        >>> b = {"r": Jagged.from_rows([[1, 2], [3]]), "k": np.array([7, 8])}
+        >>> {k: a.tolist() for k, a in as_arrays(b).items()}
+        {'r': [1, 2, 3], 'r.offsets': [0, 2, 3], 'k': [7, 8]}
+        >>> from_arrays(as_arrays(b))["r"][0].tolist()
+        [1, 2]
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, value in batch.items():
+        parts = {name: value.values, name + OFFSETS: value.offsets} if isinstance(value, Jagged) \
+            else {name: np.asarray(value)}
+        clash = sorted(set(parts) & (set(out) | set(batch) - {name}))
+        if clash:
+            raise ValueError(f"field {name!r}: the array {clash[0]!r} would hold both it and another field "
+                             f"(a ragged field's offsets are named name + {OFFSETS!r}); rename one of them")
+        out.update(parts)
+    return out
+
+
+def from_arrays(arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch from its named arrays (:func:`as_arrays`'): ``name`` with
+    ``name + ".offsets"`` a :class:`Jagged` (checked: ``ValueError`` for offsets that are
+    not int64, decrease or do not end at the values' end), any other array a fixed field;
+    every field must hold the same number of rows."""
+    out: dict[str, Any] = {}
+    for name, a in arrays.items():
+        if name.endswith(OFFSETS) and name[:-len(OFFSETS)] in arrays:
+            continue
+        if name + OFFSETS in arrays:
+            try:
+                out[name] = Jagged(np.asarray(a), np.asarray(arrays[name + OFFSETS]))
+            except ValueError as exc:
+                raise ValueError(f"field {name!r} (its values, and {name + OFFSETS!r}): {exc}") from None
+        else:
+            out[name] = np.asarray(a)
+    rows = {k: len(v) for k, v in out.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"the fields hold different numbers of rows: {rows}")
+    return out

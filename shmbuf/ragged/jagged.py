@@ -284,6 +284,24 @@ class Jagged:
             values, offsets = values.to(device), offsets.to(device)
         return torch.nested.nested_tensor_from_jagged(values, offsets)
 
+    def to_arrow(self) -> Any:
+        """A ``pyarrow.LargeListArray`` of the rows over the same memory (``values`` its
+        child array, ``offsets`` its int64 offsets; trailing dimensions as fixed-size
+        lists inside): no copy when ``values`` is C-contiguous and not bool. Needs pyarrow
+        (``pip install 'shmbuf[arrow]'``), imported only here. See
+        :mod:`shmbuf.ragged.arrow` (its examples, and ``to_table`` for a whole batch)."""
+        from shmbuf.ragged.arrow import to_arrow
+        return to_arrow(self._values, self._offsets)
+
+    @classmethod
+    def from_arrow(cls, arr: Any) -> "Jagged":
+        """The rows of a pyarrow list array (``LargeListArray``, ``ListArray``, or a
+        ``ChunkedArray`` of one): over the same memory where the layouts agree (int64
+        offsets, one chunk, numbers that are not bool; a slice rebases its offsets), its
+        values read-only then. ``ValueError`` for null rows. See :mod:`shmbuf.ragged.arrow`."""
+        from shmbuf.ragged.arrow import from_arrow
+        return cls(*from_arrow(arr))
+
     @classmethod
     def from_rows(cls, rows: Iterable[Any], dtype: Any = None, trailing: tuple[int, ...] | None = None) -> "Jagged":
         """A Jagged of copies of ``rows``, each an array of shape ``(L_i, *trailing)``.

@@ -14,7 +14,7 @@ import numpy as np
 
 from shmbuf.core import arena
 from shmbuf.ragged import schema
-from shmbuf.ragged.rows import Rows
+from shmbuf.ragged.rows import Rows, check_values
 
 KEY = "ragged"
 KEYWORD = "arena"
@@ -72,3 +72,11 @@ def open(spec_: dict, engine: Any) -> dict[str, Any]:
                     [(d.index(r.key), r.element_bytes) for r in ragged])
     engine.ring.records = a
     return {"records": Rows(engine, a, ragged, d)}
+
+
+def check_state(spec_: dict, layout: Any, state: Any, checked: dict, where: str) -> dict:
+    """``checked`` (:func:`shmbuf.core.contents.check`'s) with the ragged values of
+    ``state`` checked for a buffer of this spec and ``layout`` (:func:`shmbuf.ragged.rows.check_values`),
+    before any buffer is made (a load's: ``where`` names the values in its errors)."""
+    return check_values(schema.fields(spec_), arena.lane_bytes(spec_["arena"], layout.lanes), layout, state,
+                        checked, where)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from shmbuf.core import validate
+from shmbuf.core import arena, validate
 from shmbuf.core.batch import count
 from shmbuf.core.read import SampleTimeout, read
 from shmbuf.core.segment import FormatError
@@ -163,40 +163,8 @@ class Rows:
 
     def check_state(self, state: Any, checked: dict[str, Any]) -> dict[str, Any]:
         """``checked`` (:func:`shmbuf.core.contents.check`'s) with what the arena needs to
-        restore the ragged values of ``state`` (``ValueError`` if they do not match its
-        rows or do not fit a lane's arena; nothing changed)."""
-        given = state.get("ragged") if isinstance(state, Mapping) else None
-        if not isinstance(given, Mapping) or set(given) != set(self.names):
-            raise ValueError(f"state_dict['ragged'] must hold the ragged fields {self.names} (a state of a buffer "
-                             "with ragged fields, from its state_dict())")
-        raw = np.flatnonzero(np.asarray(state["stamps"]))  # (the rows the values are of, in order)
-        words = np.asarray(state["data"][schema.FIELD])[raw]
-        values = []
-        for r, d in zip(self.ragged, self._dim):
-            try:
-                j = Jagged(np.asarray(given[r.name][0]), np.asarray(given[r.name][1]))
-            except (TypeError, ValueError, IndexError) as exc:
-                raise ValueError(f"state_dict['ragged'][{r.name!r}] is not (values, offsets): {exc}") from None
-            if j.values.dtype != r.dtype or j.values.shape[1:] != r.trailing or len(j) != len(raw) \
-                    or not np.array_equal(j.lengths, words[:, 2 + d]):
-                raise ValueError(f"state_dict['ragged'][{r.name!r}] does not match the state's rows: "
-                                 f"{len(j)} rows of {j.values.dtype} {j.values.shape[1:]}, for {len(raw)} rows of "
-                                 f"{r.dtype} {r.trailing} and their lengths")
-            values.append(j)
-        slots = np.flatnonzero(checked["stamps"])
-        old = slots if checked["source"] is None else checked["source"][slots]
-        row = np.searchsorted(raw, old)
-        if (row >= len(raw)).any() or (raw[np.minimum(row, len(raw) - 1)] != old).any():
-            raise ValueError("state_dict['stamps'] names rows the state has no ragged values of")
-        lanes = slots // self.engine.layout.lane_capacity
-        used = np.bincount(lanes, self.arena.sizes(words[row, 2:]), minlength=self.engine.layout.lanes)
-        if (used > self.arena.A).any():
-            lane = int(np.argmax(used))
-            raise ValueError(f"the state's rows of lane {lane} hold {int(used[lane]):,} bytes of ragged values, "
-                             f"more than its arena ({self.arena.A:,} bytes); restore into a buffer with arena= "
-                             "at least as large as the one saved")
-        checked["records"] = (slots, row, values, (checked["stamps"][slots] >> 1) - 1)
-        return checked
+        restore the ragged values of ``state`` (see :func:`check_values`)."""
+        return check_values(self.ragged, self.arena.A, self.engine.layout, state, checked)
 
     def check_copy(self, what: str) -> None:
         """A copy of the rows (``what``) cannot hold ragged values yet: refused."""
@@ -361,6 +329,56 @@ class Rows:
             return max(1, int(np.searchsorted(np.cumsum(lengths), budget, side="right")))
         fit.kept = kept  # type: ignore[attr-defined]
         return fit
+
+
+def check_values(ragged: list[schema.Ragged], lane_arena: int, layout: Any, state: Any, checked: dict[str, Any],
+                 where: str = "state_dict['ragged']") -> dict[str, Any]:
+    """``checked`` (:func:`shmbuf.core.contents.check`'s, for a buffer of ``layout``
+    whose ragged fields are ``ragged`` and a lane's arena ``lane_arena`` bytes) with what
+    the arena needs to restore the ragged values of ``state`` (its ``"ragged"``: per field
+    ``(values, offsets)`` of the rows its ``stamps`` keep, in slot order), under
+    ``"records"``. ``ValueError`` if they do not match its rows (``where``: what the
+    error calls the values, ``where[name]`` a field's) or do not fit a lane's arena;
+    nothing changed. A load
+    runs it before it creates the buffer, a restore before it takes the lock."""
+    names = [r.name for r in ragged]
+    dims = schema.dims(ragged)
+    index = np.array([dims.index(r.key) for r in ragged], np.intp)
+    element = np.array([r.element_bytes for r in ragged], np.int64)
+    given = state.get("ragged") if isinstance(state, Mapping) else None
+    if not isinstance(given, Mapping) or set(given) != set(names):
+        got = sorted(given) if isinstance(given, Mapping) else type(given).__name__
+        raise ValueError(f"{where} must hold the ragged fields {names} (the values of the rows "
+                         f"of a buffer with ragged fields), got {got}")
+    raw = np.flatnonzero(np.asarray(state["stamps"]))  # (the rows the values are of, in order)
+    words = np.asarray(state["data"][schema.FIELD])[raw]
+    values = []
+    for r, d in zip(ragged, index.tolist()):
+        try:
+            j = Jagged(np.asarray(given[r.name][0]), np.asarray(given[r.name][1]))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{where}[{r.name!r}] is not (values, offsets): {exc}") from None
+        if j.values.dtype != r.dtype or j.values.shape[1:] != r.trailing or len(j) != len(raw) \
+                or not np.array_equal(j.lengths, words[:, 2 + d]):
+            agree = len(j) == len(raw) and j.values.dtype == r.dtype and j.values.shape[1:] == r.trailing
+            raise ValueError(f"{where}[{r.name!r}] does not match the rows kept: {len(j)} rows of {j.values.dtype} "
+                             f"{j.values.shape[1:]}, for {len(raw)} rows of {r.dtype} {r.trailing}"
+                             + (" whose lengths (their record words') differ" if agree else " and their lengths"))
+        values.append(j)
+    slots = np.flatnonzero(checked["stamps"])
+    old = slots if checked["source"] is None else checked["source"][slots]
+    row = np.searchsorted(raw, old)
+    if (row >= len(raw)).any() or (raw[np.minimum(row, len(raw) - 1)] != old).any():
+        raise ValueError("the stamps name rows there are no ragged values of")
+    lanes = slots // layout.lane_capacity
+    used = np.bincount(lanes, arena.record_bytes(words[row, 2:], index, element), minlength=layout.lanes)
+    if (used > lane_arena).any():
+        lane = int(np.argmax(used))
+        raise ValueError(f"the rows of lane {lane} hold {int(used[lane]):,} bytes of ragged values, more than its "
+                         f"arena ({lane_arena:,} bytes); restore into a buffer with arena= at least as large as the "
+                         "one saved")
+    checked["records"] = (slots, row, values, (checked["stamps"][slots] >> 1) - 1)
+    return checked
 
 
 def _merged(old: Jagged, new: Jagged, at: np.ndarray) -> Jagged:

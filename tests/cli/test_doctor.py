@@ -43,7 +43,7 @@ def test_doctor_says_which_path_runs_and_what_is_installed():
     assert set(facts["optional"]) >= {"torch", "gymnasium", "ray", "stable-baselines3", "torchrl", "cpprb"}
     assert facts["dev_shm"]["free_bytes"] > 0
     assert facts["arrays_read_directly"] is native.ARRAYS_READ_DIRECTLY  # (csrc/arrays.c's probe)
-    assert all(e in ("torch", "gym", "hdf5", "safetensors", "ray", "sb3", "torchrl", "bench")
+    assert all(e in ("torch", "gym", "hdf5", "safetensors", "arrow", "ray", "sb3", "torchrl", "bench")
                for e in facts["missing_extras"])
 
 

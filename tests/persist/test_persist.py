@@ -531,6 +531,6 @@ def test_a_save_of_the_previous_format_loads_as_it_was_made(name, tmp_path):
     with pytest.raises(ValueError, match="meta has no object under 'user'"):
         shmbuf.Buffer.load(tmp_path / "s", name=name)
     _edit_meta(tmp_path / "s", lambda m: m.update(format_version=0))
-    with pytest.raises(ValueError, match="format version 0; this shmbuf .* reads versions 1 to 3"):
+    with pytest.raises(ValueError, match="format version 0; this shmbuf .* reads versions 1 to 4"):
         shmbuf.Buffer.load(tmp_path / "s", name=name)
     assert not _ours(name)

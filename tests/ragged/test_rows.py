@@ -129,7 +129,7 @@ def test_create_refusals(name):
         shmbuf.Buffer.create({"t": ((None,), np.int32)}, 8, name=name, arena=1.5)
     with shmbuf.Buffer.create({"t": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024) as buf:
         buf.add({"t": np.arange(2), "x": 1})
-        for call in (lambda: buf.save(name + "-save"),):
+        for call in (lambda: buf.sample_sequences(2, 2), lambda: buf.empty_batch(2)):
             with pytest.raises(ValueError, match="not supported yet"):
                 call()
 
