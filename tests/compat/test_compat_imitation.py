@@ -121,41 +121,151 @@ def test_replay_buffer_schema_from_explicit_fields_or_an_env(name):
         assert t.infos.dtype == object and all(info == {"i": a} for info, a in zip(t.infos, t.acts))  # each row's
 
 
-def test_infos_are_kept_with_their_rows_and_what_cannot_be_is_left_out_with_a_warning(name):
-    """Each transition's infos dict comes back with its row: numbers, booleans, strings,
-    arrays and nested dicts of them, dtypes kept; what a row cannot hold (None, objects,
-    values past info_bytes) is left out of it, with one warning per handle; another
-    process's handle reads them; info_bytes=0 keeps none."""
+def same(a, b) -> bool:
+    """``a`` and ``b`` equal, of the same types all the way down (numpy dtypes and
+    shapes, -0.0 and NaN included): what a buffer that keeps the objects returns."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype == object:
+            return all(same(x, y) for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
+        return a.tobytes() == b.tobytes()
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if isinstance(a, (float, complex)):
+        return repr(a) == repr(b)
+    return a == b
+
+
+def odd_infos():
+    """One of each kind an infos holds, nested; a 100 KB array; many keys; empty."""
+    return [{"a": np.float32(1.5), "s": "step3 é\ud800", "done": True, "v": np.arange(3), "none": None,
+             "episode": {"r": 1.5, "l": 10, "t": -0.0, "nan": float("nan")}, "list": [1, "x", None, [2.5, (3,)]],
+             "tuple": (np.int8(-1), b"\x00bytes", 1 + 2j), "big_int": 2 ** 100, "neg": -(2 ** 70),
+             "zero_d": np.array(7.0), "strs": np.array(["ab", "c"]), "bytes_arr": np.array([b"x", b"yz"]),
+             "when": np.datetime64("2026-11-29T12:00", "s"), "span": np.array([1, 2], "timedelta64[ms]"),
+             "big_endian": np.arange(4, dtype=">i4").reshape(2, 2), "empty": np.zeros((0, 3)), "nested": {},
+             "objects": np.array([{"k": 1}, None, "s"], dtype=object), 3: "int key", (1, "t"): "tuple key",
+             None: "None key", 2.5: "float key", False: "bool key"},
+            {"terminal_observation": np.random.default_rng(0).random(12_800)},  # 100 KB
+            {f"key{i}": i * 0.5 for i in range(2000)},
+            {}, {"deep": {"a": {"b": {"c": {"d": [np.eye(2)]}}}}}, {"TimeLimit.truncated": False}]
+
+
+def _store(rb, infos):
+    n = len(infos)
+    arr = np.empty(n, object)
+    arr[:] = infos
+    rb.store(Transitions(obs=np.arange(n, dtype=np.float32)[:, None], acts=np.arange(n), infos=arr,
+                         next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None], dones=np.zeros(n, bool)))
+
+
+def test_infos_of_any_size_and_kind_come_back_equal_with_their_types(name):
+    """Each transition's infos comes back with its row, equal to what was stored, types
+    and dtypes included (imitation returns the objects themselves): 100 KB arrays, 2,000
+    keys, nesting, None, lists, tuples, big ints, keys that are not strings, empty ones;
+    from another handle, through sample (seeded and numpy's global generator) and
+    _arrays. Before: a row kept at most info_bytes=256 bytes and left the rest out."""
+    infos = odd_infos()
     rb = ReplayBuffer(16, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64,
-                      name=name, info_bytes=256, seed=0)
-    infos = np.array([{"a": np.float32(k), "s": f"step{k}", "done": k == 2, "v": np.arange(k + 1),
-                       "episode": {"r": 1.5 * k, "l": k}} for k in range(3)] + [{}], dtype=object)
-    t = Transitions(obs=np.arange(4, dtype=np.float32)[:, None], acts=np.arange(4), infos=infos,
-                    next_obs=np.arange(1, 5, dtype=np.float32)[:, None], dones=np.zeros(4, bool))
-    rb.store(t)
+                      name=name, seed=0)
+    _store(rb, infos)
     other = ReplayBuffer.attach(name)
-    s = other.sample(100)
-    for act, info in zip(s.acts.tolist(), s.infos):
-        if act == 3:
-            assert info == {}
-            continue
-        assert info["a"] == act and info["a"].dtype == np.float32 and info["s"] == f"step{act}"
-        assert info["done"] == (act == 2) and info["v"].tolist() == list(range(act + 1))
-        assert info["episode"] == {"r": 1.5 * act, "l": act}
-    kept = rb._buffer._arrays["infos"][:4]  # (imitation's _arrays["infos"]: the dicts, slot by slot)
-    assert [sorted(d) for d in kept] == [sorted(d) for d in infos] and [d.get("s") for d in kept] == [
-        d.get("s") for d in infos] and kept[2]["v"].tolist() == [0, 1, 2]
-    big = np.array([{"keep": 1, "none": None, "huge": np.zeros(100)}] * 2, dtype=object)
-    with pytest.warns(UserWarning, match=r"infos keys \['huge', 'none'\] were left out"):
-        rb.store(Transitions(obs=np.zeros((2, 1), np.float32), acts=np.zeros(2, np.int64), infos=big,
-                             next_obs=np.zeros((2, 1), np.float32), dones=np.zeros(2, bool)))
-    assert list(rb._buffer._arrays["infos"][4:6]) == [{"keep": 1}] * 2
-    with pytest.raises(ValueError, match="info_bytes must be an int in"):
+    seen = set()
+    for s in (other.sample(200), rb.sample(200)):
+        for act, info in zip(s.acts.tolist(), s.infos):
+            assert same(info, infos[act]), act
+            seen.add(act)
+    global_ = ReplayBuffer.attach(name, seed=None)
+    np.random.seed(1)
+    s = global_.sample(100)
+    assert all(same(info, infos[act]) for act, info in zip(s.acts.tolist(), s.infos))
+    assert seen == set(range(len(infos)))
+    kept = rb._buffer._arrays["infos"]
+    assert kept.dtype == object and all(same(kept[i], infos[i]) for i in range(len(infos)))
+    assert [d for d in kept[len(infos):]] == [{}] * (16 - len(infos))  # (slots never written)
+    for info in s.infos:  # a sample's dicts are its own copies: changing them changes nothing stored
+        info.clear()
+    s = rb.sample(100)
+    assert all(same(info, infos[act]) for act, info in zip(s.acts.tolist(), s.infos))
+    global_.close(); other.close(); rb.close()
+
+
+def test_what_only_pickle_could_keep_is_left_out_with_a_warning(name):
+    """An object of another class (a function, an object(), a set) is left out with its
+    key, with one warning per handle that names the keys; everything else of that infos
+    is kept. info_bytes=0 keeps none; a bad info_bytes is refused."""
+    rb = ReplayBuffer(8, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name, seed=0)
+    infos = [{"keep": 1, "fn": len, "obj": object(), "n": {"set": {1}, "ok": [1]}, "l": [1, object()]}] * 2
+    with pytest.warns(UserWarning, match=r"infos keys \['fn', 'l', 'n/set', 'obj'\] were left out.*only pickle"):
+        _store(rb, infos)
+    assert list(rb._buffer._arrays["infos"][:2]) == [{"keep": 1, "n": {"ok": [1]}}] * 2
+    with pytest.raises(ValueError, match="info_bytes must be an int >= 0"):
         ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=-1)
     bare = ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=0)
-    bare.store(t)
+    _store(bare, odd_infos()[:3])
     assert all(i == {} for i in bare.sample(10).infos) and "infos" not in bare._buffer._arrays
-    bare.close(); other.close(); rb.close()
+    bare.close(); rb.close()
+
+
+def test_an_infos_larger_than_the_arena_is_refused_and_nothing_is_stored(name):
+    """The infos lie in an arena of capacity x info_bytes bytes (at least 1 MiB): one
+    transition's infos larger than it is a ValueError that says so, and nothing of that
+    store is written (the rows before it included)."""
+    rb = ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name, seed=0)
+    _store(rb, [{"a": 1}])
+    with pytest.raises(ValueError, match=r"the infos of transition 1 take 2,097,\d{3} bytes, more than the replay "
+                                         r"buffer's arena holds \(1,048,576 bytes\); nothing was stored.*info_bytes="):
+        _store(rb, [{"b": 2}, {"huge": np.zeros(1 << 18)}])
+    assert rb.size() == 1 and list(rb._buffer._arrays["infos"][:2]) == [{"a": 1}, {}]
+    big = ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=1 << 20)
+    _store(big, [{"b": 2}, {"huge": np.zeros(1 << 18)}])  # 4 MiB: it fits
+    assert big.size() == 2 and big._buffer._arrays["infos"][1]["huge"].shape == (1 << 18,)
+    big.close(); rb.close()
+
+
+def test_a_store_whose_infos_pass_the_arena_keeps_the_newest_rows_that_fit(name):
+    """A store of rows whose infos take more than the arena, each of them less: written
+    in parts that fit it, so its newest rows are kept, the oldest leave as a run of
+    stores would leave them (size() below capacity), each row still with its own infos."""
+    rb = ReplayBuffer(16, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name, seed=0)
+    infos = [{"i": i, "pad": np.full(300_000 // 8, i, np.int64)} for i in range(8)]  # 8 x 300 kB into 1 MiB
+    _store(rb, infos)
+    assert 0 < rb.size() < 8
+    s = rb.sample(100)
+    assert set(s.acts.tolist()) <= set(range(8 - rb.size(), 8)) and 7 in s.acts.tolist()
+    assert all(same(info, infos[a]) for a, info in zip(s.acts.tolist(), s.infos))
+    rb.close()
+
+
+def test_a_segment_with_infos_in_fixed_rows_is_still_read_and_written(name):
+    """A ReplayBuffer segment an older shmbuf made (its infos in info_bytes bytes of each
+    row, shmbuf.compat.infos.encode) attaches, samples and stores as it did: its rows
+    decode, values past its rows' bytes are left out with the warning of then."""
+    from shmbuf.buffer.handle import Buffer as Core
+    from shmbuf.compat.imitation import KIND_REPLAY
+    from shmbuf.compat.infos import encode
+
+    fields = {"obs": ((1,), np.float32), "acts": ((), np.int64), "next_obs": ((1,), np.float32),
+              "dones": ((), bool), "infos": ((64,), np.uint8)}
+    old = Core.create(fields, 8, name=name, _library={"kind": KIND_REPLAY})
+    row = np.zeros(64, np.uint8)
+    assert encode({"a": np.float32(2.5), "s": "x"}, row) == []
+    old.extend({"obs": np.zeros((1, 1), np.float32), "acts": np.array([5]), "next_obs": np.ones((1, 1), np.float32),
+                "dones": np.zeros(1, bool), "infos": row[None]})
+    rb = ReplayBuffer.attach(name, seed=0)
+    got = rb.sample(4)
+    assert got.acts.tolist() == [5] * 4 and all(same(i, {"a": np.float32(2.5), "s": np.str_("x")}) for i in got.infos)
+    with pytest.warns(UserWarning, match=r"infos keys \['big'\] were left out.*info_bytes=64"):
+        _store(rb, [{"k": 1, "big": np.zeros(100)}])
+    assert list(rb._buffer._arrays["infos"][:3]) == [{"a": 2.5, "s": "x"}, {"k": 1}, {}]
+    rb.close(); old.close()
 
 
 def test_the_usual_infos_of_a_gail_run_fit_the_default_info_bytes(name):
