@@ -522,3 +522,147 @@ def test_imitations_private_attributes_are_read_only_views_of_the_rows(name):
     rb = ReplayBuffer(3, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64)
     assert rb._buffer._idx == 0 and set(rb._buffer._arrays) == {"obs", "acts", "next_obs", "dones", "infos"}
     rb.close(); other.close(); buf.close()
+
+
+def _record(header: bytes, values: bytes = b"") -> bytes:
+    """A record with this header and these values, its check right (a writer that has it
+    wrong, not damage on the way): what the header checks alone must catch."""
+    from shmbuf.compat.infos import HEAD, checks
+
+    body = len(header).to_bytes(HEAD, "little") + header + values
+    return body + checks(np.frombuffer(body, np.uint8)[None]).astype("<u8").tobytes()
+
+
+BAD_RECORD_HEADERS = {
+    "tag unknown": (b'["q", 1]', 8),
+    "scalar unknown": (b'"X"', 8),
+    "dict key without value": (b'["d", "a"]', 0),
+    "dict key twice": (b'["d", "a", "F", "a", "F"]', 16),
+    "dict NaN key twice": (b'["d", ["f", NaN], "F", ["f", NaN], "F"]', 16),
+    "key of a list": (b'["d", ["l"], "F"]', 8),
+    "key int as bool": (b'["d", ["i", true], "F"]', 8),
+    "array dtype of objects": (b'["a", "|O8", []]', 8),
+    "array dtype not canonical": (b'["a", "<b1", []]', 1),
+    "array dtype numpy cannot read": (b'["a", "<08", []]', 8),
+    "array dtype of no size": (b'["a", "<U0", []]', 0),
+    "array shape a float": (b'["a", "<f8", [1.5]]', 8),
+    "array shape negative": (b'["a", "<f8", [-1]]', 8),
+    "array shape past the record": (b'["a", "<f8", [1000000000000]]', 8),
+    "array without shape": (b'["a", "<f8"]', 8),
+    "string length negative": (b'["s", -1]', 0),
+    "string length a bool": (b'["s", true]', 1),
+    "values fewer than named": (b'["a", "<f8", [2]]', 8),
+    "values more than named": (b'"F"', 16),
+    "big int not hex": (b'["L", "12"]', 0),
+    "object array of other count": (b'["o", [2], "F"]', 8),
+    "nested too deeply": (b'["l", ' * 40 + b'null' + b']' * 40, 0),
+    "not JSON": (b'["d", "a"', 0),
+    "not UTF-8": (b'["s", \xff]', 0),
+    "header past the record": (None, 0),
+}
+
+
+@pytest.mark.parametrize("case", BAD_RECORD_HEADERS.values(), ids=BAD_RECORD_HEADERS.keys())
+def test_an_infos_record_header_is_read_strictly(case):
+    """A record header that pack never writes is a ValueError that says the record is
+    damaged, whatever its check: never another value, never another exception."""
+    from shmbuf.compat.infos import CHECK, HEAD, checks, unpack
+
+    header, size = case
+    if header is None:  # (a length past the record's end)
+        body = (1000).to_bytes(HEAD, "little") + b'"F"' + bytes(8)
+        record = body + checks(np.frombuffer(body, np.uint8)[None]).astype("<u8").tobytes()
+    else:
+        record = _record(header, bytes(size))
+    with pytest.raises(ValueError, match="infos row is damaged"):
+        unpack(record)
+    assert len(record) > HEAD + CHECK
+
+
+def test_every_random_damage_of_an_infos_record_is_a_value_error():
+    """Random bytes of packed records changed (anywhere: length, header, values, check;
+    random values, or characters that keep a header JSON), records of 100 KB (past a
+    64 kB block of the check) among them: every record changed is a ValueError saying
+    it is damaged, alone or among good ones, never another exception or value."""
+    from shmbuf.compat.infos import HEAD, pack, unpack, unpack_rows
+
+    infos = [i for i in odd_infos() if i] + [{"abc": 1}]
+    records = [pack(i)[0] for i in infos]
+    rng = np.random.default_rng(0)
+    damaged = 0
+    for t in range(1500):
+        k = t % len(records)
+        good = np.frombuffer(records[k], np.uint8)
+        rec = good.copy()
+        header = HEAD + int.from_bytes(records[k][:HEAD], "little")
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(0, header if rng.random() < 0.5 else len(rec)))
+            rec[i] = ord(rng.choice(list('0123456789.-e,[]"{}aUdlstFIBC<>|fiub '))) if rng.random() < 0.5 \
+                else int(rng.integers(0, 256))
+        if (rec == good).all():
+            assert same(unpack(rec), infos[k])
+            continue
+        damaged += 1
+        with pytest.raises(ValueError, match="infos row is damaged"):
+            unpack(rec)
+        values = np.concatenate([good, rec, good])
+        with pytest.raises(ValueError, match="infos row is damaged"):  # (among whole records too)
+            unpack_rows(values, np.array([0, len(good), 2 * len(good), 3 * len(good)]))
+    assert damaged > 1300
+
+
+def test_the_check_of_a_row_past_64_kb_sees_any_word_and_is_unchanged_below():
+    """checks() of a row of 64 kB or less is what it always was (the fixed rows of older
+    segments still check); past 64 kB a change of any one word changes it (each block's
+    words weighed by its own odd factor: blocks are not interchangeable)."""
+    from shmbuf.compat.infos import _K, checks
+
+    rng = np.random.default_rng(1)
+    for m in (1, 7, 256, 65536):
+        rows = rng.integers(0, 256, (3, m), dtype=np.uint8)
+        padded = np.zeros((3, 4 * -(-m // 4)), np.uint8)
+        padded[:, :m] = rows
+        assert (checks(rows) == padded.view("<u4").astype(np.uint64) @ _K[:padded.shape[1] // 4]).all()
+    row = rng.integers(0, 256, (1, 300_001), dtype=np.uint8)
+    base = checks(row)
+    for i in (0, 65536, 65539, 131072 + 5, 300_000):
+        bad = row.copy()
+        bad[0, i] ^= 0x80
+        assert checks(bad) != base, i
+    swapped = row.copy()  # the same word in two blocks: swapping the blocks changes the check
+    swapped[0, :65536], swapped[0, 65536:131072] = row[0, 65536:131072], row[0, :65536]
+    assert checks(swapped) != base
+
+
+def test_record_keys_are_data_never_code():
+    from shmbuf.compat.infos import pack, unpack
+
+    odd = {"x'}); import os #": 2.0, "y": {"\"z": np.arange(2)}, ("'", "]"): 1}
+    got = unpack(pack(odd)[0])
+    assert same(got, odd)
+
+
+def test_the_same_infos_as_imitations_own_replay_buffer(name):
+    """imitation's own ReplayBuffer (where imitation is installed: scripts/test-libraries),
+    fed the same transitions and seeded alike, samples the same rows with infos equal to
+    ours, types included (its are the stored objects themselves)."""
+    theirs_module = pytest.importorskip("imitation.data.buffer")
+    from imitation.data import types
+
+    infos = odd_infos()
+    n = len(infos)
+    arr = np.empty(n, object)
+    arr[:] = infos
+    t = types.Transitions(obs=np.arange(n, dtype=np.float32)[:, None], acts=np.arange(n), infos=arr,
+                          next_obs=np.arange(1, n + 1, dtype=np.float32)[:, None], dones=np.zeros(n, bool))
+    ours = ReplayBuffer(8, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name)
+    theirs = theirs_module.ReplayBuffer(8, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64)
+    ours.store(t)
+    theirs.store(t)
+    np.random.seed(5)
+    a = ours.sample(64)
+    np.random.seed(5)
+    b = theirs.sample(64)
+    assert a.acts.tolist() == b.acts.tolist() and type(a) is type(b)
+    assert all(same(x, y) for x, y in zip(a.infos, b.infos))
+    ours.close()
