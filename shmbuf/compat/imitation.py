@@ -35,6 +35,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from typing import Any, Mapping, Optional, Tuple
@@ -359,8 +360,10 @@ class Transitions:
         return len(self.obs)
 
 
+@functools.lru_cache(maxsize=None)
 def _transitions_type() -> type:
-    """imitation's own Transitions where imitation is installed, else this module's."""
+    """imitation's own Transitions where imitation is installed, else this module's (found
+    once: a failed import searched the path again at every sample, about 1 ms)."""
     try:
         from imitation.data.types import Transitions as Real
     except ImportError:

@@ -417,11 +417,15 @@ def unpack_rows(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         return out
     if (lengths[~empty] < HEAD + 2 + CHECK).any():
         raise _damaged(f"a record of {int(lengths[~empty].min())} bytes is shorter than any pack writes")
-    for length in np.unique(lengths[~empty]).tolist():
-        idx = np.flatnonzero(lengths == length)
-        starts = offsets[idx].tolist()
-        rows = values[starts[0]:starts[0] + length][None] if len(starts) == 1 else \
-            np.stack([values[s:s + length] for s in starts])
+    kinds = np.unique(lengths[~empty])
+    for length in kinds.tolist():
+        idx = np.flatnonzero(lengths == length) if len(kinds) > 1 or empty.any() else np.arange(n)
+        if len(idx) == n:  # (the usual case: every record of one length, end to end)
+            rows = values[offsets[0]:offsets[-1]].reshape(n, length)
+        elif len(idx) * length <= 1 << 22:
+            rows = values[offsets[idx][:, None] + np.arange(length)]
+        else:
+            rows = np.stack([values[s:s + length] for s in offsets[idx].tolist()])
         heads = rows[:, 0].astype(np.int64) | rows[:, 1].astype(np.int64) << 8 \
             | rows[:, 2].astype(np.int64) << 16 | rows[:, 3].astype(np.int64) << 24
         if (HEAD + heads + CHECK > length).any():
