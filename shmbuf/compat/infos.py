@@ -1,19 +1,30 @@
-"""Per-row ``infos`` dicts kept in a fixed number of bytes of a row (the imitation
-facade's ``info_bytes=``): what a Python dict can be in shared memory without pickle.
+"""Per-row ``infos`` values in shared memory without pickle: two layouts.
 
-A row's bytes: a 2-byte length, a JSON header ``[[key path, dtype, shape], ...]``, each
-value's raw bytes, then 8 bytes that check all of those (see :func:`checks`), zeros
-after; an empty dict is all zeros. Kept: ``str`` keys whose values are numbers,
-booleans, strings or numpy arrays of them (``numpy`` dtypes of kind b, i, u, f, c, U),
-nested dicts of such (by key path). Anything else (``None``, lists of mixed types,
-objects), and values past the row's size, are left out of that row: :func:`encode`
-returns the keys it left out, and the caller warns.
+**Records** (:func:`pack`, :func:`unpack_rows`): what a ``ReplayBuffer`` of the imitation
+facade keeps, one record of any size per row (a ragged ``uint8`` field): a ``HEAD``-byte
+length, a JSON header that spells the value's structure (dicts and their keys, lists,
+tuples, ``None``, and for each leaf its type, dtype and shape), the leaves' bytes in the
+header's order, then 8 bytes that check all of those (:func:`checks`); an empty dict is
+no bytes at all. Kept exactly, types included: dicts (keys ``str``, ``int``, ``float``,
+``bool``, ``None`` or tuples of them), lists, tuples, ``None``, Python's ``bool``,
+``int`` (any size), ``float``, ``complex``, ``str``, ``bytes``, numpy arrays and scalars
+(kinds b, i, u, f, c, U, S, m, M; object arrays of such), nested up to ``DEPTH``
+containers. An object of any other class (what only pickle could keep) is left out
+with its key: :func:`pack` returns the keys it left out, and the caller warns.
 
-A damaged row raises ``ValueError``, never anything else, and never decodes into
-another dict: the check covers every byte that decoding reads (the zeros after it
-are never read; an empty dict's row must be all zeros), and the header is read
-strictly (a key path is a non-empty list of strings, a dtype one that :func:`encode`
-writes, a shape a list of ints >= 0, all within the row) before anything is built.
+**Fixed rows** (:func:`encode`, :func:`decode_rows`): the layout of ``ReplayBuffer``
+segments an older shmbuf made (``info_bytes`` bytes of each row), still read and
+written for them: a 2-byte length, a JSON header ``[[key path, dtype, shape], ...]``,
+each value's raw bytes, then 8 bytes that check all of those, zeros after; an empty
+dict is all zeros. Kept: ``str`` keys whose values are numbers, booleans, strings or
+numpy arrays of them (kinds b, i, u, f, c, U), nested dicts of such (by key path);
+anything else, and values past the row's size, are left out of that row
+(:func:`encode` returns their keys).
+
+A damaged row or record raises ``ValueError``, never anything else, and never decodes
+into another value: the check covers every byte that decoding reads (a fixed row's
+zeros after it are never read; an empty dict's row must be all zeros), and the header
+is read strictly (only what the encoder writes passes) before anything is built.
 
 Examples:
     >>> import numpy as np

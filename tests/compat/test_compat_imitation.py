@@ -666,3 +666,22 @@ def test_the_same_infos_as_imitations_own_replay_buffer(name):
     assert a.acts.tolist() == b.acts.tolist() and type(a) is type(b)
     assert all(same(x, y) for x, y in zip(a.infos, b.infos))
     ours.close()
+
+
+def test_records_of_many_lengths_read_in_one_call_each_with_its_own_value():
+    """unpack_rows over records of several lengths, empty ones and large ones among them
+    (each way of reading a length's records: all end to end, picked out, and copied one
+    by one past 4 M bytes), every record's value its own."""
+    from shmbuf.compat.infos import pack, unpack_rows
+    from shmbuf.ragged.jagged import Jagged
+
+    rng = np.random.default_rng(2)
+    infos = [{"x": rng.random(12_800)} for _ in range(45)] + [{}, {"a": 1}, {"a": 2}, {"s": "é" * 3}, {}]
+    order = rng.permutation(len(infos))
+    infos = [infos[i] for i in order]
+    j = Jagged.from_rows([np.frombuffer(pack(i)[0], np.uint8) for i in infos], dtype=np.uint8)
+    got = unpack_rows(j.values, j.offsets)
+    assert all(same(g, i) for g, i in zip(got, infos))
+    same_length = [{"a": k} for k in range(5)]
+    j = Jagged.from_rows([np.frombuffer(pack(i)[0], np.uint8) for i in same_length], dtype=np.uint8)
+    assert [g["a"] for g in unpack_rows(j.values, j.offsets)] == list(range(5))
