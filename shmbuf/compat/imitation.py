@@ -186,6 +186,11 @@ class _Global(Sampler):
         if size == 0:
             raise ValueError("Buffer is empty")
         ind = np.random.randint(size, size=len(todo))
+        if size < self.engine.layout.lane_capacity:
+            # the window's rows from its oldest: imitation's slots 0.. (lo is 0) until the ring
+            # is full, and the rows left when a ReplayBuffer's oldest left early (their
+            # infos' arena wrapped: lo > 0), where slot i may hold a row that left
+            return (lo[0] + ind).astype(np.int64)
         return self.engine.rows_at(0, ind, window).astype(np.int64)  # the rows those slots hold now
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:

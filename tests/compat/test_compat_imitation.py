@@ -238,10 +238,12 @@ def test_a_store_whose_infos_pass_the_arena_keeps_the_newest_rows_that_fit(name)
     infos = [{"i": i, "pad": np.full(300_000 // 8, i, np.int64)} for i in range(8)]  # 8 x 300 kB into 1 MiB
     _store(rb, infos)
     assert 0 < rb.size() < 8
-    s = rb.sample(100)
-    assert set(s.acts.tolist()) <= set(range(8 - rb.size(), 8)) and 7 in s.acts.tolist()
-    assert all(same(info, infos[a]) for a, info in zip(s.acts.tolist(), s.infos))
-    rb.close()
+    drawn = ReplayBuffer.attach(name)  # (numpy's global generator, imitation's draw: over the rows still there)
+    np.random.seed(0)
+    for s in (rb.sample(100), drawn.sample(100)):
+        assert set(s.acts.tolist()) == set(range(8 - rb.size(), 8))
+        assert all(same(info, infos[a]) for a, info in zip(s.acts.tolist(), s.infos))
+    drawn.close(); rb.close()
 
 
 def test_a_segment_with_infos_in_fixed_rows_is_still_read_and_written(name):
@@ -685,3 +687,46 @@ def test_records_of_many_lengths_read_in_one_call_each_with_its_own_value():
     same_length = [{"a": k} for k in range(5)]
     j = Jagged.from_rows([np.frombuffer(pack(i)[0], np.uint8) for i in same_length], dtype=np.uint8)
     assert [g["a"] for g in unpack_rows(j.values, j.offsets)] == list(range(5))
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_record_covered_while_numpys_generator_samples_is_drawn_again(name, monkeypatch, broken):
+    """A sample drawn from numpy's global generator (imitation's way) whose records
+    another handle covers after their rows' checked gather, before their bytes are
+    copied (arena.HOOK at "reading"), draws those rows again, from the same generator:
+    every infos returned is its own row's. With the arena's check off (FAULTS) the
+    covered bytes come out as the old rows' infos (the test's assertion would fail)."""
+    from shmbuf.core import arena
+
+    def t(acts, infos):
+        n = len(acts)
+        arr = np.empty(n, object)
+        arr[:] = infos
+        return Transitions(obs=np.asarray(acts, np.float32)[:, None], acts=np.asarray(acts), infos=arr,
+                           next_obs=np.asarray(acts, np.float32)[:, None], dones=np.zeros(n, bool))
+
+    def info(k):
+        return {"i": k, "pad": np.full(40_000, k, np.int64)}  # 320 kB: 3 of them fit 1 MiB
+
+    rb = ReplayBuffer(64, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, name=name)
+    rb.store(t([0, 1, 2], [info(k) for k in range(3)]))
+    writer = ReplayBuffer.attach(name, seed=0)
+    calls = []
+
+    def cover(point):
+        if point == "reading" and not calls:
+            calls.append(point)
+            writer.store(t([100, 101, 102], [info(k) for k in (100, 101, 102)]))  # at 0: covers 0, 1, 2
+    monkeypatch.setattr(arena, "HOOK", cover)
+    if broken:
+        monkeypatch.setattr(arena, "FAULTS", 1)
+    np.random.seed(0)
+    s = rb.sample(16)
+    monkeypatch.setattr(arena, "HOOK", None)
+    assert calls
+    own = [i["i"] == a and (i["pad"] == a).all() for a, i in zip(s.acts.tolist(), s.infos)]
+    if broken:
+        assert set(s.acts.tolist()) <= {0, 1, 2} and not any(own)  # rows 0-2 with 100-102's infos
+    else:
+        assert set(s.acts.tolist()) <= {100, 101, 102} and all(own)
+    writer.close(); rb.close()
