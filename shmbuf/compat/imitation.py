@@ -45,11 +45,10 @@ import numpy as np
 from shmbuf.buffer import handle as core
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
-from shmbuf.compat.infos import decode_rows, encode, pack, unpack_rows
+from shmbuf.compat.replay_infos import MIN_ARENA, FixedRows, Records
 from shmbuf.compat.shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
-MIN_ARENA = 1 << 20  # bytes: a ReplayBuffer's infos arena, at least (capacity x info_bytes otherwise)
 
 
 class Buffer(Shared):
@@ -200,15 +199,15 @@ class _Global(Sampler):
 class _Transitions(Buffer):
     """A ReplayBuffer's rows: a Buffer whose ``infos`` field holds each row's dict (its
     ``_arrays["infos"]`` decodes them, as imitation's holds the dicts): a record of any
-    size per row (:func:`shmbuf.compat.infos.pack`), or, in a segment an older shmbuf
+    size per row (:func:`shmbuf.compat.records.pack`), or, in a segment an older shmbuf
     made, ``info_bytes`` bytes of the row (:func:`shmbuf.compat.infos.encode`)."""
 
     def _open(self, handle: core.Buffer, seed: Any = None) -> None:
         super()._open(handle, seed)
         if "infos" in self._ragged:
-            self.infos: Any = _Records(handle.stats()["lanes"][0]["arena_bytes"])
+            self.infos: Any = Records(handle.stats()["lanes"][0]["arena_bytes"])
         elif "infos" in self.sample_shapes:
-            self.infos = _FixedRows(self.sample_shapes["infos"][0])
+            self.infos = FixedRows(self.sample_shapes["infos"][0])
         else:
             self.infos = None
 
@@ -236,85 +235,6 @@ class _Transitions(Buffer):
         if self.infos is not None:  # (the dicts: a copy, as they are now)
             arrays["infos"] = self.infos.slots(self._core)
         return arrays
-
-
-class _Records:
-    """Each row's infos as one record of any size in the buffer's arena (``infos`` a
-    ragged ``uint8`` field): what :func:`~shmbuf.compat.infos.pack` keeps."""
-
-    WHY = ("they hold objects that only pickle could keep (the rows keep dicts, lists, tuples, None, "
-           "numbers, strings, bytes and numpy arrays: see shmbuf.compat.infos.pack)")
-
-    def __init__(self, lane_arena: int) -> None:
-        self.arena = lane_arena  # (bytes of the lane's arena: a write's records must fit it)
-
-    def encode(self, infos: Any, n: int) -> tuple[np.ndarray, list[str]]:
-        out = np.empty(n, dtype=object)
-        if infos is None:
-            out[:] = [np.zeros(0, np.uint8) for _ in range(n)]
-            return out, []
-        left: set[str] = set()
-        for i, info in enumerate(infos):
-            record, gone = pack(info)
-            out[i] = np.frombuffer(record, np.uint8)
-            left.update(gone)
-            if len(record) > self.arena:
-                raise ValueError(f"the infos of transition {i} take {len(record):,} bytes, more than the replay "
-                                 f"buffer's arena holds ({self.arena:,} bytes); nothing was stored. Create it "
-                                 "with a larger info_bytes= (its arena is capacity x info_bytes bytes, at least "
-                                 f"{MIN_ARENA:,})")
-        return out, sorted(left)
-
-    def parts(self, records: list[np.ndarray]) -> list[slice]:
-        """The rows of one store in parts whose records each fit the arena (one part,
-        unless the records of all take more than it holds: then the oldest leave as the
-        later parts are written, as in a run of stores)."""
-        sizes = np.fromiter((-(-len(r) // 8) * 8 for r in records), np.int64, len(records))
-        if sizes.sum() <= self.arena:
-            return [slice(None)]
-        parts, start, used = [], 0, 0
-        for i, size in enumerate(sizes.tolist()):
-            if used + size > self.arena:
-                parts.append(slice(start, i))
-                start, used = i, 0
-            used += size
-        return parts + [slice(start, len(records))]
-
-    def decode(self, value: Any) -> np.ndarray:
-        return unpack_rows(value.values, value.offsets)
-
-    def slots(self, handle: core.Buffer) -> np.ndarray:
-        """Every slot's dict (``{}`` where no row is: never written, or left), read with
-        the checked read (``state_dict``: a row written meanwhile shows ``{}``)."""
-        state = handle.state_dict()
-        out = np.empty(len(state["stamps"]), dtype=object)
-        out[:] = [{} for _ in range(len(out))]
-        values, offsets = state["ragged"]["infos"]
-        out[np.flatnonzero(state["stamps"])] = unpack_rows(values, offsets)
-        return out
-
-
-class _FixedRows:
-    """Each row's infos in ``info_bytes`` bytes of the row (``infos`` a fixed ``uint8``
-    field): the layout of segments an older shmbuf made, read and written as it did
-    (:func:`~shmbuf.compat.infos.encode`)."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.WHY = ("it keeps numbers, booleans, strings and numpy arrays of them within info_bytes="
-                    f"{width} bytes a row (a segment an older shmbuf made; a new ReplayBuffer keeps any size)")
-
-    def encode(self, infos: Any, n: int) -> tuple[np.ndarray, list[str]]:
-        out = np.zeros((n, self.width), np.uint8)
-        if infos is None:
-            return out, []
-        return out, sorted({k for i, info in enumerate(infos) for k in encode(info, out[i])})
-
-    def decode(self, value: np.ndarray) -> np.ndarray:
-        return decode_rows(value)
-
-    def slots(self, handle: core.Buffer) -> np.ndarray:
-        return decode_rows(handle.engine.view("infos"))
 
 
 def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
@@ -381,7 +301,7 @@ class ReplayBuffer(Shared):
     Rewards are not stored (imitation's do not either). ``infos``: each transition's
     value (a dict, of any size) is kept with its row, without pickle, and read back equal,
     with its types: dicts, lists, tuples, None, numbers, strings, bytes, numpy arrays and
-    scalars, nested (:func:`shmbuf.compat.infos.pack`); a value of any other class (an
+    scalars, nested (:func:`shmbuf.compat.records.pack`); a value of any other class (an
     object only pickle could keep) is left out with its key, with a warning. The infos
     lie in an arena of ``capacity * info_bytes`` bytes (at least 1 MiB): ``info_bytes``
     (default 256) is what a row's infos take on average; rows whose infos take more

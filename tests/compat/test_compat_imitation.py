@@ -529,7 +529,7 @@ def test_imitations_private_attributes_are_read_only_views_of_the_rows(name):
 def _record(header: bytes, values: bytes = b"") -> bytes:
     """A record with this header and these values, its check right (a writer that has it
     wrong, not damage on the way): what the header checks alone must catch."""
-    from shmbuf.compat.infos import HEAD, checks
+    from shmbuf.compat.records import HEAD, checks
 
     body = len(header).to_bytes(HEAD, "little") + header + values
     return body + checks(np.frombuffer(body, np.uint8)[None]).astype("<u8").tobytes()
@@ -568,7 +568,7 @@ BAD_RECORD_HEADERS = {
 def test_an_infos_record_header_is_read_strictly(case):
     """A record header that pack never writes is a ValueError that says the record is
     damaged, whatever its check: never another value, never another exception."""
-    from shmbuf.compat.infos import CHECK, HEAD, checks, unpack
+    from shmbuf.compat.records import CHECK, HEAD, checks, unpack
 
     header, size = case
     if header is None:  # (a length past the record's end)
@@ -586,7 +586,7 @@ def test_every_random_damage_of_an_infos_record_is_a_value_error():
     random values, or characters that keep a header JSON), records of 100 KB (past a
     64 kB block of the check) among them: every record changed is a ValueError saying
     it is damaged, alone or among good ones, never another exception or value."""
-    from shmbuf.compat.infos import HEAD, pack, unpack, unpack_rows
+    from shmbuf.compat.records import HEAD, pack, unpack, unpack_rows
 
     infos = [i for i in odd_infos() if i] + [{"abc": 1}]
     records = [pack(i)[0] for i in infos]
@@ -637,7 +637,7 @@ def test_the_check_of_a_row_past_64_kb_sees_any_word_and_is_unchanged_below():
 
 
 def test_record_keys_are_data_never_code():
-    from shmbuf.compat.infos import pack, unpack
+    from shmbuf.compat.records import pack, unpack
 
     odd = {"x'}); import os #": 2.0, "y": {"\"z": np.arange(2)}, ("'", "]"): 1}
     got = unpack(pack(odd)[0])
@@ -674,7 +674,7 @@ def test_records_of_many_lengths_read_in_one_call_each_with_its_own_value():
     """unpack_rows over records of several lengths, empty ones and large ones among them
     (each way of reading a length's records: all end to end, picked out, and copied one
     by one past 4 M bytes), every record's value its own."""
-    from shmbuf.compat.infos import pack, unpack_rows
+    from shmbuf.compat.records import pack, unpack_rows
     from shmbuf.ragged.jagged import Jagged
 
     rng = np.random.default_rng(2)
