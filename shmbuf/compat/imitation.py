@@ -224,10 +224,9 @@ class _Transitions(Buffer):
         return out
 
     def _write(self, rows: dict[str, Any]) -> None:
-        if "infos" not in self._ragged:
-            return self._core.extend(rows)
-        for part in self.infos.parts(rows["infos"]):
-            self._core.extend({k: v[part] for k, v in rows.items()})
+        parts = self.infos.parts(rows) if self.infos is not None else [slice(None)]
+        for part in parts:
+            self._core.extend({k: v[part] for k, v in rows.items()} if len(parts) > 1 else rows)
 
     @property
     def _arrays(self) -> dict[str, np.ndarray]:

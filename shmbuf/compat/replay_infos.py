@@ -33,7 +33,8 @@ class Records:
     def encode(self, infos: Any, n: int) -> tuple[np.ndarray, list[str]]:
         out = np.empty(n, dtype=object)
         if infos is None:
-            out[:] = [np.zeros(0, np.uint8) for _ in range(n)]
+            for i in range(n):
+                out[i] = np.zeros(0, np.uint8)
             return out, []
         left: set[str] = set()
         for i, info in enumerate(infos):
@@ -47,10 +48,11 @@ class Records:
                                  f"{MIN_ARENA:,})")
         return out, sorted(left)
 
-    def parts(self, records: list[np.ndarray]) -> list[slice]:
+    def parts(self, rows: dict[str, Any]) -> list[slice]:
         """The rows of one store in parts whose records each fit the arena (one part,
         unless the records of all take more than it holds: then the oldest leave as the
         later parts are written, as in a run of stores)."""
+        records = rows["infos"]
         sizes = np.fromiter((-(-len(r) // 8) * 8 for r in records), np.int64, len(records))
         if sizes.sum() <= self.arena:
             return [slice(None)]
@@ -91,6 +93,10 @@ class FixedRows:
         if infos is None:
             return out, []
         return out, sorted({k for i, info in enumerate(infos) for k in encode(info, out[i])})
+
+    def parts(self, rows: dict[str, Any]) -> list[slice]:
+        """One store, one write: its rows' infos are as wide as the rows."""
+        return [slice(None)]
 
     def decode(self, value: np.ndarray) -> np.ndarray:
         return decode_rows(value)

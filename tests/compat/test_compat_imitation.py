@@ -208,6 +208,9 @@ def test_what_only_pickle_could_keep_is_left_out_with_a_warning(name):
     assert list(rb._buffer._arrays["infos"][:2]) == [{"keep": 1, "n": {"ok": [1]}}] * 2
     with pytest.raises(ValueError, match="info_bytes must be an int >= 0"):
         ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=-1)
+    rb.store(SimpleNamespace(obs=np.zeros((3, 1), np.float32), acts=np.arange(3), dones=np.zeros(3, bool),
+                             next_obs=np.zeros((3, 1), np.float32)))  # (no infos: an empty dict each)
+    assert list(rb._buffer._arrays["infos"][2:5]) == [{}] * 3
     bare = ReplayBuffer(4, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, info_bytes=0)
     _store(bare, odd_infos()[:3])
     assert all(i == {} for i in bare.sample(10).infos) and "infos" not in bare._buffer._arrays
