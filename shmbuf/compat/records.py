@@ -153,7 +153,7 @@ def _node(v: Any, path: tuple, blobs: list[bytes], left: list[str], depth: int) 
 def unpack(record: Any) -> Any:
     """The value :func:`pack` wrote into ``record`` (bytes, or ``uint8`` values; ``{}``
     for none)."""
-    values = np.frombuffer(bytes(record), np.uint8) if not isinstance(record, np.ndarray) else record
+    values = np.frombuffer(bytes(record), np.uint8).copy() if not isinstance(record, np.ndarray) else record
     return unpack_rows(values, np.array([0, len(values)], np.int64))[0]
 
 
