@@ -17,9 +17,10 @@ while this one samples. Sampling draws from numpy's global generator as imitatio
 so a run seeded the imitation way (``np.random.seed``) repeats exactly; a buffer made or
 attached with ``seed=`` draws from a generator of its own instead. Behaviour of
 imitation 1.0.1 (its ``data/buffer.py`` as at e5ef188). Divergences (docs/migrate/imitation.md): capacity must be >= 1;
-``ReplayBuffer`` keeps each transition's ``infos`` within ``info_bytes`` bytes of its row
-(numbers, booleans, strings, numpy arrays of them, nested dicts of such; the rest is left
-out, with a warning), where imitation keeps the Python objects themselves.
+``ReplayBuffer`` keeps each transition's ``infos`` as a copy, of any size, in an arena of
+``capacity * info_bytes`` bytes (dicts, lists, tuples, None, numbers, strings, bytes,
+numpy arrays and scalars, nested; an object only pickle could keep is left out, with a
+warning), where imitation keeps the Python objects themselves.
 
 Examples:
     >>> import numpy as np
@@ -34,6 +35,8 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 import warnings
 from typing import Any, Mapping, Optional, Tuple
 
@@ -42,7 +45,7 @@ import numpy as np
 from shmbuf.buffer import handle as core
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
-from shmbuf.compat.infos import decode_rows, encode
+from shmbuf.compat.replay_infos import MIN_ARENA, FixedRows, Records
 from shmbuf.compat.shared import Shared
 
 KIND_BUFFER, KIND_REPLAY = "imitation.Buffer", "imitation.ReplayBuffer"
@@ -54,11 +57,11 @@ class Buffer(Shared):
 
     def __init__(self, capacity: int, sample_shapes: Mapping[str, Tuple[int, ...]],
                  dtypes: Mapping[str, Any], *, name: Optional[str] = None, seed: Any = None,
-                 persist: bool = False, _kind: str = KIND_BUFFER) -> None:
+                 persist: bool = False, _kind: str = KIND_BUFFER, _arena: Optional[int] = None) -> None:
         if sample_shapes.keys() != dtypes.keys():
             raise KeyError("sample_shape and dtypes keys don't match")
         fields = {k: (tuple(sample_shapes[k]), np.dtype(dtypes[k])) for k in sample_shapes}
-        self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist,
+        self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist, arena=_arena,
                                       _library={"kind": _kind}), seed)
 
     def _open(self, handle: core.Buffer, seed: Any = None) -> None:
@@ -67,6 +70,7 @@ class Buffer(Shared):
         self.capacity: int = handle.capacity
         self.sample_shapes = {k: s for k, (s, _) in handle.fields.items()}
         self._dtypes = {k: d for k, (_, d) in handle.fields.items()}
+        self._ragged = set(handle.engine.records.fields)  # (a ReplayBuffer's infos: one record a row)
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None) -> "Buffer":
@@ -112,10 +116,14 @@ class Buffer(Shared):
                 raise ValueError("Not enough capacity to store data.")
             arrays = {k: a[-self.capacity:] for k, a in arrays.items()}
         for k, a in arrays.items():
-            if a.shape[1:] != self.sample_shapes[k]:
+            if a.shape[1:] != self.sample_shapes[k] and k not in self._ragged:
                 raise ValueError(f"Wrong data shape for {k}: expected {self.sample_shapes[k]} per row, "
                                  f"got {a.shape[1:]}")
-        self._core.extend({k: cast.into(a, self._dtypes[k], k) for k, a in arrays.items()})
+        self._write({k: list(a) if k in self._ragged else cast.into(a, self._dtypes[k], k) for k, a in arrays.items()})
+
+    def _write(self, rows: dict[str, Any]) -> None:
+        """Write the checked, cast ``rows`` (a ReplayBuffer's rows: in parts its arena holds)."""
+        self._core.extend(rows)
 
     def sample(self, n_samples: int) -> Mapping[str, np.ndarray]:
         """``n_samples`` rows drawn uniformly with replacement: ``{k: (n_samples,) +
@@ -127,7 +135,13 @@ class Buffer(Shared):
         return self._core.engine.sample(n_samples, n_samples, None, lambda t: self._sample_global(n_samples, t))
 
     def _sample_global(self, n: int, timeout: float) -> dict[str, np.ndarray]:
-        return read(_Global(self._core.engine), n, timeout)
+        engine = self._core.engine
+        deadline = time.monotonic() + timeout
+        # (the records' part: a ReplayBuffer's infos read in, rows whose record was covered
+        # meanwhile drawn again; a buffer without ragged fields: the rows as they are)
+        return engine.records.finish(read(_Global(engine), n, timeout),
+                                     lambda m: read(_Global(engine), m, max(0.0, deadline - time.monotonic())),
+                                     deadline, timeout)
 
     def size(self) -> Optional[int]:
         """The number of samples stored in the buffer."""
@@ -151,7 +165,7 @@ class Buffer(Shared):
         ``Buffer._arrays``): read-only views of the shared memory, so they show every
         process's rows as they are written (a row being written may show half of it;
         ``sample`` never returns one); unwritten slots hold zeros."""
-        return {k: self._core.engine.view(k) for k in self.sample_shapes}
+        return {k: self._core.engine.view(k) for k in self.sample_shapes if k not in self._ragged}
 
 
 class _Global(Sampler):
@@ -171,6 +185,11 @@ class _Global(Sampler):
         if size == 0:
             raise ValueError("Buffer is empty")
         ind = np.random.randint(size, size=len(todo))
+        if size < self.engine.layout.lane_capacity:
+            # the window's rows from its oldest: imitation's slots 0.. (lo is 0) until the ring
+            # is full, and the rows left when a ReplayBuffer's oldest left early (their
+            # infos' arena wrapped: lo > 0), where slot i may hold a row that left
+            return (lo[0] + ind).astype(np.int64)
         return self.engine.rows_at(0, ind, window).astype(np.int64)  # the rows those slots hold now
 
     def gather(self, drawn: Any, out: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -179,29 +198,41 @@ class _Global(Sampler):
 
 class _Transitions(Buffer):
     """A ReplayBuffer's rows: a Buffer whose ``infos`` field holds each row's dict (its
-    ``_arrays["infos"]`` decodes them, as imitation's holds the dicts)."""
+    ``_arrays["infos"]`` decodes them, as imitation's holds the dicts): a record of any
+    size per row (:func:`shmbuf.compat.records.pack`), or, in a segment an older shmbuf
+    made, ``info_bytes`` bytes of the row (:func:`shmbuf.compat.infos.encode`)."""
+
+    def _open(self, handle: core.Buffer, seed: Any = None) -> None:
+        super()._open(handle, seed)
+        if "infos" in self._ragged:
+            self.infos: Any = Records(handle.stats()["lanes"][0]["arena_bytes"])
+        elif "infos" in self.sample_shapes:
+            self.infos = FixedRows(self.sample_shapes["infos"][0])
+        else:
+            self.infos = None
 
     def encode(self, infos: Any, n: int) -> np.ndarray:
         """``n`` rows of encoded ``infos`` (None: empty dicts); warns once per handle of
         the keys it left out."""
-        out = np.zeros((n,) + self.sample_shapes["infos"], np.uint8)
-        if infos is None:
-            return out
-        if len(infos) != n:
+        if infos is not None and len(infos) != n:
             raise ValueError(f"infos has {len(infos)} entries for {n} transitions")
-        left = sorted({k for i, info in enumerate(infos) for k in encode(info, out[i])})
+        out, left = self.infos.encode(infos, n)
         if left and not getattr(self, "_warned", False):
             self._warned = True
-            warnings.warn(f"infos keys {left} were left out of the replay buffer's rows: it keeps numbers, "
-                          f"booleans, strings and numpy arrays of them within info_bytes="
-                          f"{out.shape[1]} bytes a row (make it larger, or see shmbuf.compat.infos)", stacklevel=4)
+            warnings.warn(f"infos keys {left} were left out of the replay buffer's rows: "
+                          + self.infos.WHY, stacklevel=4)
         return out
+
+    def _write(self, rows: dict[str, Any]) -> None:
+        parts = self.infos.parts(rows) if self.infos is not None else [slice(None)]
+        for part in parts:
+            self._core.extend({k: v[part] for k, v in rows.items()} if len(parts) > 1 else rows)
 
     @property
     def _arrays(self) -> dict[str, np.ndarray]:
         arrays = super()._arrays
-        if "infos" in arrays:  # (the dicts: a copy, as they are now)
-            arrays["infos"] = decode_rows(arrays["infos"])
+        if self.infos is not None:  # (the dicts: a copy, as they are now)
+            arrays["infos"] = self.infos.slots(self._core)
         return arrays
 
 
@@ -253,8 +284,10 @@ class Transitions:
         return len(self.obs)
 
 
+@functools.lru_cache(maxsize=None)
 def _transitions_type() -> type:
-    """imitation's own Transitions where imitation is installed, else this module's."""
+    """imitation's own Transitions where imitation is installed, else this module's (found
+    once: a failed import searched the path again at every sample, about 1 ms)."""
     try:
         from imitation.data.types import Transitions as Real
     except ImportError:
@@ -264,11 +297,29 @@ def _transitions_type() -> type:
 
 class ReplayBuffer(Shared):
     """Buffer for Transitions (imitation's ``buffer.ReplayBuffer``), in shared memory.
-    Rewards are not stored (imitation's do not either). ``infos``: each transition's dict
-    is kept in ``info_bytes`` bytes of its row (default 256; 0 keeps none, and ``sample``
-    gives an empty dict each): values that are numbers, booleans, strings or numpy arrays
-    of them, nested dicts of such; any other value, and values past ``info_bytes``, are
-    left out of that row, with a warning (:mod:`shmbuf.compat.infos`)."""
+    Rewards are not stored (imitation's do not either). ``infos``: each transition's
+    value (a dict, of any size) is kept with its row, without pickle, and read back equal,
+    with its types: dicts, lists, tuples, None, numbers, strings, bytes, numpy arrays and
+    scalars, nested (:func:`shmbuf.compat.records.pack`); a value of any other class (an
+    object only pickle could keep) is left out with its key, with a warning. The infos
+    lie in an arena of ``capacity * info_bytes`` bytes (at least 1 MiB): ``info_bytes``
+    (default 256) is what a row's infos take on average; rows whose infos take more
+    leave early (``size()`` is then below ``capacity``). ``info_bytes=0`` keeps none
+    (``sample`` gives an empty dict each). One transition's infos larger than the arena
+    is refused (``ValueError``, nothing stored).
+
+    Examples:
+        >>> import numpy as np
+        >>> rb = ReplayBuffer(8, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64, seed=0)
+        >>> infos = np.array([{"big": np.arange(50_000), "episode": {"r": 1.5}}, {}], dtype=object)
+        >>> rb.store(Transitions(obs=np.zeros((2, 1), np.float32), acts=np.arange(2), infos=infos,
+        ...                      next_obs=np.zeros((2, 1), np.float32), dones=np.zeros(2, bool)))
+        >>> s = rb.sample(8)
+        >>> [(len(i["big"]), i["episode"]) if a == 0 else i for a, i in zip(s.acts, s.infos)][:2] in (
+        ...     [(50000, {"r": 1.5})] * 2, [(50000, {"r": 1.5}), {}], [{}, (50000, {"r": 1.5})], [{}, {}])
+        True
+        >>> rb.close()
+    """
 
     def __init__(self, capacity: int, venv: Any = None, *, obs_shape: Optional[Tuple[int, ...]] = None,
                  act_shape: Optional[Tuple[int, ...]] = None, obs_dtype: Any = None,
@@ -289,15 +340,18 @@ class ReplayBuffer(Shared):
             act_dtype = act_dtype if venv.action_space.dtype is None else venv.action_space.dtype
         elif any(p is None for p in params):
             raise ValueError("Shape or dtype missing and no environment specified.")
-        if isinstance(info_bytes, bool) or not isinstance(info_bytes, (int, np.integer)) or not 0 <= info_bytes <= 65536:
-            raise ValueError(f"info_bytes must be an int in [0, 65536] (bytes of a row's infos), got {info_bytes!r}")
+        if isinstance(info_bytes, bool) or not isinstance(info_bytes, (int, np.integer)) or info_bytes < 0:
+            raise ValueError(f"info_bytes must be an int >= 0 (the bytes a row's infos take on average: the arena "
+                             f"holds capacity x info_bytes, at least {MIN_ARENA:,}), got {info_bytes!r}")
         self.capacity = capacity
         shapes = {"obs": tuple(obs_shape), "acts": tuple(act_shape), "next_obs": tuple(obs_shape), "dones": ()}
         dtypes = {"obs": obs_dtype, "acts": act_dtype, "next_obs": obs_dtype, "dones": bool}
+        arena = None
         if info_bytes:
-            shapes["infos"], dtypes["infos"] = (int(info_bytes),), np.uint8
+            shapes["infos"], dtypes["infos"] = (None,), np.uint8
+            arena = max(MIN_ARENA, capacity * int(info_bytes)) if isinstance(capacity, (int, np.integer)) else MIN_ARENA
         self._buffer = _Transitions(capacity, shapes, dtypes, name=name, seed=seed, persist=persist,
-                                    _kind=KIND_REPLAY)
+                                    _kind=KIND_REPLAY, _arena=arena)
 
     @classmethod
     def attach(cls, name: str, *, seed: Any = None) -> "ReplayBuffer":
@@ -331,7 +385,7 @@ class ReplayBuffer(Shared):
         installed), with each one's ``infos`` dict (see the class)."""
         s = self._buffer.sample(n_samples)
         if "infos" in s:
-            infos = decode_rows(s.pop("infos"))
+            infos = self._buffer.infos.decode(s.pop("infos"))
         else:
             infos = np.empty(n_samples, dtype=object)
             infos[:] = [{} for _ in range(n_samples)]
