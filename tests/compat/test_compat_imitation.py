@@ -197,6 +197,25 @@ def test_infos_of_any_size_and_kind_come_back_equal_with_their_types(name):
     global_.close(); other.close(); rb.close()
 
 
+def test_a_save_keeps_the_infos_with_their_rows(name, tmp_path):
+    """core.save() of a ReplayBuffer with infos, loaded back and attached: every row's
+    infos equal to what was stored (the infos are a ragged field: save format 4)."""
+    import shmbuf
+
+    infos = odd_infos()
+    rb = ReplayBuffer(16, obs_shape=(1,), act_shape=(), obs_dtype=np.float32, act_dtype=np.int64,
+                      name=name, seed=0)
+    _store(rb, infos)
+    rb.core.save(tmp_path / "save")
+    rb.close()
+    with shmbuf.Buffer.load(tmp_path / "save", name=name + "-loaded") as loaded:
+        again = ReplayBuffer.attach(loaded.name, seed=0)
+        s = again.sample(200)
+        assert set(s.acts.tolist()) == set(range(len(infos)))
+        assert all(same(info, infos[act]) for act, info in zip(s.acts.tolist(), s.infos))
+        again.close()
+
+
 def test_what_only_pickle_could_keep_is_left_out_with_a_warning(name):
     """An object of another class (a function, an object(), a set) is left out with its
     key, with one warning per handle that names the keys; everything else of that infos
