@@ -33,6 +33,8 @@ import numpy as np
 from shmbuf.buffer.handle import Buffer
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.core.layout import normalize_fields
+from shmbuf.ragged import schema as ragged_schema
+from shmbuf.ray.calls import TOKENS
 
 NAMESPACE = "shmbuf"
 """The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and
@@ -129,7 +131,7 @@ class Shard:
             alpha = trees.alpha
         return {"size": int(size), "mass": mass, "low": low, "alpha": alpha, "node": self.node,
                 "pid": os.getpid(), "segment": self.segment, "capacity": self.core.capacity, "kind": self.kind,
-                "prioritized": self.core.prioritized, "native": self.core.native}
+                "prioritized": self.core.prioritized, "native": self.core.native, "lengths": self._lengths()}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
@@ -144,10 +146,25 @@ class Shard:
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
         batch = getattr(self.buf, method)(n, *args, **kwargs)
+        if "max_tokens" in kwargs:  # (the lengths the caller cuts the batch by)
+            batch[TOKENS] = batch[self._counted(kwargs["length"])].lengths
         if self.core.prioritized and method == "sample":
             del batch["weight"]
             batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
         return batch, self.info()
+
+    def _lengths(self) -> list[str]:
+        """What a token budget may count: the ragged fields' names and their lengths'."""
+        out: set[str] = set()
+        for k, (shape, _) in self.core.fields.items():
+            if shape and (shape[0] is None or isinstance(shape[0], str)):
+                out.update([k] if shape[0] is None else [k, shape[0]])
+        return sorted(out)
+
+    def _counted(self, length: str) -> str:
+        """The ragged field whose lengths a budget of ``length`` counts (the buffer's
+        sample checked the name)."""
+        return next(k for k, (shape, _) in self.core.fields.items() if k == length or shape[:1] == (length,))
 
     def versions(self, bound: int | None) -> tuple[int | None, int]:
         """The shard's newest version (None: empty), and how many rows it holds of version
@@ -197,7 +214,9 @@ def _node() -> str:
 def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int, alpha: Any) -> None:
     """The shard found is the one asked for (the same fields, capacity and priority
     exponent ``alpha``, None for none: the learner draws across shards by one)."""
-    want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fields)}
+    fixed, spec = ragged_schema.split(fields)
+    want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fixed)}
+    want.update({r.name: (r.shape, r.dtype) for r in ragged_schema.fields(spec)} if spec is not None else {})
     if buf.capacity != capacity or buf.fields != want:
         raise ValueError(f"the existing shard {buf.name!r} holds {buf.capacity} rows of {buf.fields}, not "
                          f"{capacity} rows of {want}: remove it with `shmbuf rm {buf.name}` on its node, "

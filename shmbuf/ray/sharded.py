@@ -212,8 +212,9 @@ class ShardedBuffer(ShardCalls):
 
     # -- sampling --------------------------------------------------------------------
 
-    def sample(self, n: int, *, beta: float | None = None, prefetch: int = 0,
-               timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:
+    def sample(self, n: int | None = None, *, beta: float | None = None, prefetch: int = 0,
+               timeout: float | None = None, max_tokens: int | None = None, length: str | None = None,
+               **kwargs: Any) -> dict[str, Any]:
         """``n`` rows from all shards, each row of the cluster equally likely (a
         prioritized buffer: by priority over the whole cluster, with ``weight``
         normalised by the cluster's smallest priority, and ``index`` ``(n, 3)``:
@@ -232,22 +233,38 @@ class ShardedBuffer(ShardCalls):
         else the newest row of any shard), and the rows are split across the shards by
         how many each holds of those versions (asked of them first: one more round trip).
 
+        With ragged fields (``arena=``), a ragged field comes as one
+        :class:`~shmbuf.Jagged` of the rows of every shard. ``max_tokens=T`` with
+        ``length="R"``: rows of all shards that together hold at most ``T`` values of
+        that length (at least one row; at most ``n`` if given). ``T`` is split across
+        the shards as ``n`` is, multinomially on their sizes (or masses, or rows of the
+        versions asked for): each shard draws as many rows as fit its part, and the
+        answers, in a random order, are cut before the first row that would pass ``T``.
+
         Raises:
             ShardsUnavailable: no shard could give its rows within ``timeout``.
             ValueError: every shard is empty; or a shard's own error (bad arguments).
         """
-        n = count(n, "n")
+        budget: dict[str, Any] = {}
+        if max_tokens is not None or length is not None:
+            if max_tokens is None or not isinstance(length, str):
+                raise ValueError("a token budget takes both max_tokens= and length= (the name of the ragged field "
+                                 f"or length it counts), got max_tokens={max_tokens!r}, length={length!r}")
+            units = count(max_tokens, "max_tokens", 1)
+            budget = {"length": length, "n": None if n is None else count(n, "n", 1)}
+        else:
+            units = count(n, "n")
         if {"min_version", "max_staleness", "version", "freshness"} & set(kwargs):
-            return self._recent(n, prefetch, timeout, **kwargs)
+            return self._recent(units, budget, prefetch, timeout, **kwargs)
         if beta is not None or self._prioritized:
             if not self._prioritized:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
             beta = check_beta(beta)
-            return self._take("sample", n, (), kwargs, prefetch, timeout, beta)
-        return self._take("sample", n, (), kwargs, prefetch, timeout)
+            return self._take("sample", units, (), {**kwargs, **budget}, prefetch, timeout, beta)
+        return self._take("sample", units, (), {**kwargs, **budget}, prefetch, timeout)
 
-    def _recent(self, n: int, prefetch: int, timeout: float | None, min_version: Any = None,
-                max_staleness: Any = None, version: Any = None, freshness: Any = None) -> dict[str, np.ndarray]:
+    def _recent(self, n: int, budget: dict[str, Any], prefetch: int, timeout: float | None, min_version: Any = None,
+                max_staleness: Any = None, version: Any = None, freshness: Any = None) -> dict[str, Any]:
         """:meth:`sample` by version over the cluster (see there)."""
         if freshness is not None:
             raise ValueError("freshness= is not supported across shards (each shard's rows would need their "
@@ -261,7 +278,7 @@ class ShardedBuffer(ShardCalls):
                 (v for v, _ in self._versions(None, timeout).values() if v is not None), default=0)
             bound = max(newest - k, 0)
         sizes = {i: rows for i, (_, rows) in self._versions(check_version(bound, "min_version"), timeout).items()}
-        return self._take("sample", n, (), {"min_version": bound}, prefetch, timeout, sizes=sizes)
+        return self._take("sample", n, (), {"min_version": bound, **budget}, prefetch, timeout, sizes=sizes)
 
     def _versions(self, bound: int | None, timeout: float | None) -> dict[int, tuple[Any, int]]:
         """Every shard that is up and answers in time: its newest version and rows of version >= bound."""

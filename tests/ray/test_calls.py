@@ -254,3 +254,117 @@ def test_a_shard_taken_over_with_another_priority_exponent_is_refused(name, monk
     finally:
         left.unlink()
         left.close()
+
+
+# -- ragged rows: one Jagged per field, token budgets split over the shards ---------------
+
+TOKENS = {"r": (("R",), np.int64), "lp": (("R",), np.float32), "p": ((None,), np.int32), "k": ((), np.int64)}
+
+
+def ragged_rows(shard: int, keys: Any, rng: np.random.Generator) -> dict[str, Any]:
+    """Rows whose every value tells its row: ``k`` = shard * 10**6 + key, ``r`` of a random
+    length 1..40, each value ``k``; ``lp`` its ``-k``; ``p`` 0..3 values ``k``."""
+    k = shard * 10**6 + np.asarray(keys, np.int64)
+    lens = rng.integers(1, 41, len(k))
+    return {"k": k, "r": [np.full(n, x) for n, x in zip(lens, k)],
+            "lp": [np.full(n, -x, np.float32) for n, x in zip(lens, k)],
+            "p": [np.full(x % 4, x, np.int32) for x in k]}
+
+
+def ragged_errors(b: dict[str, Any]) -> int:
+    """Rows whose ragged values are not their own (``k``'s), or whose fields disagree."""
+    bad = 0
+    for i, k in enumerate(b["k"].tolist()):
+        r, lp, p = b["r"][i], b["lp"][i], b["p"][i]
+        bad += not (len(r) == len(lp) and (r == k).all() and (lp == -k).all() and len(p) == k % 4 and (p == k).all())
+    return bad
+
+
+@pytest.fixture
+def ragged_shards(name):
+    made: list[shmbuf.Buffer] = []
+
+    def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
+        rng = np.random.default_rng(0)
+        for i, n in enumerate(rows):
+            b = shmbuf.Buffer.create(TOKENS, 256, arena=1 << 20, seed=i, name=f"{name}.{i}", timeout=5.0, **options)
+            for v, at in enumerate(range(0, n, 16)):
+                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **({"version": v} if "versions" in
+                                                                                  options else {}))
+            made.append(b)
+        return made[-len(rows):]
+    yield make
+    for b in made:
+        b.unlink()
+        b.close()
+
+
+def ragged_over(bufs: list[shmbuf.Buffer]) -> ShardedBuffer:
+    table = [Shard(i, "node", b.name, Actor(b)) for i, b in enumerate(bufs)]
+    for s in table:
+        s.take(s.actor.shard.info())
+    return ShardedBuffer("sharded", "buffer", False, table, seed=0, timeout=5.0)
+
+
+def test_a_jagged_pickles_as_its_two_arrays_out_of_band():
+    """Ray pickles a batch with protocol 5 and sends the buffers it is given out of band:
+    a Jagged gives its values and offsets (not a row list; no copy into the pickle)."""
+    import pickle
+    j = shmbuf.Jagged.from_rows([np.arange(1000), np.arange(3)], dtype=np.int64)
+    buffers: list = []
+    data = pickle.dumps(j, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 2 and len(data) < 400
+    back = pickle.loads(data, buffers=buffers)
+    assert back.offsets.tolist() == [0, 1000, 1003] and (back.values == j.values).all()
+
+
+def test_ragged_shards_give_one_jagged_per_field_of_their_rows(ragged_shards, no_ray):
+    rb = ragged_over(ragged_shards([100, 60]))
+    b = rb.sample(500)
+    assert isinstance(b["r"], shmbuf.Jagged) and len(b["r"]) == len(b["p"]) == len(b["k"]) == 500
+    assert ragged_errors(b) == 0 and set(b["shard"].tolist()) == {0, 1}
+    assert ((b["k"] // 10**6) == b["shard"]).all()
+    assert 0 < (b["shard"][:250] == 0).mean() < 1  # (the shards' rows mixed, not one block after the other)
+    empty = rb.sample(0)
+    assert len(empty["r"]) == 0 and empty["r"].values.dtype == np.int64 and empty["p"].values.dtype == np.int32
+
+
+def test_a_token_budget_over_shards_never_passes_its_total(ragged_shards, no_ray):
+    """Two shards (100 and 60 rows of 1..40 tokens): a budget of T tokens gives rows of
+    both shards whose lengths add up to at most T, at least one row, never more than n;
+    the rows are whole (values of their own row). Their count is about what one buffer's
+    budget gives (T over the mean length)."""
+    bufs = ragged_shards([100, 60])
+    rb = ragged_over(bufs)
+    mean = np.mean(np.concatenate([b.sample(2000)["r"].lengths for b in bufs]))
+    counts = []
+    for T in [1, 5, 39, 40, 41, 200, 1000, 5000]:
+        for _ in range(20):
+            b = rb.sample(max_tokens=T, length="R")
+            total = int(b["r"].lengths.sum())
+            assert len(b["k"]) >= 1 and (total <= T or len(b["k"]) == 1), (T, total, len(b["k"]))
+            assert ragged_errors(b) == 0 and b["lp"].lengths.tolist() == b["r"].lengths.tolist()
+            assert "_tokens" not in b
+            if T == 5000:
+                counts.append(len(b["k"]))
+    assert abs(np.mean(counts) - 5000 / mean) < 0.15 * 5000 / mean, (np.mean(counts), 5000 / mean)
+    for _ in range(20):
+        b = rb.sample(7, max_tokens=1000, length="R")
+        assert len(b["k"]) == 7
+        b = rb.sample(max_tokens=100, length="p")  # (a field of its own length)
+        assert b["p"].lengths.sum() <= 100 or len(b["k"]) == 1
+
+
+def test_a_bad_token_budget_is_refused_before_any_shard_is_asked(ragged_shards, no_ray):
+    bufs = ragged_shards([10, 10])
+    rb = ragged_over(bufs)
+    before = rb._rng.bit_generator.state
+    for kwargs, match in [({"max_tokens": 10, "length": "Q"}, r"length='Q' names no ragged field or length of "
+                                                                r"this buffer; it has \['R', 'lp', 'p', 'r'\]"),
+                          ({"max_tokens": 10}, "takes both max_tokens= and length="),
+                          ({"length": "R"}, "takes both max_tokens= and length="),
+                          ({"max_tokens": 0, "length": "R"}, "max_tokens")]:
+        with pytest.raises(ValueError, match=match):
+            rb.sample(**kwargs)
+    assert rb._rng.bit_generator.state == before
+    assert [s.actor.calls.get("sample", 0) for s in rb._shards] == [0, 0]
