@@ -52,7 +52,7 @@ def cause(exc: BaseException) -> BaseException:
 class Shard:
     """The learner's view of one shard: where it is and the figures of its last answer."""
 
-    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "lengths", "up",
+    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "lengths", "queue", "up",
                  "ping", "ping_at", "info_ref")
 
     def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
@@ -61,6 +61,7 @@ class Shard:
         self.capacity: int | None = None  # (None: it has not answered yet)
         self.alpha: float | None = None  # its priority exponent (None: not prioritized)
         self.lengths: list[str] | None = None  # what a token budget may count (its ragged fields and lengths)
+        self.queue: bool | None = None  # whether it is a queue (taken from)
         self.up = True
         self.ping: Any = None  # while down: the pending info() call that tells it is back
         self.ping_at = 0.0
@@ -69,6 +70,7 @@ class Shard:
     def take(self, info: Mapping[str, Any]) -> None:
         self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
         self.capacity, self.alpha, self.lengths = info["capacity"], info.get("alpha"), info.get("lengths")
+        self.queue = info.get("queue")
         self.node, self.segment = info["node"], info.get("segment", self.segment)
 
 

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.buffer.handle import Buffer
+from shmbuf.core.read import SampleTimeout
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.core.layout import normalize_fields
 from shmbuf.ragged import schema as ragged_schema
@@ -131,7 +132,8 @@ class Shard:
             alpha = trees.alpha
         return {"size": int(size), "mass": mass, "low": low, "alpha": alpha, "node": self.node,
                 "pid": os.getpid(), "segment": self.segment, "capacity": self.core.capacity, "kind": self.kind,
-                "prioritized": self.core.prioritized, "native": self.core.native, "lengths": self._lengths()}
+                "prioritized": self.core.prioritized, "native": self.core.native, "lengths": self._lengths(),
+                "queue": self.core.parts.keywords.get("mode") == "queue"}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
@@ -151,6 +153,21 @@ class Shard:
         if self.core.prioritized and method == "sample":
             del batch["weight"]
             batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
+        return batch, self.info()
+
+    def take(self, request: tuple[int, dict[str, Any]]) -> tuple[dict[str, Any] | None, dict]:
+        """Up to ``n`` rows of a queue shard, ``buf.take(n, partial=True, **kwargs)``
+        (``request``: those two), None if none came within its ``timeout``; and the
+        shard's info after (its rows not yet taken)."""
+        if self.error is not None:
+            raise self.error
+        n, kwargs = request
+        try:
+            batch = self.buf.take(n, partial=True, **kwargs)
+        except SampleTimeout:
+            return None, self.info()
+        if "max_tokens" in kwargs:
+            batch[TOKENS] = batch[self._counted(kwargs["length"])].lengths
         return batch, self.info()
 
     def _lengths(self) -> list[str]:

@@ -29,9 +29,9 @@ from shmbuf.priority.trees import check_beta, check_values
 from shmbuf.ray import shard as _shard
 from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from shmbuf.ray.shard import NAMESPACE
-from shmbuf.versions.bound import check_version
+from shmbuf.ray.takes import Takes
 
-class ShardedBuffer(ShardCalls):
+class ShardedBuffer(Takes, ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.
 
     Create it once (the driver or learner), pass it to remote tasks and actors (it
@@ -66,6 +66,7 @@ class ShardedBuffer(ShardCalls):
         self._rng = validate.rng(seed)
         self._timeout = validate.timeout(timeout)
         self._inflight: deque[Plan] = deque()
+        self._held, self._late = [], []  # (a take's: see shmbuf.ray.takes)
         self._fresh = fresh  # the sizes known are those of creation: ask again before a draw
         self._finalizer: Any = None
         if lease is not None:  # the creator's handle (atexit runs this before Ray's shutdown, registered earlier)
@@ -269,27 +270,9 @@ class ShardedBuffer(ShardCalls):
         if freshness is not None:
             raise ValueError("freshness= is not supported across shards (each shard's rows would need their "
                              "weights' sum); use max_staleness= or min_version=")
-        if min_version is not None and (max_staleness is not None or version is not None):
-            raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
-        bound = min_version
-        if bound is None:
-            k = check_version(max_staleness, "max_staleness")
-            newest = check_version(version) if version is not None else max(
-                (v for v, _ in self._versions(None, timeout).values() if v is not None), default=0)
-            bound = max(newest - k, 0)
-        sizes = {i: rows for i, (_, rows) in self._versions(check_version(bound, "min_version"), timeout).items()}
+        bound = self._bound(min_version, max_staleness, version, timeout)
+        sizes = {i: rows for i, (_, rows) in self._versions(bound, timeout).items()}
         return self._take("sample", n, (), {"min_version": bound, **budget}, prefetch, timeout, sizes=sizes)
-
-    def _versions(self, bound: int | None, timeout: float | None) -> dict[int, tuple[Any, int]]:
-        """Every shard that is up and answers in time: its newest version and rows of version >= bound."""
-        ray = ray_module()
-        live = [s for s in self._shards if s.up]
-        refs = [s.actor.versions.remote(bound) for s in live]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._t(timeout) / 2)
-        try:
-            return {s.index: ray.get(r) for s, r in zip(live, refs) if r in ready}
-        except ray.exceptions.RayTaskError as exc:
-            raise cause(exc) from None
 
     def sample_sequences(self, batch: int, length: int, *, prefetch: int = 0,
                          timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ import pytest
 
 import shmbuf
 from shmbuf.priority.trees import LARGEST, largest_leaf
-from shmbuf.ray import calls, sharded
+from shmbuf.ray import calls, sharded, takes
 from shmbuf.ray.calls import Shard, shares, split_updates
 from shmbuf.ray.shard import Shard as ShardActor
 from shmbuf.ray.sharded import ShardedBuffer
@@ -92,6 +92,7 @@ class Actor:
 def no_ray(monkeypatch):
     monkeypatch.setattr(calls, "ray_module", lambda: FakeRay)
     monkeypatch.setattr(sharded, "ray_module", lambda: FakeRay)
+    monkeypatch.setattr(takes, "ray_module", lambda: FakeRay)
 
 
 @pytest.fixture
@@ -368,3 +369,90 @@ def test_a_bad_token_budget_is_refused_before_any_shard_is_asked(ragged_shards, 
             rb.sample(**kwargs)
     assert rb._rng.bit_generator.state == before
     assert [s.actor.calls.get("sample", 0) for s in rb._shards] == [0, 0]
+
+
+@pytest.fixture
+def queue_shards(name):
+    """``make(rows, **options)``: ragged queues, shard ``i`` holding ``rows[i]`` rows
+    (versions 0, 1, ... of 16 rows each with ``versions=True``)."""
+    made: list[shmbuf.Buffer] = []
+
+    def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
+        rng = np.random.default_rng(1)
+        for i, n in enumerate(rows):
+            b = shmbuf.Buffer.create(TOKENS, 512, mode="queue", arena=1 << 20, name=f"{name}.{i}", timeout=5.0,
+                                     **options)
+            for v, at in enumerate(range(0, n, 16)):
+                extra = {"version": v} if options.get("versions") else {}
+                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **extra)
+            made.append(b)
+        return made[-len(rows):]
+    yield make
+    for b in made:
+        b.unlink()
+        b.close()
+
+
+def test_a_take_over_queue_shards_delivers_every_row_once_within_its_budget(queue_shards, no_ray):
+    """Two queue shards (100 and 60 rows of 1..40 tokens): takes with a budget of T
+    tokens each return at most T tokens (or one row), whole rows in each shard's order;
+    every row is delivered once: the rows past a take's budget are held and returned
+    first by the next take, none is lost or repeated."""
+    bufs = queue_shards([100, 60])
+    rb = ragged_over(bufs)
+    seen: list[int] = []
+    for T in [1, 30, 100, 300, 1000] * 6:
+        try:
+            b = rb.take(64, partial=True, max_tokens=T, length="R", timeout=0.5)
+        except shmbuf.SampleTimeout:
+            break
+        total = int(b["r"].lengths.sum())
+        assert 1 <= len(b["k"]) <= 64 and (total <= T or len(b["k"]) == 1), (T, total)
+        assert ragged_errors(b) == 0 and ((b["k"] // 10**6) == b["shard"]).all()
+        seen += b["k"].tolist()
+    want = sorted([10**6 * 0 + k for k in range(100)] + [10**6 + k for k in range(60)])
+    assert sorted(seen) == want and len(seen) == len(set(seen))
+    for i in (0, 1):  # (each shard's rows in their order)
+        mine = [k for k in seen if k // 10**6 == i]
+        assert mine == sorted(mine)
+    assert [len(b) for b in bufs] == [0, 0] and rb._held == []
+
+
+def test_a_take_of_n_rows_gathers_them_over_shards_and_times_out_holding_what_it_took(queue_shards, no_ray):
+    bufs = queue_shards([20, 5])
+    rb = ragged_over(bufs)
+    b = rb.take(25)
+    assert len(b["k"]) == 25 and ragged_errors(b) == 0 and sorted(b["k"].tolist()) == sorted(
+        list(range(20)) + [10**6 + k for k in range(5)])
+    bufs[1].extend(ragged_rows(1, [5, 6], np.random.default_rng(0)))
+    with pytest.raises(shmbuf.SampleTimeout, match=r"could not take 3 row\(s\) within 0.3 s .* \(2 taken, held"):
+        rb.take(3, timeout=0.3)
+    assert rb.take(3, partial=True)["k"].tolist() == [10**6 + 5, 10**6 + 6]  # (held: not lost)
+
+
+def test_a_take_by_staleness_is_bounded_by_the_clusters_newest_version(queue_shards, no_ray):
+    """Shard 0 holds versions 0..3, shard 1 versions 0..1 (16 rows each): max_staleness=1
+    counts from the cluster's newest (3), so shard 1's rows are all passed over, and
+    shard 0's of versions 0, 1; a held row that the next take's bound passes over is
+    dropped."""
+    bufs = queue_shards([64, 32], versions=True)
+    rb = ragged_over(bufs)
+    b = rb.take(100, partial=True, max_staleness=1, max_tokens=10**6, length="R")
+    assert set(b["version"].tolist()) == {2, 3} and set(b["shard"].tolist()) == {0}
+    assert len(b["k"]) == 32 and ragged_errors(b) == 0
+    assert [x.stats()["rows_stale"] for x in bufs] == [32, 32]
+    bufs[1].extend(ragged_rows(1, np.arange(100, 104), np.random.default_rng(0)), version=5)
+    bufs[1].extend(ragged_rows(1, np.arange(104, 108), np.random.default_rng(0)), version=9)
+    with pytest.raises(shmbuf.SampleTimeout, match=r"\(8 taken, held for the next take"):
+        rb.take(10, max_staleness=10, timeout=0.3)
+    b = rb.take(10, partial=True, max_staleness=0)  # (the newest: 9, of the rows held)
+    assert b["version"].tolist() == [9] * 4 and rb._held == []  # (the held rows of version 5: passed over)
+
+
+def test_take_from_replay_shards_is_refused_before_any_is_asked(ragged_shards, no_ray):
+    rb = ragged_over(ragged_shards([10]))
+    with pytest.raises(ValueError, match="take\\(\\) is for a queue"):
+        rb.take(4)
+    with pytest.raises(ValueError, match="names no ragged field"):
+        rb.take(4, max_tokens=5, length="Q")
+    assert rb._shards[0].actor.calls.get("take", 0) == 0
