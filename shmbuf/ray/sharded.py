@@ -26,6 +26,7 @@ from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
 from shmbuf.core.batch import count
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.priority.trees import check_beta, check_values
+from shmbuf.ragged.schema import is_ragged
 from shmbuf.ray import shard as _shard
 from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from shmbuf.ray.shard import NAMESPACE
@@ -126,6 +127,11 @@ class ShardedBuffer(Takes, ShardCalls):
         if directory is not None and not (isinstance(directory, str) and os.path.isabs(directory)):
             raise ValueError(f"directory must be an absolute path (each node resolves it on its own), "
                              f"got {directory!r}")
+
+        ragged = [k for k, v in fields.items() if is_ragged(v)] if isinstance(fields, Mapping) else []
+        if ragged and directory is not None:
+            raise ValueError(f"ragged fields ({ragged}) are kept in /dev/shm only for now: shards in files "
+                             "(directory=) cannot hold them; create the ShardedBuffer without directory=")
 
         def where(i: int) -> str:  # shard i's segment name, or file path
             return f"{name}.{i}" if directory is None else os.path.join(directory, f"{name}.{i}.shmbuf")

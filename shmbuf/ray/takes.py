@@ -94,18 +94,19 @@ class Takes:
                                         f"next take; {self._describe()})")
                 before, left = len(got), deadline - time.monotonic()
                 self._round(got, n - sum(_rows(b) for _, b in got), None if tokens is None else tokens - _tokens(got),
-                            ask, min(left, WAIT) if nothing else 0.0, left)
+                            ask, min(0.4 * left, WAIT) if nothing else 0.0, left, timeout / 2)
                 nothing = len(got) == before
         finally:  # (what it took and does not return, an error or a Ctrl-C included: held)
             self._held = got + self._held
 
     def _round(self, got: list[tuple[Shard, dict[str, Any]]], rows: int, tokens: int | None, ask: dict[str, Any],
-               wait: float, left: float) -> None:
+               wait: float, left: float, patience: float) -> None:
         """One round of a take, its rows added to ``got``: each shard known to hold rows
         asked for its part of ``rows`` (or of ``tokens``) without waiting; or, when
         ``wait`` > 0 or none is known to hold any, each shard up asked for them all,
-        waiting up to ``wait`` s for a row. A shard that has not answered within
-        ``wait`` + 1 s is dropped; its call goes to ``_late``."""
+        waiting up to ``wait`` s for a row. A call not answered within ``left`` s goes to
+        ``_late``; its shard, if that was all of ``patience`` (half the take's timeout), is
+        dropped."""
         ray = ray_module()
         live = [s for s in self._shards if s.up]
         if not live:
@@ -120,12 +121,13 @@ class Takes:
         calls = [(s, s.actor.take.remote((m, {**ask, "timeout": wait, **({} if t is None else {"max_tokens": t})})))
                  for s, m, t in parts]
         refs = [r for _, r in calls]
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(left, wait + 1.0)))[0])
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=max(0.0, min(left, patience)))[0])
         error = None
         for s, ref in calls:
-            if ref not in ready:
+            if ref not in ready:  # (its rows are held when it answers; silent for all of patience: dropped)
                 self._late.append((s, ref))
-                self._down(s, f"did not answer a take within {wait + 1.0:.2g} s")
+                if left >= patience:
+                    self._down(s, f"did not answer a take within {patience:.2g} s")
                 continue
             try:
                 got += self._answer(s, ref)
