@@ -19,9 +19,6 @@ from shmbuf.ragged.jagged import Jagged
 
 PING_EVERY = 1.0
 """Seconds between two pings of a shard that is down."""
-TOKENS = "_tokens"
-"""The key under which a shard's answer to a token budget carries each row's length of
-the dimension counted (the caller cuts the batch by them; never in a batch returned)."""
 
 
 class ShardWarning(RuntimeWarning):
@@ -60,7 +57,7 @@ class Shard:
         self.size, self.mass, self.low = 0, 0.0, 0.0
         self.capacity: int | None = None  # (None: it has not answered yet)
         self.alpha: float | None = None  # its priority exponent (None: not prioritized)
-        self.lengths: list[str] | None = None  # what a token budget may count (its ragged fields and lengths)
+        self.lengths: dict[str, str] | None = None  # what a token budget may count: a ragged field of each
         self.queue: bool | None = None  # whether it is a queue (taken from)
         self.up = True
         self.ping: Any = None  # while down: the pending info() call that tells it is back
@@ -131,7 +128,13 @@ def check_length(live: list[Shard], length: str | None) -> None:
     if not known:
         raise ValueError("max_tokens= and length= are for a buffer with ragged fields (a schema with (None, ...) "
                          "or ('R', ...) shapes, and arena=); this one has none")
-    raise ValueError(f"length={length!r} names no ragged field or length of this buffer; it has {known}")
+    raise ValueError(f"length={length!r} names no ragged field or length of this buffer; it has {sorted(known)}")
+
+
+def counted(shards: list[Shard], length: str) -> str:
+    """The ragged field whose lengths a budget of ``length`` counts, as a shard that has
+    answered says (one has: its rows are there)."""
+    return next(s.lengths[length] for s in shards if s.lengths and length in s.lengths)
 
 
 class Plan:
@@ -247,24 +250,28 @@ class ShardCalls:
             patience = deadline
         self._collect_infos()
         kwargs = dict(plan.key[3])
-        return self._assemble(got, beta, plan.n if "length" in kwargs else None, kwargs.get("n"))
+        length = kwargs.get("length")
+        if length is None:
+            return self._assemble(got, beta)
+        return self._assemble(got, beta, (plan.n, counted(self._shards, length), kwargs.get("n")))
 
     def _assemble(self, got: list[tuple[Shard, dict[str, Any], int]], beta: float | None,
-                  tokens: int | None = None, cap: int | None = None) -> dict[str, Any]:
+                  budget: tuple[int, str, int | None] | None = None) -> dict[str, Any]:
         """One batch of the shards' answers, rows in a random order (so any slice of
         it is a sample too). A ragged field's parts become one :class:`Jagged`.
 
-        ``tokens``: a token budget's ``max_tokens`` (each answer then carries its rows'
-        lengths, :data:`TOKENS`): the batch is cut before the first row, in that
-        random order, that would pass it (at least one row), and at ``cap`` rows if
-        given, as one buffer's budget stops its draw."""
+        ``budget``: a token budget's ``(max_tokens, field, n)``: the batch is cut before
+        the first row, in that random order, whose ``field`` would pass ``max_tokens``
+        (at least one row), and at ``n`` rows if given, as one buffer's budget stops
+        its draw."""
         sizes = [len(next(iter(batch.values()))) for _, batch, _ in got]
         total = sum(sizes)
         where = self._rng.permutation(total)  # (row j of the answers, end to end, goes to where[j])
         keep = total
-        if tokens is not None:
+        if budget is not None:
+            tokens, field, cap = budget
             lengths = np.empty(total, np.int64)
-            lengths[where] = np.concatenate([batch.pop(TOKENS) for _, batch, _ in got])
+            lengths[where] = np.concatenate([batch[field].lengths for _, batch, _ in got])
             keep = fit_budget(lengths, tokens)
             keep = keep if cap is None else min(keep, cap)
         first = got[0][1]

@@ -35,7 +35,6 @@ from shmbuf.core.read import SampleTimeout
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.core.layout import normalize_fields
 from shmbuf.ragged import schema as ragged_schema
-from shmbuf.ray.calls import TOKENS
 
 NAMESPACE = "shmbuf"
 """The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and
@@ -148,8 +147,6 @@ class Shard:
         if method not in SAMPLERS[self.kind]:
             raise ValueError(f"a {self.kind} shard samples with {SAMPLERS[self.kind]}, not {method!r}")
         batch = getattr(self.buf, method)(n, *args, **kwargs)
-        if "max_tokens" in kwargs:  # (the lengths the caller cuts the batch by)
-            batch[TOKENS] = batch[self._counted(kwargs["length"])].lengths
         if self.core.prioritized and method == "sample":
             del batch["weight"]
             batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
@@ -166,22 +163,18 @@ class Shard:
             batch = self.buf.take(n, partial=True, **kwargs)
         except SampleTimeout:
             return None, self.info()
-        if "max_tokens" in kwargs:
-            batch[TOKENS] = batch[self._counted(kwargs["length"])].lengths
         return batch, self.info()
 
-    def _lengths(self) -> list[str]:
-        """What a token budget may count: the ragged fields' names and their lengths'."""
-        out: set[str] = set()
+    def _lengths(self) -> dict[str, str]:
+        """What a token budget may count (the ragged fields' names and their lengths'),
+        each with a ragged field that has its lengths."""
+        out: dict[str, str] = {}
         for k, (shape, _) in self.core.fields.items():
             if shape and (shape[0] is None or isinstance(shape[0], str)):
-                out.update([k] if shape[0] is None else [k, shape[0]])
-        return sorted(out)
-
-    def _counted(self, length: str) -> str:
-        """The ragged field whose lengths a budget of ``length`` counts (the buffer's
-        sample checked the name)."""
-        return next(k for k, (shape, _) in self.core.fields.items() if k == length or shape[:1] == (length,))
+                out[k] = k
+                if shape[0] is not None:
+                    out.setdefault(shape[0], k)
+        return out
 
     def versions(self, bound: int | None) -> tuple[int | None, int]:
         """The shard's newest version (None: empty), and how many rows it holds of version

@@ -21,7 +21,7 @@ from shmbuf.core.batch import count
 from shmbuf.core.read import SampleTimeout
 from shmbuf.ragged.batches import budget as fit_budget
 from shmbuf.ragged.jagged import Jagged
-from shmbuf.ray.calls import TOKENS, Shard, cause, check_length, ray_module, shares
+from shmbuf.ray.calls import Shard, cause, check_length, counted, ray_module, shares
 from shmbuf.versions.bound import check_version
 
 WAIT = 0.25
@@ -84,7 +84,8 @@ class Takes:
         try:
             nothing = False  # (the last round got no row: the next one waits for one)
             while True:
-                out, rest, filled = _cut(got, n, tokens)
+                field = counted(self._shards, length) if tokens is not None and got else ""
+                out, rest, filled = _cut(got, n, tokens, field)
                 if filled or (partial and out is not None):
                     got = rest
                     return out
@@ -93,7 +94,7 @@ class Takes:
                                         f"{self._name!r} ({sum(_rows(b) for _, b in got)} taken, held for the "
                                         f"next take; {self._describe()})")
                 before, left = len(got), deadline - time.monotonic()
-                self._round(got, n - sum(_rows(b) for _, b in got), None if tokens is None else tokens - _tokens(got),
+                self._round(got, n - sum(_rows(b) for _, b in got), None if tokens is None else tokens - _tokens(got, field),
                             ask, min(0.4 * left, WAIT) if nothing else 0.0, left, timeout / 2)
                 nothing = len(got) == before
         finally:  # (what it took and does not return, an error or a Ctrl-C included: held)
@@ -193,8 +194,8 @@ def _rows(batch: dict[str, Any]) -> int:
     return len(next(iter(batch.values())))
 
 
-def _tokens(got: list[tuple[Shard, dict[str, Any]]]) -> int:
-    return int(sum(int(b[TOKENS].sum()) for _, b in got))
+def _tokens(got: list[tuple[Shard, dict[str, Any]]], field: str) -> int:
+    return sum(int(b[field].values.shape[0]) for _, b in got)
 
 
 def _since(batch: dict[str, Any], bound: int | None) -> dict[str, Any] | None:
@@ -205,17 +206,18 @@ def _since(batch: dict[str, Any], bound: int | None) -> dict[str, Any] | None:
     return None if not keep.any() else batch if keep.all() else {k: v[keep] for k, v in batch.items()}
 
 
-def _cut(got: list[tuple[Shard, dict[str, Any]]], n: int,
-         tokens: int | None) -> tuple[dict[str, Any] | None, list[tuple[Shard, dict[str, Any]]], bool]:
+def _cut(got: list[tuple[Shard, dict[str, Any]]], n: int, tokens: int | None,
+         field: str) -> tuple[dict[str, Any] | None, list[tuple[Shard, dict[str, Any]]], bool]:
     """The rows of ``got`` a take returns, joined (None: there are none), the rows past
-    them, and whether they complete the take: ``n`` rows, or the budget filled (the
-    next row would pass it, or they reach it), at least one row."""
+    them, and whether they complete the take: ``n`` rows, or the budget of ``tokens``
+    values of ``field`` filled (the next row would pass it, or they reach it), at least
+    one row."""
     total = sum(_rows(b) for _, b in got)
     if not total:
         return None, [], False
     k, filled = min(n, total), total >= n
     if tokens is not None:
-        cum = np.cumsum(np.concatenate([b[TOKENS] for _, b in got]))
+        cum = np.cumsum(np.concatenate([b[field].lengths for _, b in got]))
         fits = fit_budget(np.diff(cum, prepend=0), tokens)
         filled = filled or fits < total or int(cum[fits - 1]) >= tokens
         k = min(k, fits)
@@ -239,8 +241,6 @@ def _joined(parts: list[tuple[Shard, dict[str, Any]]]) -> dict[str, Any]:
     first = parts[0][1]
     out: dict[str, Any] = {}
     for key, v in first.items():
-        if key == TOKENS:
-            continue
         join = Jagged.concatenate if isinstance(v, Jagged) else np.concatenate
         out[key] = join([b[key] for _, b in parts])
     out["shard"] = np.concatenate([np.full(_rows(b), s.index, np.int32) for s, b in parts])

@@ -456,3 +456,18 @@ def test_take_from_replay_shards_is_refused_before_any_is_asked(ragged_shards, n
     with pytest.raises(ValueError, match="names no ragged field"):
         rb.take(4, max_tokens=5, length="Q")
     assert rb._shards[0].actor.calls.get("take", 0) == 0
+
+
+def test_rows_held_by_a_take_without_a_budget_are_cut_by_the_next_takes_budget(queue_shards, no_ray):
+    """A take of 11 rows times out holding the 10 there are; the next take, with a
+    budget of the first three rows' tokens, returns those three (its budget counts the
+    held rows' own lengths), the next the other seven. Before: a KeyError (the held rows
+    had no lengths sent with them)."""
+    bufs = queue_shards([10, 0])
+    rb = ragged_over(bufs)
+    with pytest.raises(shmbuf.SampleTimeout, match=r"\(10 taken, held"):
+        rb.take(11, timeout=0.3)
+    held = rb._held[0][1]["r"].lengths
+    b = rb.take(64, partial=True, max_tokens=int(held[:3].sum()), length="R")
+    assert b["k"].tolist() == [0, 1, 2] and ragged_errors(b) == 0
+    assert rb.take(64, partial=True)["k"].tolist() == list(range(3, 10)) and rb._held == []
