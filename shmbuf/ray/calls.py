@@ -49,8 +49,8 @@ def cause(exc: BaseException) -> BaseException:
 class Shard:
     """The learner's view of one shard: where it is and the figures of its last answer."""
 
-    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "lengths", "queue", "up",
-                 "ping", "ping_at", "info_ref")
+    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "lengths", "queue",
+                 "up", "ping", "ping_at", "info_ref")
 
     def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
         self.index, self.node, self.segment, self.actor = index, node, segment, actor

@@ -94,8 +94,9 @@ class Takes:
                                         f"{self._name!r} ({sum(_rows(b) for _, b in got)} taken, held for the "
                                         f"next take; {self._describe()})")
                 before, left = len(got), deadline - time.monotonic()
-                self._round(got, n - sum(_rows(b) for _, b in got), None if tokens is None else tokens - _tokens(got, field),
-                            ask, min(0.4 * left, WAIT) if nothing else 0.0, left, timeout / 2)
+                rows, used = sum(_rows(b) for _, b in got), 0 if tokens is None else _tokens(got, field)
+                self._round(got, n - rows, None if tokens is None else tokens - used, ask,
+                            min(0.4 * left, WAIT) if nothing else 0.0, left, timeout / 2)
                 nothing = len(got) == before
         finally:  # (what it took and does not return, an error or a Ctrl-C included: held)
             self._held = got + self._held
