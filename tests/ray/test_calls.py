@@ -471,3 +471,26 @@ def test_rows_held_by_a_take_without_a_budget_are_cut_by_the_next_takes_budget(q
     b = rb.take(64, partial=True, max_tokens=int(held[:3].sum()), length="R")
     assert b["k"].tolist() == [0, 1, 2] and ragged_errors(b) == 0
     assert rb.take(64, partial=True)["k"].tolist() == list(range(3, 10)) and rb._held == []
+
+
+def test_a_ragged_shard_restarted_or_taken_over_attaches_its_rows(name, monkeypatch):
+    """A shard actor restarted by Ray (or create(exist_ok=True)) over a ragged shard's
+    segment attaches it with its rows: its schema is compared as the buffer spells it.
+    Before: normalize_fields refused the (None,)/("R",) shapes, and the shard reported
+    that error."""
+    import sys
+    import types
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get_runtime_context=lambda: FakeRuntime))
+    left = shmbuf.Buffer.create(TOKENS, 8, name=f"{name}.0", arena=1 << 16, persist=True)
+    try:
+        left.extend(ragged_rows(0, [1, 2, 3], np.random.default_rng(0)))
+        shard = ShardActor(f"{name}.0", "buffer", TOKENS, 8, {"arena": 1 << 16}, 0, True, None)
+        assert shard.info()["size"] == 3 and ragged_errors(shard.sample(("sample", 4, (), {}))[0]) == 0
+        shard.buf.close()
+        other = ShardActor(f"{name}.0", "buffer", {**TOKENS, "r": ((None,), np.int64)}, 8, {"arena": 1 << 16}, 0,
+                           True, None)
+        with pytest.raises(ValueError, match="the existing shard .* holds 8 rows of"):
+            other.info()
+    finally:
+        left.unlink()
+        left.close()
