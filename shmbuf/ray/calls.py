@@ -13,6 +13,8 @@ import numpy as np
 
 from shmbuf.core.batch import count
 from shmbuf.priority.trees import check_values
+from shmbuf.ragged.batches import budget as fit_budget
+from shmbuf.ragged.jagged import Jagged
 
 
 PING_EVERY = 1.0
@@ -47,14 +49,16 @@ def cause(exc: BaseException) -> BaseException:
 class Shard:
     """The learner's view of one shard: where it is and the figures of its last answer."""
 
-    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "up", "ping",
-                 "ping_at", "info_ref")
+    __slots__ = ("index", "node", "segment", "actor", "size", "mass", "low", "capacity", "alpha", "lengths", "queue",
+                 "up", "ping", "ping_at", "info_ref")
 
     def __init__(self, index: int, node: str | None, segment: str, actor: Any) -> None:
         self.index, self.node, self.segment, self.actor = index, node, segment, actor
         self.size, self.mass, self.low = 0, 0.0, 0.0
         self.capacity: int | None = None  # (None: it has not answered yet)
         self.alpha: float | None = None  # its priority exponent (None: not prioritized)
+        self.lengths: dict[str, str] | None = None  # what a token budget may count: a ragged field of each
+        self.queue: bool | None = None  # whether it is a queue (taken from)
         self.up = True
         self.ping: Any = None  # while down: the pending info() call that tells it is back
         self.ping_at = 0.0
@@ -62,7 +66,8 @@ class Shard:
 
     def take(self, info: Mapping[str, Any]) -> None:
         self.size, self.mass, self.low = info["size"], info["mass"], info["low"]
-        self.capacity, self.alpha = info["capacity"], info.get("alpha")
+        self.capacity, self.alpha, self.lengths = info["capacity"], info.get("alpha"), info.get("lengths")
+        self.queue = info.get("queue")
         self.node, self.segment = info["node"], info.get("segment", self.segment)
 
 
@@ -111,6 +116,27 @@ def split_updates(shards: list[Shard], idx: np.ndarray, p: np.ndarray) -> list[t
     return out
 
 
+def check_length(live: list[Shard], length: str | None) -> None:
+    """ValueError unless a token budget's ``length`` (None: no budget) is a ragged field
+        or length of the shards (as the last of them to answer reported it): before
+        anything is drawn."""
+    if length is None:
+        return
+    known = next((s.lengths for s in reversed(live) if s.lengths is not None), None)
+    if known is None or length in known:
+        return  # (no shard has answered yet: the shards check it)
+    if not known:
+        raise ValueError("max_tokens= and length= are for a buffer with ragged fields (a schema with (None, ...) "
+                         "or ('R', ...) shapes, and arena=); this one has none")
+    raise ValueError(f"length={length!r} names no ragged field or length of this buffer; it has {sorted(known)}")
+
+
+def counted(shards: list[Shard], length: str) -> str:
+    """The ragged field whose lengths a budget of ``length`` counts, as a shard that has
+    answered says (one has: its rows are there)."""
+    return next(s.lengths[length] for s in shards if s.lengths and length in s.lengths)
+
+
 class Plan:
     """A batch asked for: its calls in flight, per shard."""
 
@@ -156,6 +182,7 @@ class ShardCalls:
         if not live:
             raise ShardsUnavailable(f"no shard of {self._name!r} is up ({self._describe()})")
         by_mass = self._prioritized and method == "sample"
+        check_length(live, dict(kwargs).get("length"))
         if sizes is not None:
             live = [s for s in live if sizes.get(s.index, 0) > 0]
             if not live:
@@ -179,11 +206,13 @@ class ShardCalls:
         if n == 0:
             counts[0] = -1  # (one shard asked for no rows: the batch's fields, shapes and dtypes)
         ask = {**dict(kwargs), "timeout": 0.4 * timeout}
+        cap = ask.pop("n", None)  # (a token budget's: n is the units drawn are tokens, cap the rows)
         parts = []
         for s, c in zip(live, counts):
             if c:
                 c = max(int(c), 0)
-                parts.append((s, s.actor.sample.remote((method, c, args, ask)), c))
+                request = (method, cap, args, {**ask, "max_tokens": c}) if "length" in ask else (method, c, args, ask)
+                parts.append((s, s.actor.sample.remote(request), c))
             elif s.info_ref is None:
                 s.info_ref = s.actor.info.remote()  # (no rows asked: its size still gets fresher)
         return Plan(key, n, parts, sizes)
@@ -220,23 +249,50 @@ class ShardCalls:
             parts = self._launch(plan.key, max(deadline - time.monotonic(), 1e-3), missing, plan.sizes).parts
             patience = deadline
         self._collect_infos()
-        return self._assemble(plan.n, got, beta)
+        kwargs = dict(plan.key[3])
+        length = kwargs.get("length")
+        if length is None:
+            return self._assemble(got, beta)
+        return self._assemble(got, beta, (plan.n, counted(self._shards, length), kwargs.get("n")))
 
-    def _assemble(self, n: int, got: list[tuple[Shard, dict[str, np.ndarray], int]],
-                  beta: float | None) -> dict[str, np.ndarray]:
+    def _assemble(self, got: list[tuple[Shard, dict[str, Any], int]], beta: float | None,
+                  budget: tuple[int, str, int | None] | None = None) -> dict[str, Any]:
         """One batch of the shards' answers, rows in a random order (so any slice of
-        it is a sample too)."""
+        it is a sample too). A ragged field's parts become one :class:`Jagged`.
+
+        ``budget``: a token budget's ``(max_tokens, field, n)``: the batch is cut before
+        the first row, in that random order, whose ``field`` would pass ``max_tokens``
+        (at least one row), and at ``n`` rows if given, as one buffer's budget stops
+        its draw."""
+        sizes = [len(next(iter(batch.values()))) for _, batch, _ in got]
+        total = sum(sizes)
+        where = self._rng.permutation(total)  # (row j of the answers, end to end, goes to where[j])
+        keep = total
+        if budget is not None:
+            tokens, field, cap = budget
+            lengths = np.empty(total, np.int64)
+            lengths[where] = np.concatenate([batch[field].lengths for _, batch, _ in got])
+            keep = fit_budget(lengths, tokens)
+            keep = keep if cap is None else min(keep, cap)
         first = got[0][1]
-        out = {k: np.empty((n,) + v.shape[1:], v.dtype) for k, v in first.items()}
-        out["shard"] = np.empty(n, np.int32)
-        where = self._rng.permutation(n)
+        out: dict[str, Any] = {k: np.empty((keep,) + v.shape[1:], v.dtype) for k, v in first.items()
+                               if not isinstance(v, Jagged)}
+        out["shard"] = np.empty(keep, np.int32)
         at = 0
-        for s, batch, c in got:
+        for (s, batch, _), c in zip(got, sizes):
             rows = where[at:at + c]
             at += c
+            mine = rows < keep
+            rows = rows[mine] if keep < total else rows
             for k, v in batch.items():
-                out[k][rows] = v
+                if k in out:
+                    out[k][rows] = v[mine] if keep < total else v
             out["shard"][rows] = s.index
+        ragged = [k for k, v in first.items() if isinstance(v, Jagged)]
+        if ragged:  # (the rows in the answers' order that go to places 0, 1, ...: one gather each)
+            order = np.argsort(where)[:keep]
+            for k in ragged:
+                out[k] = Jagged.concatenate([batch[k] for _, batch, _ in got])[order]
         if beta is not None:  # weights over the whole cluster: its smallest p**a, not a shard's
             p = out.pop("p")
             lows = [s.low for s in self._shards if s.up and s.low > 0]

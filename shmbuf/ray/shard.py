@@ -31,8 +31,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmbuf.buffer.handle import Buffer
+from shmbuf.core.read import SampleTimeout
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.core.layout import normalize_fields
+from shmbuf.ragged import schema as ragged_schema
 
 NAMESPACE = "shmbuf"
 """The Ray namespace of the shard and lease actors (named ``<buffer>.<shard>`` and
@@ -129,7 +131,8 @@ class Shard:
             alpha = trees.alpha
         return {"size": int(size), "mass": mass, "low": low, "alpha": alpha, "node": self.node,
                 "pid": os.getpid(), "segment": self.segment, "capacity": self.core.capacity, "kind": self.kind,
-                "prioritized": self.core.prioritized, "native": self.core.native}
+                "prioritized": self.core.prioritized, "native": self.core.native, "lengths": self._lengths(),
+                "queue": self.core.parts.keywords.get("mode") == "queue"}
 
     def sample(self, request: tuple[str, int, tuple, dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict]:
         """``n`` rows from ``buf.<method>(n, *args, **kwargs)`` (``request``: those four,
@@ -148,6 +151,30 @@ class Shard:
             del batch["weight"]
             batch["p"] = self.core.engine.priorities.leaf_values(batch["index"][:, 0])
         return batch, self.info()
+
+    def take(self, request: tuple[int, dict[str, Any]]) -> tuple[dict[str, Any] | None, dict]:
+        """Up to ``n`` rows of a queue shard, ``buf.take(n, partial=True, **kwargs)``
+        (``request``: those two), None if none came within its ``timeout``; and the
+        shard's info after (its rows not yet taken)."""
+        if self.error is not None:
+            raise self.error
+        n, kwargs = request
+        try:
+            batch = self.buf.take(n, partial=True, **kwargs)
+        except SampleTimeout:
+            return None, self.info()
+        return batch, self.info()
+
+    def _lengths(self) -> dict[str, str]:
+        """What a token budget may count (the ragged fields' names and their lengths'),
+        each with a ragged field that has its lengths."""
+        out: dict[str, str] = {}
+        for k, (shape, _) in self.core.fields.items():
+            if shape and (shape[0] is None or isinstance(shape[0], str)):
+                out[k] = k
+                if shape[0] is not None:
+                    out.setdefault(shape[0], k)
+        return out
 
     def versions(self, bound: int | None) -> tuple[int | None, int]:
         """The shard's newest version (None: empty), and how many rows it holds of version
@@ -197,7 +224,9 @@ def _node() -> str:
 def _check_same(buf: Any, fields: Mapping[str, Any], capacity: int, alpha: Any) -> None:
     """The shard found is the one asked for (the same fields, capacity and priority
     exponent ``alpha``, None for none: the learner draws across shards by one)."""
-    want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fields)}
+    fixed, spec = ragged_schema.split(fields)
+    want = {f.name: (f.shape, f.dtype) for f in normalize_fields(fixed)}
+    want.update({r.name: (r.shape, r.dtype) for r in ragged_schema.fields(spec)} if spec is not None else {})
     if buf.capacity != capacity or buf.fields != want:
         raise ValueError(f"the existing shard {buf.name!r} holds {buf.capacity} rows of {buf.fields}, not "
                          f"{capacity} rows of {want}: remove it with `shmbuf rm {buf.name}` on its node, "

@@ -26,12 +26,13 @@ from shmbuf.buffer.handle import DEFAULT_TIMEOUT, Buffer
 from shmbuf.core.batch import count
 from shmbuf.episodes import EpisodeBuffer
 from shmbuf.priority.trees import check_beta, check_values
+from shmbuf.ragged.schema import is_ragged
 from shmbuf.ray import shard as _shard
 from shmbuf.ray.calls import Plan, Shard, ShardCalls, ShardsUnavailable, ShardWarning, cause, ray_module  # noqa: F401
 from shmbuf.ray.shard import NAMESPACE
-from shmbuf.versions.bound import check_version
+from shmbuf.ray.takes import Takes
 
-class ShardedBuffer(ShardCalls):
+class ShardedBuffer(Takes, ShardCalls):
     """A replay buffer made of one shmbuf shard per node of a Ray cluster.
 
     Create it once (the driver or learner), pass it to remote tasks and actors (it
@@ -66,6 +67,7 @@ class ShardedBuffer(ShardCalls):
         self._rng = validate.rng(seed)
         self._timeout = validate.timeout(timeout)
         self._inflight: deque[Plan] = deque()
+        self._held, self._late = [], []  # (a take's: see shmbuf.ray.takes)
         self._fresh = fresh  # the sizes known are those of creation: ask again before a draw
         self._finalizer: Any = None
         if lease is not None:  # the creator's handle (atexit runs this before Ray's shutdown, registered earlier)
@@ -125,6 +127,11 @@ class ShardedBuffer(ShardCalls):
         if directory is not None and not (isinstance(directory, str) and os.path.isabs(directory)):
             raise ValueError(f"directory must be an absolute path (each node resolves it on its own), "
                              f"got {directory!r}")
+
+        ragged = [k for k, v in fields.items() if is_ragged(v)] if isinstance(fields, Mapping) else []
+        if ragged and directory is not None:
+            raise ValueError(f"ragged fields ({ragged}) are kept in /dev/shm only for now: shards in files "
+                             "(directory=) cannot hold them; create the ShardedBuffer without directory=")
 
         def where(i: int) -> str:  # shard i's segment name, or file path
             return f"{name}.{i}" if directory is None else os.path.join(directory, f"{name}.{i}.shmbuf")
@@ -212,8 +219,9 @@ class ShardedBuffer(ShardCalls):
 
     # -- sampling --------------------------------------------------------------------
 
-    def sample(self, n: int, *, beta: float | None = None, prefetch: int = 0,
-               timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:
+    def sample(self, n: int | None = None, *, beta: float | None = None, prefetch: int = 0,
+               timeout: float | None = None, max_tokens: int | None = None, length: str | None = None,
+               **kwargs: Any) -> dict[str, Any]:
         """``n`` rows from all shards, each row of the cluster equally likely (a
         prioritized buffer: by priority over the whole cluster, with ``weight``
         normalised by the cluster's smallest priority, and ``index`` ``(n, 3)``:
@@ -232,47 +240,45 @@ class ShardedBuffer(ShardCalls):
         else the newest row of any shard), and the rows are split across the shards by
         how many each holds of those versions (asked of them first: one more round trip).
 
+        With ragged fields (``arena=``), a ragged field comes as one
+        :class:`~shmbuf.Jagged` of the rows of every shard. ``max_tokens=T`` with
+        ``length="R"``: rows of all shards that together hold at most ``T`` values of
+        that length (at least one row; at most ``n`` if given). ``T`` is split across
+        the shards as ``n`` is, multinomially on their sizes (or masses, or rows of the
+        versions asked for): each shard draws as many rows as fit its part, and the
+        answers, in a random order, are cut before the first row that would pass ``T``.
+
         Raises:
             ShardsUnavailable: no shard could give its rows within ``timeout``.
             ValueError: every shard is empty; or a shard's own error (bad arguments).
         """
-        n = count(n, "n")
+        budget: dict[str, Any] = {}
+        if max_tokens is not None or length is not None:
+            if max_tokens is None or not isinstance(length, str):
+                raise ValueError("a token budget takes both max_tokens= and length= (the name of the ragged field "
+                                 f"or length it counts), got max_tokens={max_tokens!r}, length={length!r}")
+            units = count(max_tokens, "max_tokens", 1)
+            budget = {"length": length, "n": None if n is None else count(n, "n", 1)}
+        else:
+            units = count(n, "n")
         if {"min_version", "max_staleness", "version", "freshness"} & set(kwargs):
-            return self._recent(n, prefetch, timeout, **kwargs)
+            return self._recent(units, budget, prefetch, timeout, **kwargs)
         if beta is not None or self._prioritized:
             if not self._prioritized:
                 raise ValueError("beta= is for a prioritized buffer: create it with priority=<exponent>")
             beta = check_beta(beta)
-            return self._take("sample", n, (), kwargs, prefetch, timeout, beta)
-        return self._take("sample", n, (), kwargs, prefetch, timeout)
+            return self._take("sample", units, (), {**kwargs, **budget}, prefetch, timeout, beta)
+        return self._take("sample", units, (), {**kwargs, **budget}, prefetch, timeout)
 
-    def _recent(self, n: int, prefetch: int, timeout: float | None, min_version: Any = None,
-                max_staleness: Any = None, version: Any = None, freshness: Any = None) -> dict[str, np.ndarray]:
+    def _recent(self, n: int, budget: dict[str, Any], prefetch: int, timeout: float | None, min_version: Any = None,
+                max_staleness: Any = None, version: Any = None, freshness: Any = None) -> dict[str, Any]:
         """:meth:`sample` by version over the cluster (see there)."""
         if freshness is not None:
             raise ValueError("freshness= is not supported across shards (each shard's rows would need their "
                              "weights' sum); use max_staleness= or min_version=")
-        if min_version is not None and (max_staleness is not None or version is not None):
-            raise ValueError("pass min_version= alone, or max_staleness= (with version=, if no Weights is bound)")
-        bound = min_version
-        if bound is None:
-            k = check_version(max_staleness, "max_staleness")
-            newest = check_version(version) if version is not None else max(
-                (v for v, _ in self._versions(None, timeout).values() if v is not None), default=0)
-            bound = max(newest - k, 0)
-        sizes = {i: rows for i, (_, rows) in self._versions(check_version(bound, "min_version"), timeout).items()}
-        return self._take("sample", n, (), {"min_version": bound}, prefetch, timeout, sizes=sizes)
-
-    def _versions(self, bound: int | None, timeout: float | None) -> dict[int, tuple[Any, int]]:
-        """Every shard that is up and answers in time: its newest version and rows of version >= bound."""
-        ray = ray_module()
-        live = [s for s in self._shards if s.up]
-        refs = [s.actor.versions.remote(bound) for s in live]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._t(timeout) / 2)
-        try:
-            return {s.index: ray.get(r) for s, r in zip(live, refs) if r in ready}
-        except ray.exceptions.RayTaskError as exc:
-            raise cause(exc) from None
+        bound = self._bound(min_version, max_staleness, version, timeout)
+        sizes = {i: rows for i, (_, rows) in self._versions(bound, timeout).items()}
+        return self._take("sample", n, (), {"min_version": bound, **budget}, prefetch, timeout, sizes=sizes)
 
     def sample_sequences(self, batch: int, length: int, *, prefetch: int = 0,
                          timeout: float | None = None, **kwargs: Any) -> dict[str, np.ndarray]:

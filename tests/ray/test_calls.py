@@ -14,7 +14,7 @@ import pytest
 
 import shmbuf
 from shmbuf.priority.trees import LARGEST, largest_leaf
-from shmbuf.ray import calls, sharded
+from shmbuf.ray import calls, sharded, takes
 from shmbuf.ray.calls import Shard, shares, split_updates
 from shmbuf.ray.shard import Shard as ShardActor
 from shmbuf.ray.sharded import ShardedBuffer
@@ -92,6 +92,7 @@ class Actor:
 def no_ray(monkeypatch):
     monkeypatch.setattr(calls, "ray_module", lambda: FakeRay)
     monkeypatch.setattr(sharded, "ray_module", lambda: FakeRay)
+    monkeypatch.setattr(takes, "ray_module", lambda: FakeRay)
 
 
 @pytest.fixture
@@ -251,6 +252,245 @@ def test_a_shard_taken_over_with_another_priority_exponent_is_refused(name, monk
         same = ShardActor(f"{name}.0", "buffer", X, 8, {"priority": found}, 0, True, None)
         assert same.info()["alpha"] == found  # (the same exponent: taken over)
         same.buf.close()
+    finally:
+        left.unlink()
+        left.close()
+
+
+# -- ragged rows: one Jagged per field, token budgets split over the shards ---------------
+
+TOKENS = {"r": (("R",), np.int64), "lp": (("R",), np.float32), "p": ((None,), np.int32), "k": ((), np.int64)}
+
+
+def ragged_rows(shard: int, keys: Any, rng: np.random.Generator) -> dict[str, Any]:
+    """Rows whose every value tells its row: ``k`` = shard * 10**6 + key, ``r`` of a random
+    length 1..40, each value ``k``; ``lp`` its ``-k``; ``p`` 0..3 values ``k``."""
+    k = shard * 10**6 + np.asarray(keys, np.int64)
+    lens = rng.integers(1, 41, len(k))
+    return {"k": k, "r": [np.full(n, x) for n, x in zip(lens, k)],
+            "lp": [np.full(n, -x, np.float32) for n, x in zip(lens, k)],
+            "p": [np.full(x % 4, x, np.int32) for x in k]}
+
+
+def ragged_errors(b: dict[str, Any]) -> int:
+    """Rows whose ragged values are not their own (``k``'s), or whose fields disagree."""
+    bad = 0
+    for i, k in enumerate(b["k"].tolist()):
+        r, lp, p = b["r"][i], b["lp"][i], b["p"][i]
+        bad += not (len(r) == len(lp) and (r == k).all() and (lp == -k).all() and len(p) == k % 4 and (p == k).all())
+    return bad
+
+
+@pytest.fixture
+def ragged_shards(name):
+    made: list[shmbuf.Buffer] = []
+
+    def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
+        rng = np.random.default_rng(0)
+        for i, n in enumerate(rows):
+            b = shmbuf.Buffer.create(TOKENS, 256, arena=1 << 20, seed=i, name=f"{name}.{i}", timeout=5.0, **options)
+            for v, at in enumerate(range(0, n, 16)):
+                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **({"version": v} if "versions" in
+                                                                                  options else {}))
+            made.append(b)
+        return made[-len(rows):]
+    yield make
+    for b in made:
+        b.unlink()
+        b.close()
+
+
+def ragged_over(bufs: list[shmbuf.Buffer]) -> ShardedBuffer:
+    table = [Shard(i, "node", b.name, Actor(b)) for i, b in enumerate(bufs)]
+    for s in table:
+        s.take(s.actor.shard.info())
+    return ShardedBuffer("sharded", "buffer", False, table, seed=0, timeout=5.0)
+
+
+def test_a_jagged_pickles_as_its_two_arrays_out_of_band():
+    """Ray pickles a batch with protocol 5 and sends the buffers it is given out of band:
+    a Jagged gives its values and offsets (not a row list; no copy into the pickle)."""
+    import pickle
+    j = shmbuf.Jagged.from_rows([np.arange(1000), np.arange(3)], dtype=np.int64)
+    buffers: list = []
+    data = pickle.dumps(j, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 2 and len(data) < 400
+    back = pickle.loads(data, buffers=buffers)
+    assert back.offsets.tolist() == [0, 1000, 1003] and (back.values == j.values).all()
+
+
+def test_ragged_shards_give_one_jagged_per_field_of_their_rows(ragged_shards, no_ray):
+    rb = ragged_over(ragged_shards([100, 60]))
+    b = rb.sample(500)
+    assert isinstance(b["r"], shmbuf.Jagged) and len(b["r"]) == len(b["p"]) == len(b["k"]) == 500
+    assert ragged_errors(b) == 0 and set(b["shard"].tolist()) == {0, 1}
+    assert ((b["k"] // 10**6) == b["shard"]).all()
+    assert 0 < (b["shard"][:250] == 0).mean() < 1  # (the shards' rows mixed, not one block after the other)
+    empty = rb.sample(0)
+    assert len(empty["r"]) == 0 and empty["r"].values.dtype == np.int64 and empty["p"].values.dtype == np.int32
+
+
+def test_a_token_budget_over_shards_never_passes_its_total(ragged_shards, no_ray):
+    """Two shards (100 and 60 rows of 1..40 tokens): a budget of T tokens gives rows of
+    both shards whose lengths add up to at most T, at least one row, never more than n;
+    the rows are whole (values of their own row). Their count is about what one buffer's
+    budget gives (T over the mean length)."""
+    bufs = ragged_shards([100, 60])
+    rb = ragged_over(bufs)
+    mean = np.mean(np.concatenate([b.sample(2000)["r"].lengths for b in bufs]))
+    counts = []
+    for T in [1, 5, 39, 40, 41, 200, 1000, 5000]:
+        for _ in range(20):
+            b = rb.sample(max_tokens=T, length="R")
+            total = int(b["r"].lengths.sum())
+            assert len(b["k"]) >= 1 and (total <= T or len(b["k"]) == 1), (T, total, len(b["k"]))
+            assert ragged_errors(b) == 0 and b["lp"].lengths.tolist() == b["r"].lengths.tolist()
+            assert "_tokens" not in b
+            if T == 5000:
+                counts.append(len(b["k"]))
+    assert abs(np.mean(counts) - 5000 / mean) < 0.15 * 5000 / mean, (np.mean(counts), 5000 / mean)
+    for _ in range(20):
+        b = rb.sample(7, max_tokens=1000, length="R")
+        assert len(b["k"]) == 7
+        b = rb.sample(max_tokens=100, length="p")  # (a field of its own length)
+        assert b["p"].lengths.sum() <= 100 or len(b["k"]) == 1
+
+
+def test_a_bad_token_budget_is_refused_before_any_shard_is_asked(ragged_shards, no_ray):
+    bufs = ragged_shards([10, 10])
+    rb = ragged_over(bufs)
+    before = rb._rng.bit_generator.state
+    for kwargs, match in [({"max_tokens": 10, "length": "Q"}, r"length='Q' names no ragged field or length of "
+                                                                r"this buffer; it has \['R', 'lp', 'p', 'r'\]"),
+                          ({"max_tokens": 10}, "takes both max_tokens= and length="),
+                          ({"length": "R"}, "takes both max_tokens= and length="),
+                          ({"max_tokens": 0, "length": "R"}, "max_tokens")]:
+        with pytest.raises(ValueError, match=match):
+            rb.sample(**kwargs)
+    assert rb._rng.bit_generator.state == before
+    assert [s.actor.calls.get("sample", 0) for s in rb._shards] == [0, 0]
+
+
+@pytest.fixture
+def queue_shards(name):
+    """``make(rows, **options)``: ragged queues, shard ``i`` holding ``rows[i]`` rows
+    (versions 0, 1, ... of 16 rows each with ``versions=True``)."""
+    made: list[shmbuf.Buffer] = []
+
+    def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
+        rng = np.random.default_rng(1)
+        for i, n in enumerate(rows):
+            b = shmbuf.Buffer.create(TOKENS, 512, mode="queue", arena=1 << 20, name=f"{name}.{i}", timeout=5.0,
+                                     **options)
+            for v, at in enumerate(range(0, n, 16)):
+                extra = {"version": v} if options.get("versions") else {}
+                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **extra)
+            made.append(b)
+        return made[-len(rows):]
+    yield make
+    for b in made:
+        b.unlink()
+        b.close()
+
+
+def test_a_take_over_queue_shards_delivers_every_row_once_within_its_budget(queue_shards, no_ray):
+    """Two queue shards (100 and 60 rows of 1..40 tokens): takes with a budget of T
+    tokens each return at most T tokens (or one row), whole rows in each shard's order;
+    every row is delivered once: the rows past a take's budget are held and returned
+    first by the next take, none is lost or repeated."""
+    bufs = queue_shards([100, 60])
+    rb = ragged_over(bufs)
+    seen: list[int] = []
+    for T in [1, 30, 100, 300, 1000] * 6:
+        try:
+            b = rb.take(64, partial=True, max_tokens=T, length="R", timeout=0.5)
+        except shmbuf.SampleTimeout:
+            break
+        total = int(b["r"].lengths.sum())
+        assert 1 <= len(b["k"]) <= 64 and (total <= T or len(b["k"]) == 1), (T, total)
+        assert ragged_errors(b) == 0 and ((b["k"] // 10**6) == b["shard"]).all()
+        seen += b["k"].tolist()
+    want = sorted([10**6 * 0 + k for k in range(100)] + [10**6 + k for k in range(60)])
+    assert sorted(seen) == want and len(seen) == len(set(seen))
+    for i in (0, 1):  # (each shard's rows in their order)
+        mine = [k for k in seen if k // 10**6 == i]
+        assert mine == sorted(mine)
+    assert [len(b) for b in bufs] == [0, 0] and rb._held == []
+
+
+def test_a_take_of_n_rows_gathers_them_over_shards_and_times_out_holding_what_it_took(queue_shards, no_ray):
+    bufs = queue_shards([20, 5])
+    rb = ragged_over(bufs)
+    b = rb.take(25)
+    assert len(b["k"]) == 25 and ragged_errors(b) == 0 and sorted(b["k"].tolist()) == sorted(
+        list(range(20)) + [10**6 + k for k in range(5)])
+    bufs[1].extend(ragged_rows(1, [5, 6], np.random.default_rng(0)))
+    with pytest.raises(shmbuf.SampleTimeout, match=r"could not take 3 row\(s\) within 0.3 s .* \(2 taken, held"):
+        rb.take(3, timeout=0.3)
+    assert rb.take(3, partial=True)["k"].tolist() == [10**6 + 5, 10**6 + 6]  # (held: not lost)
+
+
+def test_a_take_by_staleness_is_bounded_by_the_clusters_newest_version(queue_shards, no_ray):
+    """Shard 0 holds versions 0..3, shard 1 versions 0..1 (16 rows each): max_staleness=1
+    counts from the cluster's newest (3), so shard 1's rows are all passed over, and
+    shard 0's of versions 0, 1; a held row that the next take's bound passes over is
+    dropped."""
+    bufs = queue_shards([64, 32], versions=True)
+    rb = ragged_over(bufs)
+    b = rb.take(100, partial=True, max_staleness=1, max_tokens=10**6, length="R")
+    assert set(b["version"].tolist()) == {2, 3} and set(b["shard"].tolist()) == {0}
+    assert len(b["k"]) == 32 and ragged_errors(b) == 0
+    assert [x.stats()["rows_stale"] for x in bufs] == [32, 32]
+    bufs[1].extend(ragged_rows(1, np.arange(100, 104), np.random.default_rng(0)), version=5)
+    bufs[1].extend(ragged_rows(1, np.arange(104, 108), np.random.default_rng(0)), version=9)
+    with pytest.raises(shmbuf.SampleTimeout, match=r"\(8 taken, held for the next take"):
+        rb.take(10, max_staleness=10, timeout=0.3)
+    b = rb.take(10, partial=True, max_staleness=0)  # (the newest: 9, of the rows held)
+    assert b["version"].tolist() == [9] * 4 and rb._held == []  # (the held rows of version 5: passed over)
+
+
+def test_take_from_replay_shards_is_refused_before_any_is_asked(ragged_shards, no_ray):
+    rb = ragged_over(ragged_shards([10]))
+    with pytest.raises(ValueError, match="take\\(\\) is for a queue"):
+        rb.take(4)
+    with pytest.raises(ValueError, match="names no ragged field"):
+        rb.take(4, max_tokens=5, length="Q")
+    assert rb._shards[0].actor.calls.get("take", 0) == 0
+
+
+def test_rows_held_by_a_take_without_a_budget_are_cut_by_the_next_takes_budget(queue_shards, no_ray):
+    """A take of 11 rows times out holding the 10 there are; the next take, with a
+    budget of the first three rows' tokens, returns those three (its budget counts the
+    held rows' own lengths), the next the other seven. Before: a KeyError (the held rows
+    had no lengths sent with them)."""
+    bufs = queue_shards([10, 0])
+    rb = ragged_over(bufs)
+    with pytest.raises(shmbuf.SampleTimeout, match=r"\(10 taken, held"):
+        rb.take(11, timeout=0.3)
+    held = rb._held[0][1]["r"].lengths
+    b = rb.take(64, partial=True, max_tokens=int(held[:3].sum()), length="R")
+    assert b["k"].tolist() == [0, 1, 2] and ragged_errors(b) == 0
+    assert rb.take(64, partial=True)["k"].tolist() == list(range(3, 10)) and rb._held == []
+
+
+def test_a_ragged_shard_restarted_or_taken_over_attaches_its_rows(name, monkeypatch):
+    """A shard actor restarted by Ray (or create(exist_ok=True)) over a ragged shard's
+    segment attaches it with its rows: its schema is compared as the buffer spells it.
+    Before: normalize_fields refused the (None,)/("R",) shapes, and the shard reported
+    that error."""
+    import sys
+    import types
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get_runtime_context=lambda: FakeRuntime))
+    left = shmbuf.Buffer.create(TOKENS, 8, name=f"{name}.0", arena=1 << 16, persist=True)
+    try:
+        left.extend(ragged_rows(0, [1, 2, 3], np.random.default_rng(0)))
+        shard = ShardActor(f"{name}.0", "buffer", TOKENS, 8, {"arena": 1 << 16}, 0, True, None)
+        assert shard.info()["size"] == 3 and ragged_errors(shard.sample(("sample", 4, (), {}))[0]) == 0
+        shard.buf.close()
+        other = ShardActor(f"{name}.0", "buffer", {**TOKENS, "r": ((None,), np.int64)}, 8, {"arena": 1 << 16}, 0,
+                           True, None)
+        with pytest.raises(ValueError, match="the existing shard .* holds 8 rows of"):
+            other.info()
     finally:
         left.unlink()
         left.close()

@@ -312,6 +312,110 @@ def episode_writer(rb: ShardedBuffer, writer: int, steps: int = 300) -> int:
     return steps
 
 
+
+# -- ragged rows -------------------------------------------------------------------------
+
+@ray.remote
+def ragged_writer(rb: ShardedBuffer, writer: int, seconds: float = 0.0, rows: int = 0, version: int | None = None,
+                  first: int = 0) -> tuple[str, int]:
+    """Rows (writer, first, first + 1, ...) of tests/helpers/ragged.py into this node's
+    shard: for ``seconds`` (a storm), or ``rows`` of them: (node, rows written)."""
+    from helpers.ragged import ragged_rows
+    seq, deadline = first, time.monotonic() + seconds
+    extra = {} if version is None else {"version": version}
+    with rb.local() as local:
+        while (seq - first < rows) if rows else time.monotonic() < deadline:
+            chunk = min(32, rows - (seq - first)) if rows else 32
+            local.extend(ragged_rows(writer, seq, seq + chunk), **extra)
+            seq += chunk
+    return ray.get_runtime_context().get_node_id(), seq - first
+
+
+def test_ragged_rows_cross_the_cluster_whole_and_a_token_budget_never_passes_its_total(nodes, name):
+    """Two writer tasks per node write ragged rows (tests/helpers/ragged.py: every value
+    and length derives from the row's key) into two shards while the learner samples:
+    every ragged field is one Jagged, every row whole (its values its own), rows of both
+    shards; a token budget of T returns at most T tokens of "R" in all (or one row),
+    and a budget too small for any row one row."""
+    from helpers.ragged import RAGGED_FIELDS, ragged_keys, ragged_torn
+    with ShardedBuffer.create(RAGGED_FIELDS, 2048, name=name, nodes=nodes[:2], seed=9, arena=8 << 20) as rb:
+        refs = [on(node, ragged_writer).remote(rb, 10 * i + w, 2.0) for i, node in enumerate(nodes[:2])
+                for w in range(2)]
+        torn = batches = 0
+        while ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+            try:
+                b = rb.sample(64, prefetch=1)
+                t = rb.sample(max_tokens=2000, length="R")
+            except ValueError:  # (no row written yet)
+                continue
+            assert isinstance(b["tokens"], shmbuf.Jagged) and len(b["tokens"]) == len(b["w"]) == 64
+            assert t["tokens"].lengths.sum() <= 2000 or len(t["w"]) == 1
+            torn += ragged_torn(b)
+            torn += ragged_torn(t)
+            batches += 1
+        written = ray.get(refs)
+        assert torn == 0 and batches > 0 and {n for n, _ in written} == set(nodes[:2])
+        b = rb.sample(4000)
+        assert ragged_torn(b) == 0 and set(b["shard"].tolist()) == {0, 1}
+        assert ((b["w"] // 10) == b["shard"]).all() and (ragged_keys(b) >= 0).all()
+        for T in [1, 100, 1000, 20_000]:
+            for _ in range(10):
+                t = rb.sample(max_tokens=T, length="R")
+                total = int(t["tokens"].lengths.sum())
+                assert len(t["w"]) >= 1 and (total <= T or len(t["w"]) == 1), (T, total, len(t["w"]))
+                assert t["logprobs"].lengths.tolist() == t["tokens"].lengths.tolist() and ragged_torn(t) == 0
+        assert set(t["shard"].tolist()) == {0, 1}  # (20,000 tokens: about 130 rows, of both shards)
+        assert len(rb.sample(5, max_tokens=10**6, length="R")["w"]) == 5  # (n caps a budget)
+
+
+def test_ragged_queue_shards_take_token_budgets_within_the_clusters_staleness_bound(nodes, name):
+    """Two queue shards: shard 0 holds rows of versions 1 and 3, shard 1 of versions 2
+    and 3 (100 each). Takes with max_staleness=0 and a budget of 3,000 tokens: every
+    take within its budget, every row of version 3 (the cluster's newest) taken once,
+    rows of both shards, the other 200 passed over (counted stale on their shards)."""
+    from helpers.ragged import RAGGED_FIELDS, ragged_keys, ragged_torn
+    with ShardedBuffer.create(RAGGED_FIELDS, 512, name=name, nodes=nodes[:2], mode="queue", versions=True,
+                              arena=8 << 20, seed=10) as rb:
+        ray.get([on(nodes[0], ragged_writer).remote(rb, 0, rows=100, version=1),
+                 on(nodes[1], ragged_writer).remote(rb, 1, rows=100, version=2)])
+        ray.get([on(nodes[0], ragged_writer).remote(rb, 0, rows=100, version=3, first=100),
+                 on(nodes[1], ragged_writer).remote(rb, 1, rows=100, version=3, first=100)])
+        keys: list[int] = []
+        while True:
+            try:
+                t = rb.take(64, partial=True, max_tokens=3000, length="R", max_staleness=0, timeout=5)
+            except shmbuf.SampleTimeout:
+                break
+            assert t["tokens"].lengths.sum() <= 3000 or len(t["w"]) == 1
+            assert (t["version"] == 3).all() and ragged_torn(t) == 0 and (t["w"] == t["shard"]).all()
+            keys += ragged_keys(t).tolist()
+        want = [w * 1_000_000_000 + i for w in (0, 1) for i in range(100, 200)]
+        assert sorted(keys) == want
+        assert sum(s["rows_stale"] for s in rb.stats()["shards"]) == 200
+        with pytest.raises(ValueError, match="take\\(\\) is for a queue"):
+            with ShardedBuffer.create(RAGGED_FIELDS, 8, name=name + "r", nodes=nodes[:1], arena=1 << 16) as replay:
+                replay.take(1)
+
+
+def test_a_ragged_schema_with_options_the_shards_cannot_honor_is_refused(nodes, name, tmp_path):
+    from helpers.ragged import RAGGED_FIELDS
+    with pytest.raises(ValueError, match=r"shards in files \(directory=\) cannot hold them; create the "
+                                         r"ShardedBuffer without directory="):
+        ShardedBuffer.create(RAGGED_FIELDS, 8, name=name, arena=1 << 16, directory=str(tmp_path))
+    with pytest.raises(ValueError, match="an EpisodeBuffer has no ragged fields"):
+        ShardedBuffer.create(RAGGED_FIELDS, 8, name=name, nodes=nodes[:1], arena=1 << 16, episodes=True)
+    with pytest.raises(ValueError, match="need arena="):
+        ShardedBuffer.create(RAGGED_FIELDS, 8, name=name, nodes=nodes[:1])
+    with pytest.raises(ValueError, match="leave max_times_sampled= out"):
+        ShardedBuffer.create(RAGGED_FIELDS, 8, name=name, nodes=nodes[:1], arena=1 << 16, max_times_sampled=2)
+    assert shm_segments(name) == [] and os.listdir(tmp_path) == []
+    with ShardedBuffer.create(RAGGED_FIELDS, 8, name=name, nodes=nodes[:1], arena=1 << 16) as rb:
+        ray.get(on(nodes[0], ragged_writer).remote(rb, 0, rows=4))
+        with pytest.raises(ValueError, match=r"length='Q' names no ragged field or length of this buffer"):
+            rb.sample(max_tokens=10, length="Q")
+        with pytest.raises(ValueError, match="sample_sequences"):
+            rb.sample_sequences(2, 2)
+
 # -- priorities --------------------------------------------------------------------------
 
 def test_priorities_are_drawn_by_mass_over_the_cluster_and_updates_go_to_their_shard(nodes, name):
