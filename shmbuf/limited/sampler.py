@@ -114,24 +114,35 @@ class Counts(Sampler):
     def empty(self, m: int) -> dict[str, np.ndarray]:
         return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
 
+    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows the buffer holds (lanes, seqs) and which are not used up (a scan of
+        the counts: a guide, read without the lock)."""
+        lo, head = self.engine.window()
+        lanes = np.repeat(np.arange(len(lo)), head - lo)
+        seqs = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), head.tolist())] + [np.zeros(0, np.int64)])
+        return lanes, seqs, self.times[lanes * self.lc + seqs % self.lc] < self.k
+
+    @property
+    def hint(self) -> str:  # (read when a timeout is raised: what is true then)
+        lanes, _, live = self.rows()
+        if not len(lanes) or live.any():
+            return ""
+        mine = sum(len(k[0]) for k in self.kept)
+        return (f": every row the buffer holds ({len(lanes)}) was sampled max_times_sampled={self.k} times"
+                + (f", counting the {mine} this sample took (given back now)" if mine else ""))
+
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         self.deadline = deadline
         lo, head = self.engine.window()
         sizes = head - lo
-        total = int(sizes.sum())
-        if total == 0:
+        if int(sizes.sum()) == 0:
             raise ValueError("cannot sample from an empty buffer: add rows first")
         m = len(todo)
         if rounds < 2:  # uniform over the window (rows used up are turned down by the count)
             return draw_in(self.engine.rng, m, lo.tolist(), sizes.tolist())
-        # many turned down: draw from the rows not used up (a scan of the counts: a guide)
-        lanes = np.repeat(np.arange(len(lo)), sizes)
-        seqs = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), head.tolist())])
-        live = self.times[lanes * self.lc + seqs % self.lc] < self.k
+        # many turned down: draw from the rows not used up
+        lanes, seqs, live = self.rows()
         if not live.any():
-            mine = sum(len(k[0]) for k in self.kept)
-            self.hint = (f": every row the buffer holds ({total}) was sampled max_times_sampled={self.k} times"
-                         + (f", counting the {mine} this sample took (given back now)" if mine else ""))
             time.sleep(self.delay)
             self.delay = min(max(self.delay * 2, 50e-6), 2e-3)
             return None

@@ -64,6 +64,17 @@ def test_each_row_comes_out_at_most_k_times_then_never(name):
         assert (stats["max_times_sampled"], stats["rows_used_up"]) == (3, 30)
 
 
+def test_a_timeout_spent_before_the_first_round_still_says_every_row_is_used_up(name):
+    """timeout=0 (a deadline that passes before the sample starts, as on a loaded machine):
+    the error still says what the sampler found (the read runs two rounds at least)."""
+    with counted(name, k=1) as buf:
+        buf.extend({"x": np.arange(4)})
+        buf.sample(4)
+        with pytest.raises(shmbuf.SampleTimeout, match=r"every row the buffer holds \(4\) was sampled "
+                                                       r"max_times_sampled=1 times"):
+            buf.sample(1, timeout=0)
+
+
 def test_the_same_row_twice_in_a_batch_counts_twice(name):
     with counted(name, k=2) as buf:
         buf.add({"x": 5})
