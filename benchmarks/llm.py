@@ -43,7 +43,7 @@ Generators of the Ray arms are Ray actors (as verl's and OpenRLHF's are) of one 
 Ray cluster this run starts (and shuts down, killing what is left of it, at the end).
 
     python -m benchmarks.llm --quick        # 2 s windows, one round, one knob each
-    python -m benchmarks.llm                # 8 s windows, 3 rounds, interleaved, all knobs
+    python -m benchmarks.llm                # 5 s windows, 3 rounds, interleaved, all knobs
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class LLM:
         return self.control
 
     def _reset(self) -> None:
-        self.dropped = self.kept = 0
+        self.dropped = self.kept = self.stale0 = 0
         self.ages_s: list[float] = []
         self.ages_v: list[int] = []
         self.torch = None
@@ -187,12 +187,18 @@ class LLM:
                            for k in ("prompt", "response", "logprobs", "mask")}
         self.control.publish(self.control.version + 1)  # the update: the next policy
 
+    def measure(self) -> None:
+        """The window begins: its figures only from here."""
+        self.ages_s.clear()
+        self.ages_v.clear()
+        self.kept, self.stale0 = 0, self.stale()
+
     def stale(self) -> int:
         return self.dropped
 
     def report(self) -> dict[str, Any]:
         q = lambda a, p: float(np.percentile(a, p)) if len(a) else None  # noqa: E731
-        stale = self.stale()
+        stale = self.stale() - self.stale0
         return {"age s p50": q(self.ages_s, 50), "age s p99": q(self.ages_s, 99),
                 "age versions p50": q(self.ages_v, 50), "age versions p99": q(self.ages_v, 99),
                 "age versions max": max(self.ages_v, default=None), "stale": stale, "kept": self.kept,
@@ -255,7 +261,7 @@ class RayCluster:
         code = ("import ray, sys; c = ray.init(num_cpus=8, object_store_memory=512 << 20, include_dashboard=False, "
                 f"_temp_dir={self.tmp!r}, logging_level='ERROR', log_to_driver=False); "
                 "print(c.address_info['gcs_address'], flush=True); sys.stdin.read(); ray.shutdown()")
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", MARK: self.tmp}
+        env = {**os.environ, **RAY_ENV, MARK: self.tmp}
         self.proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         self.address = (self.proc.stdout.readline() or "").strip()
@@ -278,6 +284,9 @@ class RayCluster:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+# a local cluster, its drivers and its actors on this machine, for the run's minutes: no
+# token (the drivers would need the cluster's), no usage reports
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 MARK = "SHMBUF_BENCH_LLM_RAY"  # in the environment of the cluster's processes: its folder
 
 
@@ -295,7 +304,7 @@ def _pids_with(text: str) -> list[int]:
     return [p for p in out if p != os.getpid()]
 
 
-class RayArm(LLM):
+class RayArm(LLM, R.Arm):
     """An arm whose generators are Ray actors started by the trainer (the driver)."""
 
     forks = 0
@@ -304,6 +313,7 @@ class RayArm(LLM):
     def _connect(self) -> Any:
         import ray
         if not ray.is_initialized():
+            os.environ.update(RAY_ENV)
             ray.init(address=self.address, logging_level="ERROR", log_to_driver=False)
         return ray
 
@@ -317,6 +327,14 @@ class RayArm(LLM):
 
         self.gens = [Generator.remote() for _ in range(self.generators)]
         self.runs = [a.run.remote(self, g) for g, a in enumerate(self.gens)]
+
+    def check_generators(self) -> None:
+        """Raise a generator actor's error, if one ended with one."""
+        import ray
+        done, _ = ray.wait(self.runs, timeout=0)
+        if done:
+            ray.get(done)
+            raise RuntimeError("a generator actor ended")
 
     def close(self) -> None:
         pass  # (the trainer's process ends, its driver with it; the cluster outlives it)
@@ -421,12 +439,16 @@ class TorchRL(RayArm):
     """TorchRL's ``RayReplayBuffer(storage=LazyStackStorage)`` (its GRPO-async recipe's)."""
 
     ordered = False
+    startup = 150.0
     system = "TorchRL RayReplayBuffer(LazyStackStorage)"
 
     def __init__(self, per: int, draw: int) -> None:
         self.per, self.draw = per, draw
         self.knob = f"extend of {per}, sample({draw})"
         self.name = f"{self.system}, {self.knob}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "rb"}
 
     def generate(self, g: int, stop: Any) -> None:
         import torch
@@ -444,7 +466,7 @@ class TorchRL(RayArm):
                                          "finish": torch.tensor(FINISH.index(m["infos"]["finish_reason"]), dtype=torch.uint8),
                                          "env": torch.tensor(ENVS.index(m["infos"]["env"]), dtype=torch.uint8)}))
                 row += step
-            self.rb.extend(lazy_stack(tds))
+            self.client.extend(lazy_stack(tds))
 
     def batches(self) -> Callable[[], R.Batch]:
         self._connect()
@@ -454,9 +476,11 @@ class TorchRL(RayArm):
         from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
         self.rb = RayReplayBuffer(storage=partial(LazyStackStorage, 64), batch_size=self.draw,
                                   remote_config={"num_cpus": 0})
+        self.client = self.rb.client()  # (the generators': picklable)
         self.start_generators()
-        deadline = time.monotonic() + R.TIMEOUT
+        deadline = time.monotonic() + self.startup  # (three new processes import torch: slow on 2 busy cores)
         while len(self.rb) < self.draw:
+            self.check_generators()
             if time.monotonic() > deadline:
                 raise TimeoutError("TorchRL's buffer got no rollouts")
             time.sleep(0.01)
@@ -604,7 +628,7 @@ def run(quick: bool = False, window: float | None = None, rounds: int | None = N
         progress: bool = True) -> dict[str, Any]:
     from benchmarks.run import machine
 
-    seconds = window if window is not None else (2.0 if quick else 8.0)
+    seconds = window if window is not None else (2.0 if quick else 5.0)
     rounds = rounds if rounds is not None else (1 if quick else 3)
     warmup = min(1.0, seconds / 3)
     have = available()

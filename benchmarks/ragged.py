@@ -269,6 +269,7 @@ class Arm:
     name = "?"
     generators = GENERATORS
     forks = GENERATORS  # generator processes forked by run_arm (0: the trainer starts its own)
+    startup = 0.0  # seconds the trainer may take to start, beyond the usual
     verified = True
 
     def open(self) -> None:
@@ -292,6 +293,9 @@ class Arm:
 
     def after(self, b: Batch) -> None:
         """The trainer's use of a verified batch (its update)."""
+
+    def measure(self) -> None:
+        """The trainer's window begins (after the warm-up)."""
 
     def report(self) -> dict[str, Any]:
         """The trainer's figures of its own, beside the common ones."""
@@ -617,6 +621,7 @@ def _trainer(arm: Arm, conn: Any, warmup: float, seconds: float) -> None:
             b = nxt()
             arm.check(b, due)
             arm.after(b)
+        arm.measure()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         waited, t0 = 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -654,7 +659,7 @@ def run_arm(arm: Arm, warmup: float, seconds: float) -> dict[str, Any]:
     try:
         for p in procs:
             p.start()
-        if not mine.poll(warmup + seconds + 2 * TIMEOUT):
+        if not mine.poll(warmup + seconds + 2 * TIMEOUT + arm.startup):
             return {"error": "the trainer did not report in time"}
         return mine.recv()
     finally:
