@@ -522,7 +522,7 @@ class Arrow(LLM, R.Arm):
 
     def open(self) -> None:
         self.q = R.CTX.Queue(4 if not self.per else max(4, 64 // self.per))
-        self.prefix = os.path.join(SHM, f"{PREFIX}-arrow-{os.getpid()}-{id(self):x}")
+        self.prefix = os.path.join(SHM, f"{PREFIX}-{os.getpid()}-arrow-{id(self):x}")
 
     def generate(self, g: int, stop: Any) -> None:
         import pyarrow as pa
@@ -615,13 +615,22 @@ def arms(quick: bool, have: dict[str, bool]) -> list[R.Arm]:
 
 
 def available() -> dict[str, bool]:
-    import importlib.util
-    return {m: importlib.util.find_spec(m) is not None for m in ("torch", "ray", "pyarrow", "torchrl")} \
-        | {"torchrl": all(importlib.util.find_spec(m) is not None for m in ("torchrl", "ray"))}
+    """The packages installed (by their distributions: the tests' folder ``ray`` is not Ray)."""
+    from importlib import metadata
+
+    def has(d: str) -> bool:
+        try:
+            metadata.version(d)
+            return True
+        except metadata.PackageNotFoundError:
+            return False
+    got = {m: has(m) for m in ("torch", "ray", "pyarrow", "torchrl")}
+    return {**got, "torchrl": got["torchrl"] and got["ray"]}
 
 
 def _leftovers() -> list[str]:
-    return sorted(glob.glob(os.path.join(SHM, PREFIX + "*")))
+    """This run's files left in /dev/shm (their names start with its process id)."""
+    return sorted(glob.glob(os.path.join(SHM, f"{PREFIX}-{os.getpid()}-*")))
 
 
 def run(quick: bool = False, window: float | None = None, rounds: int | None = None, only: list[str] | None = None,
@@ -638,6 +647,10 @@ def run(quick: bool = False, window: float | None = None, rounds: int | None = N
                                       "budget tokens": BUDGET, "max staleness": STALENESS},
                            "systems": {a.name: getattr(a, "system", a.name.split(":")[0]) for a in systems},
                            "arms": {a.name: [] for a in systems}}
+    if have["torch"]:
+        import torch  # noqa: F401  (imported once here, not in each forked trainer; nothing runs before the forks)
+    if have["pyarrow"]:
+        import pyarrow  # noqa: F401
     cluster = RayCluster() if any(isinstance(a, RayArm) for a in systems) else None
     try:
         for a in systems:
