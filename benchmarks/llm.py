@@ -667,6 +667,7 @@ def run(quick: bool = False, window: float | None = None, rounds: int | None = N
     finally:
         if cluster:
             cluster.close()
+    res["best"] = summary(res)["best"]  # (what the plot draws)
     res["left over"] = _leftovers() + (_pids_with(cluster.tmp) if cluster else [])
     if progress:
         print("\r\033[K", end="", file=sys.stderr, flush=True)

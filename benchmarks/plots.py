@@ -139,11 +139,9 @@ def loops(res: dict[str, Any], out: str, plt: Any) -> list[str]:
 
 
 def llm(res: dict[str, Any], out: str, plt: Any) -> list[str]:
-    from benchmarks.llm import summary
-
-    best = summary(res)["best"]  # system -> its best arm
-    systems = sorted(best, key=lambda s: -summary(res)["rate"][best[s]])
-    runs = {s: [r for r in res["arms"][best[s]] if "error" not in r] for s in systems}
+    best = res["best"]  # system -> its best knob's arm (benchmarks.llm.summary)
+    runs = {s: [r for r in res["arms"][a] if "error" not in r] for s, a in best.items()}
+    systems = sorted(best, key=lambda s: -statistics.median(r["tokens/s"] for r in runs[s]))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.42 * len(systems) + 1.6), sharey=True)
     for ax, key, scale, label in ((a, "tokens/s", 1e-6, "verified response tokens per second (millions)"),
                                   (b, "cpu s per M tokens", 1.0, "trainer CPU seconds per million tokens")):
