@@ -7,7 +7,10 @@
 * a main run (``scripts/bench``): ``<workload>-ratios.png``, shmbuf's figure over each
   peer's, per metric;
 * CleanRL's loops (``scripts/bench-clients --loops``): ``loops.png``, each script's
-  learning curve with SB3's buffer and with shmbuf's, seed by seed.
+  learning curve with SB3's buffer and with shmbuf's, seed by seed;
+* LLM RL rollouts (``scripts/bench-ragged``): ``llm.png``, each system's verified tokens
+  per second and its trainer's CPU per million tokens (its best knob; the rounds' median,
+  the bar's whisker their range).
 """
 
 from __future__ import annotations
@@ -135,6 +138,33 @@ def loops(res: dict[str, Any], out: str, plt: Any) -> list[str]:
     return [path]
 
 
+def llm(res: dict[str, Any], out: str, plt: Any) -> list[str]:
+    best = res["best"]  # system -> its best knob's arm (benchmarks.llm.summary)
+    runs = {s: [r for r in res["arms"][a] if "error" not in r] for s, a in best.items()}
+    systems = sorted(best, key=lambda s: -statistics.median(r["tokens/s"] for r in runs[s]))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.42 * len(systems) + 1.6), sharey=True)
+    for ax, key, scale, label in ((a, "tokens/s", 1e-6, "verified response tokens per second (millions)"),
+                                  (b, "cpu s per M tokens", 1.0, "trainer CPU seconds per million tokens")):
+        vals = [[r[key] * scale for r in runs[s]] for s in systems]
+        med = [statistics.median(v) for v in vals]
+        err = [[m - min(v) for m, v in zip(med, vals)], [max(v) - m for m, v in zip(med, vals)]]
+        colors = [STYLE["shmbuf"][0] if s.startswith("shmbuf") else "black" if s.startswith("memcpy")
+                  else "tab:gray" for s in systems]
+        ax.barh(range(len(systems)), med, xerr=err, color=colors, capsize=3)
+        ax.set_xlabel(label)
+        ax.grid(True, axis="x", alpha=0.3)
+    a.set_yticks(range(len(systems)), systems, fontsize=8)
+    a.invert_yaxis()
+    c = res["config"]
+    fig.suptitle(f"LLM RL rollouts, 2 generators -> 1 trainer, batches <= {c['budget tokens']:,} tokens, "
+                 f"max_staleness={c['max staleness']} ({c['rounds']} rounds; {_title(res)})", fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "llm.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/plots", description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", help="JSON files of scripts/bench (a main run or --sweep)")
@@ -149,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in a.files:
         with open(f) as fh:
             res = json.load(fh)
-        made = {"sweep": sweep, "loops": loops}.get(res.get("kind"), ratios)(res, a.out, plt)
+        made = {"sweep": sweep, "loops": loops, "llm": llm}.get(res.get("kind"), ratios)(res, a.out, plt)
         for path in made:
             print(f"scripts/plots: {f} -> {path}")
     return 0

@@ -156,17 +156,27 @@ def _steps(d: np.ndarray, starts: np.ndarray, want: np.ndarray, ok: np.ndarray) 
     return not changed.any()
 
 
-def verify(b: Batch, due: list[int], generators: int) -> int:
+def verify(b: Batch, due: list[int] | None, generators: int, versions: tuple[int, int] | None = None,
+           gaps: bool = False) -> int:
     """Check every value of batch ``b``; ``due[g]``: the next row generator ``g`` owes
-    (updated). Returns the batch's response tokens; raises :class:`Mismatch`."""
+    (updated; None: rows may come in any order, or more than once: a replay buffer's
+    sample). ``versions``: (lowest, highest) a row's version may be (None: ``row >> 10``);
+    ``gaps``: a generator's rows may skip rows (passed over as stale), still in order,
+    none twice. Returns the batch's response tokens; raises :class:`Mismatch`."""
     rows = np.asarray(b["row"], np.int64)
     n = len(rows)
     if n == 0:
         raise Mismatch("an empty batch")
     gen = rows % generators
-    for g in range(generators):
+    for g in range(generators if due is not None else 0):
         mine = rows[gen == g]
         if len(mine):
+            if gaps:
+                if mine[0] < due[g] or (len(mine) > 1 and not (np.diff(mine) > 0).all()):
+                    raise Mismatch(f"generator {g}: rows {mine[:4].tolist()}... out of order, or again "
+                                   f"(row {due[g]} or later was due)")
+                due[g] = int(mine[-1]) + generators
+                continue
             want = due[g] + generators * np.arange(len(mine))
             if not np.array_equal(mine, want):
                 raise Mismatch(f"generator {g}: rows {mine[:4].tolist()}... where {want[:4].tolist()}... were due")
@@ -193,9 +203,12 @@ def verify(b: Batch, due: list[int], generators: int) -> int:
     s, ok = _scratch(ptotal)
     if not _steps(np.add(prompt, _ar(ptotal), out=s[:ptotal]), pstarts, key + 8191 + pstarts, ok):
         raise Mismatch("a prompt token differs")
-    if not (np.array_equal(b["reward"], (rows % 1000).astype(np.float32))
-            and np.array_equal(b["version"], rows >> 10)):
-        raise Mismatch("a reward or version differs")
+    version = np.asarray(b["version"])
+    if not np.array_equal(b["reward"], (rows % 1000).astype(np.float32)):
+        raise Mismatch("a reward differs")
+    if not (np.array_equal(version, rows >> 10) if versions is None
+            else ((version >= versions[0]) & (version <= versions[1])).all()):
+        raise Mismatch(f"a version differs (or lies outside {versions}): {version[:4].tolist()}...")
     return total
 
 
@@ -208,12 +221,16 @@ def _offsets(lens: list[int]) -> np.ndarray:
 def collate(items: list[dict[str, Any]]) -> Batch:
     """Rollouts -> one batch (what a trainer of a queue does: one copy of each value)."""
     cat = lambda k: np.concatenate([np.asarray(it[k]) for it in items])  # noqa: E731
-    return {"row": np.array([it["row"] for it in items], np.int64),
+    extra = {k: [it[k] for it in items] for k in items[0] if k not in _COLLATED}  # (e.g. a time, an infos dict)
+    return {**extra, "row": np.array([it["row"] for it in items], np.int64),
             "version": np.array([it["version"] for it in items], np.int64),
             "reward": np.array([it["reward"] for it in items], np.float32),
             "prompt": cat("prompt"), "prompt_offsets": _offsets([len(it["prompt"]) for it in items]),
             "response": cat("response"), "response_offsets": _offsets([len(it["response"]) for it in items]),
             "logprobs": cat("logprobs"), "mask": cat("mask")}
+
+
+_COLLATED = {"row", "version", "reward", "prompt", "response", "logprobs", "mask"}
 
 
 def packed_rows(first: int, step: int) -> tuple[list[int], int]:
@@ -251,10 +268,38 @@ class Arm:
 
     name = "?"
     generators = GENERATORS
+    forks = GENERATORS  # generator processes forked by run_arm (0: the trainer starts its own)
+    startup = 0.0  # seconds the trainer may take to start, beyond the usual
     verified = True
 
     def open(self) -> None:
         """In the parent, before the fork: the transport."""
+
+    def stop_event(self) -> Any:
+        """What tells the generators to stop (``is_set()``)."""
+        return CTX.Event()
+
+    def meta(self, row: int) -> dict[str, Any]:
+        """A rollout's fixed fields besides its row id and reward, as a generator stamps them."""
+        return {"version": row >> 10}
+
+    def keep(self, item: dict[str, Any]) -> bool:
+        """Whether the trainer keeps a rollout it got (False: dropped, e.g. as stale)."""
+        return True
+
+    def check(self, b: Batch, due: list[int]) -> int:
+        """The trainer's verification of batch ``b``: its response tokens."""
+        return verify(b, due, self.generators) if self.verified else int(b["response_offsets"][-1])
+
+    def after(self, b: Batch) -> None:
+        """The trainer's use of a verified batch (its update)."""
+
+    def measure(self) -> None:
+        """The trainer's window begins (after the warm-up)."""
+
+    def report(self) -> dict[str, Any]:
+        """The trainer's figures of its own, beside the common ones."""
+        return {}
 
     def generate(self, g: int, stop: Any) -> None:
         raise NotImplementedError
@@ -301,10 +346,11 @@ class QueueArm(Arm):
         r = {"prompt": alloc(pl, np.int32), "response": alloc(rl, np.int32),
              "logprobs": alloc(rl, np.float32), "mask": alloc(rl, np.uint8)}
         fill(row, *(view(r[k]) for k in ("prompt", "response", "logprobs", "mask")))
-        return {**r, "row": row, "version": row >> 10, "reward": np.float32(row % 1000)}
+        return {**r, **self.meta(row), "row": row, "reward": np.float32(row % 1000)}
 
     def generate(self, g: int, stop: Any) -> None:
-        self.q.cancel_join_thread()  # (exit at once at the end, whatever is still in the pipe)
+        if hasattr(self.q, "cancel_join_thread"):
+            self.q.cancel_join_thread()  # (exit at once at the end, whatever is still in the pipe)
         alloc, view = self._tensors()
         row, step = g, self.generators
         while not stop.is_set():
@@ -350,6 +396,9 @@ class QueueArm(Arm):
                             break  # (partial: what there is)
                         raise
                     pending.extend(got if knob == "list" else [got])
+                if not self.keep(pending[0]):
+                    pending.popleft()
+                    continue
                 n = len(pending[0]["response"])
                 if items and tokens + n > BUDGET:
                     break
@@ -508,23 +557,31 @@ class ShmbufArm(Arm):
                      "partial=True)")
 
     @staticmethod
-    def create(capacity: int, arena: int, lanes: int) -> Any:
-        return shmbuf.Buffer.create(RAGGED_FIELDS, capacity, lanes=lanes, mode="queue", arena=arena)
+    def create(capacity: int, arena: int, lanes: int, fields: Any = RAGGED_FIELDS, **kw: Any) -> Any:
+        return shmbuf.Buffer.create(fields, capacity, lanes=lanes, mode="queue", arena=arena, **kw)
 
     def open(self) -> None:
         self.buf = self.create(self.CAPACITY, self.ARENA, self.generators)
+
+    def extend(self, rows: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``extend``'s rows and keywords for the rollouts ``rows``."""
+        return extend_args(rows), {}
+
+    def take_args(self) -> dict[str, Any]:
+        """``take``'s keywords beside the token budget."""
+        return {}
 
     def generate(self, g: int, stop: Any) -> None:
         q = shmbuf.Buffer.attach(self.buf.name)
         row, step = g, self.generators
         while not stop.is_set():
-            batch = extend_args(range(row, row + step * self.per, step))
+            batch, kw = self.extend(range(row, row + step * self.per, step))
             while not stop.is_set():
                 try:
-                    q.extend(batch, timeout=0.2)  # (a refused extend writes nothing: retried whole)
+                    q.extend(batch, timeout=0.2, **kw)  # (a refused extend writes nothing: retried whole)
                     row += step * self.per
                     break
-                except shmbuf.WriteTimeout:
+                except (shmbuf.WriteTimeout, shmbuf.LockTimeout):  # (full; or the machine overloaded)
                     continue
 
     def batches(self) -> Callable[[], Batch]:
@@ -532,10 +589,9 @@ class ShmbufArm(Arm):
         take, n = q.take, self.CAPACITY
 
         def batch() -> Batch:
-            b = take(n, partial=True, max_tokens=BUDGET, length="R", timeout=TIMEOUT)
+            b = take(n, partial=True, max_tokens=BUDGET, length="R", timeout=TIMEOUT, **self.take_args())
             p, r = b["prompt"], b["response"]
-            return {"row": b["row"], "version": b["version"], "reward": b["reward"],
-                    "prompt": p.values, "prompt_offsets": p.offsets, "response": r.values,
+            return {**b, "prompt": p.values, "prompt_offsets": p.offsets, "response": r.values,
                     "response_offsets": r.offsets, "logprobs": b["logprobs"].values, "mask": b["mask"].values}
         return batch
 
@@ -563,15 +619,17 @@ def _trainer(arm: Arm, conn: Any, warmup: float, seconds: float) -> None:
         end = time.perf_counter() + warmup
         while time.perf_counter() < end:
             b = nxt()
-            if arm.verified:
-                verify(b, due, arm.generators)
+            arm.check(b, due)
+            arm.after(b)
+        arm.measure()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         waited, t0 = 0.0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             w = time.perf_counter()
             b = nxt()
             waited += time.perf_counter() - w
-            tokens += verify(b, due, arm.generators) if arm.verified else int(b["response_offsets"][-1])
+            tokens += arm.check(b, due)
+            arm.after(b)
             rows += len(b["row"])
             batches += 1
         elapsed = time.perf_counter() - t0
@@ -579,7 +637,7 @@ def _trainer(arm: Arm, conn: Any, warmup: float, seconds: float) -> None:
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         conn.send({"tokens/s": tokens / elapsed, "rows/s": rows / elapsed, "batches": batches,
                    "tokens per batch": tokens / max(batches, 1), "cpu s per M tokens": cpu / tokens * 1e6,
-                   "in get/take": waited / elapsed, "seconds": elapsed})
+                   "in get/take": waited / elapsed, "seconds": elapsed, **arm.report()})
     except BaseException as e:  # (the parent reports it)
         conn.send({"error": f"{type(e).__name__}: {e}"})
 
@@ -594,14 +652,14 @@ def _generator(arm: Arm, g: int, stop: Any) -> None:
 def run_arm(arm: Arm, warmup: float, seconds: float) -> dict[str, Any]:
     """Fork the generators and the trainer of ``arm``; their trainer's figures."""
     arm.open()
-    stop = CTX.Event()
+    stop = arm.stop_event()
     mine, theirs = CTX.Pipe()
-    procs = [CTX.Process(target=_generator, args=(arm, g, stop), daemon=True) for g in range(arm.generators)]
+    procs = [CTX.Process(target=_generator, args=(arm, g, stop), daemon=True) for g in range(arm.forks)]
     procs.append(CTX.Process(target=_trainer, args=(arm, theirs, warmup, seconds), daemon=True))
     try:
         for p in procs:
             p.start()
-        if not mine.poll(warmup + seconds + 2 * TIMEOUT):
+        if not mine.poll(warmup + seconds + 2 * TIMEOUT + arm.startup):
             return {"error": "the trainer did not report in time"}
         return mine.recv()
     finally:

@@ -275,3 +275,64 @@ def test_a_tiny_ragged_run_verifies_tokens_through_every_arm(tmp_path):
     path = ragged.save(res, str(tmp_path))
     with open(path) as f:
         assert json.load(f)["arms"].keys() == res["arms"].keys()
+
+
+def test_the_llm_checks_pass_fresh_rollouts_and_catch_stale_reordered_or_changed_ones():
+    """benchmarks.llm counts only rows its check passed: versions within max_staleness of
+    the trainer's, a generator's rows in order with gaps (rows passed over as stale) but
+    none twice, and the infos dict of every row."""
+    from benchmarks import llm, ragged
+
+    arm = llm.Queue("list")
+    arm.control = llm.Control(f"{llm.PREFIX}-test-{id(arm):x}", create=True)
+    try:
+        arm._reset()
+        arm.control.publish(10)
+
+        def batch(rows, versions, **change):
+            items = [{**ragged.rollout(r), "version": v, "t": 0.0, "infos": llm.infos(r)} for r, v in zip(rows, versions)]
+            for it in items:
+                it.update(change)
+            return ragged.collate(items)
+
+        due = [0, 1]
+        assert arm.check(batch([0, 4, 1], [8, 9, 10]), due) > 0 and due == [6, 3]  # row 2 passed over: a gap
+        assert arm.kept == 3 and sorted(arm.ages_v) == [0, 1, 2]
+        for rows, versions, change, what in (([6], [7], {}, "version"),        # 3 behind: stale
+                                             ([6], [11], {}, "version"),       # a version not yet published
+                                             ([4], [10], {}, "generator 0"),   # again
+                                             ([8, 6], [10, 10], {}, "generator 0"),  # out of order
+                                             ([6], [10], {"infos": {"finish_reason": "stop", "env": "x"}}, "infos")):
+            with pytest.raises(ragged.Mismatch, match=what):
+                arm.check(batch(rows, versions, **change), list(due))
+        assert arm.keep({"version": 8}) and not arm.keep({"version": 7}) and arm.dropped == 1
+    finally:
+        arm.control.unlink()
+
+
+def test_a_tiny_llm_run_verifies_tokens_through_every_arm_here_and_leaves_nothing(tmp_path):
+    """Every arm of ``scripts/bench-ragged`` whose packages this virtualenv has (the Ray
+    and TorchRL arms are left out where Ray is absent) moves, verifies and turns into
+    jagged tensors tokens, within the staleness bound, and leaves no /dev/shm file."""
+    from benchmarks import llm
+
+    res = llm.run(quick=True, window=0.3, rounds=1, progress=False)
+    assert not llm.failed(res), {n: r for n, r in res["arms"].items() if "error" in r[0]}
+    names = list(res["arms"])
+    have = res["available"]
+    assert any(n.startswith("shmbuf queue") for n in names) and any(n.startswith("memcpy floor") for n in names)
+    assert any(n.startswith("multiprocessing.Queue") for n in names)
+    assert any("torch.multiprocessing" in n for n in names) == have["torch"]
+    assert any(n.startswith("Ray") for n in names) == have["ray"]
+    assert any(n.startswith("Arrow") for n in names) == have["pyarrow"]
+    for name, runs in res["arms"].items():
+        r = runs[0]
+        assert r["batches"] > 0 and r["tokens/s"] > 0, name
+        if not name.startswith("memcpy floor"):
+            assert r["age versions max"] <= llm.STALENESS and r["jagged"] == have["torch"], name
+    assert res["left over"] == [] and not llm._leftovers()
+    text = llm.markdown(res)
+    assert "| system, knob | verified tokens/s |" in text and "**shmbuf queue" in text
+    path = llm.save(res, str(tmp_path))
+    with open(path) as f:
+        assert json.load(f)["arms"].keys() == res["arms"].keys()
