@@ -231,9 +231,11 @@ class Queue:
 
         Rows kept for this handle come first, then, if fewer than ``n``, a take for
         the rest (partial: of what is there, without waiting), each lane's rows in order
-        (:class:`~shmbuf.queue.takes.Kept`). An exception (Ctrl-C) after rows were
-        delivered to this call keeps them all for the next take."""
+        (:class:`~shmbuf.queue.takes.Kept`; one with ``skip`` passes over those below its
+        bound). An exception (Ctrl-C) after delivery keeps them all for the next take."""
         kept = more = None
+        if self._kept and skip is not None:  # (kept rows stale by now: passed over, as any stale row)
+            self._kept.pass_over(skip, lambda: self._edit(timeout))
         try:
             if self._kept:  # (a budget's take: as many of them as fit it, alone)
                 kept = self._kept.out(n if fit is None else min(n, fit.kept(takes.merged(*self._kept.parts)[0])))
@@ -424,8 +426,7 @@ class Queue:
             s.table[s.table[:, E_STATE] == RETURNED, E_STATE] = FREE
             s.next[:] = self.ring.lane_table[:, LANE_HEAD]
 
-    def size(self) -> int:
-        return self.depth()
+    size = depth
 
     def check_take(self) -> None:
         pass
@@ -444,7 +445,6 @@ class Queue:
     def stats(self) -> dict[str, Any]:
         h = self.head
         return {"queue_depth": self.depth(), "rows_taken": int(h[H_TAKEN]), "takes": int(h[H_TAKES]),
-                "rows_given_back": int(h[H_RETURNED]), "rows_skipped": int(h[H_SKIPPED]),
-                "rows_stale": int(h[H_STALE]),
+                "rows_given_back": int(h[H_RETURNED]), "rows_skipped": int(h[H_SKIPPED]), "rows_stale": int(h[H_STALE]),
                 "take_wait_s": int(h[H_TAKE_WAIT]) / 1e9, "write_wait_s": int(h[H_WRITE_WAIT]) / 1e9}
 

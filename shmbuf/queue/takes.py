@@ -11,7 +11,7 @@ write that found no room (:func:`full`)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -295,6 +295,19 @@ class Kept:
     def back(self, *parts: Rows | None) -> None:
         """Keep ``parts`` (None: none), before the rows kept already."""
         self.parts[:0] = [p for p in parts if p is not None]
+
+    def pass_over(self, skip: tuple[str, int, int], edit: Callable[[], Any]) -> None:
+        """Drop the kept rows a take with ``skip`` would pass over (their ``field`` below
+        its bound: stale since they were kept), counted as stale rows instead of taken
+        ones in the change ``edit()`` commits (a stale row is never delivered)."""
+        rows = merged(*self.parts)
+        ok = rows[0][skip[0]] >= skip[1]
+        stale = len(ok) - int(ok.sum())
+        if stale:
+            with edit() as s:
+                s.head[H_TAKEN] -= stale
+                s.head[H_STALE] += stale
+            self.parts[:] = [({k: a[ok] for k, a in rows[0].items()}, rows[1][ok], rows[2][ok])] if ok.any() else []
 
     def out(self, n: int) -> Rows:
         """Up to ``n`` rows (there are some), taken out, oldest first."""

@@ -207,3 +207,25 @@ def test_storm_takers_with_a_lag_limit_deliver_each_fresh_row_once(name, tmp_pat
     assert sorted(delivered.tolist()) == [1_000_000_000 + i for i in range(400)]
     assert all((v >= 100).all() for tag, v in entries if tag == "V")
     assert (stats["rows_taken"], stats["rows_stale"]) == (400, 400)
+
+
+def test_rows_kept_after_a_sigint_that_are_stale_by_the_next_take_are_passed_over(name, monkeypatch):
+    """Rows delivered to a take that a Ctrl-C interrupted are kept for this handle's next
+    take; if that take has a lag limit they have fallen behind, they are passed over
+    (counted stale, no longer taken), never returned. (The ragged queue storm found a
+    bounded take returning such rows.)"""
+    def sigint_after_delivery(where, rows):
+        if where == "delivered":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with queue(name) as q:
+        fill(q, [0, 0, 5])  # 4 rows each of versions 0, 0, 5
+        monkeypatch.setattr(queue_protocol, "HOOK", sigint_after_delivery)
+        with pytest.raises(KeyboardInterrupt):
+            q.take(6)  # (versions 0: delivered, then interrupted: kept)
+        monkeypatch.setattr(queue_protocol, "HOOK", None)
+        assert q.stats()["rows_taken"] == 6
+        b = q.take(64, partial=True, max_staleness=2)
+        assert b["version"].tolist() == [5] * 4  # the 6 kept rows of version 0 passed over
+        s = q.stats()
+        assert (s["rows_taken"], s["rows_stale"]) == (4, 8)  # every row counted once: 4 + 8 of 12
