@@ -183,20 +183,21 @@ class Arena:
             if base < first and end - A > int(self.table[lane * lc + base % lc]):
                 raise QueueFull(lane, f"its arena of {A:,} bytes has no room for these rows' {total:,} bytes of "
                                       "ragged values beside the rows not yet taken")
+            keep = base
         else:  # replay: rows whose records the new bytes cover leave the window first
-            lo = max(base, first + n - lc)
+            keep = max(base, first + n - lc)
             hi = first
-            while lo < hi:  # (pos grows with the sequence number: the first row to keep)
-                mid = (lo + hi) // 2
+            while keep < hi:  # (pos grows with the sequence number: the first row to keep)
+                mid = (keep + hi) // 2
                 if self.table[lane * lc + mid % lc] >= end - A:
                     hi = mid
                 else:
-                    lo = mid + 1
-            if lo > base:
-                lt[lane, LANE_BASE] = lo
-                base = lo
-        if self.seg is not None and end > int(self.heads[lane, 2]):
-            self._reach(lane, first, base, start, end, bounded)
+                    keep = mid + 1
+        if self.seg is not None and end > int(self.heads[lane, 2]):  # (its msync before any change: an
+            self._reach(lane, first, base, start, end, bounded)        # interrupt there changes nothing)
+        if keep > base:
+            lt[lane, LANE_BASE] = keep
+            base = keep
         w[:, 0] = lane
         w[:, 1] = start + np.cumsum(sizes) - sizes
         self.heads[lane, 0] = end  # (from here, a reader refuses what the new bytes cover)

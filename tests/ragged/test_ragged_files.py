@@ -170,6 +170,41 @@ def test_the_arena_horizon_is_on_the_disk_before_any_record_is_placed_below_it(t
         assert head <= usable < disk  # on the disk first, usable after; no record placed past it
 
 
+def test_an_interrupt_in_the_arena_horizons_msync_changes_nothing(tmp_path, monkeypatch, steady_lead):
+    """A Ctrl-C that lands in the msync of the arena horizon's move (the slow part of a
+    write under the lock) abandons the write before it evicts anything: the rows its
+    records would have covered stay, and the next write goes on. (The replay storm in a
+    file found it: a SIGINT there left a lane with its rows evicted and none written, a
+    buffer empty to its samplers.)"""
+    from shmbuf.core.files import FileSegment
+    buf = shmbuf.Buffer.create({"t": ((None,), np.int64), "k": ((), np.int64)}, 64,
+                               path=str(tmp_path / "b.shmbuf"), arena=8192)
+    records = buf.engine.ring.records
+    for k in range(8):  # (the arena full: 8 records of 1 kB)
+        buf.add({"t": k * 1000 + np.arange(128), "k": k})
+    before = (buf.engine.ring.lane_table[0, :2].tolist(), records.heads[0, :3].tolist(), len(buf))
+    real = FileSegment.sync
+
+    def sync(self, start=0, stop=None):
+        if start == records.heads_at + 8:
+            raise KeyboardInterrupt
+        real(self, start, stop)
+    monkeypatch.setattr(FileSegment, "sync", sync)
+    with pytest.raises(KeyboardInterrupt):
+        buf.add({"t": 8000 + np.arange(128), "k": 8})  # (its record covers row 0's: it would evict it)
+    assert records.heads[0, 1] > before[1][1]  # (the interrupt came after the store, in the msync)
+    assert (buf.engine.ring.lane_table[0, :2].tolist(), records.heads[0, [0, 2]].tolist(), len(buf)) == \
+        (before[0], [before[1][0], before[1][2]], before[2])
+    assert sorted(set(buf.sample(200)["k"].tolist())) == list(range(8))
+    monkeypatch.setattr(FileSegment, "sync", real)
+    buf.add({"t": 8000 + np.arange(128), "k": 8})
+    got = buf.sample(200)
+    assert sorted(set(got["k"].tolist())) == list(range(1, 9))
+    assert all((got["t"][i] == k * 1000 + np.arange(128)).all() for i, k in enumerate(got["k"].tolist()))
+    buf.unlink()
+    buf.close()
+
+
 def test_a_queue_arena_horizon_stays_in_its_room_so_a_restart_keeps_every_row_not_taken(tmp_path, monkeypatch):
     """A queue's arena horizon never passes its room (the record of its oldest row not
     yet taken, plus the lane's arena), however large its lead: the recovery, which drops
