@@ -185,14 +185,7 @@ class Arena:
                                       "ragged values beside the rows not yet taken")
             keep = base
         else:  # replay: rows whose records the new bytes cover leave the window first
-            keep = max(base, first + n - lc)
-            hi = first
-            while keep < hi:  # (pos grows with the sequence number: the first row to keep)
-                mid = (keep + hi) // 2
-                if self.table[lane * lc + mid % lc] >= end - A:
-                    hi = mid
-                else:
-                    keep = mid + 1
+            keep = self.first_from(lane, max(base, first + n - lc), first, end - A)
         if self.seg is not None and end > int(self.heads[lane, 2]):  # (its msync before any change: an
             self._reach(lane, first, base, start, end, bounded)        # interrupt there changes nothing)
         if keep > base:
@@ -224,14 +217,20 @@ class Arena:
         horizon start again from that horizon (the records below it are no row's)."""
         h = self.heads[lane]
         top = max(int(h[0]), int(h[1]), int(h[2]))
+        lo = self.first_from(lane, lo, hi, top - self.A)  # (the slots below hi hold the flush's pos)
+        h[0] = h[1] = h[2] = top
+        return lo
+
+    def first_from(self, lane: int, lo: int, hi: int, pos: int) -> int:
+        """The first row of ``lane`` in ``lo .. hi - 1`` whose record starts at ``pos`` or
+        later, by the slot table (``hi`` if none): pos grows with the sequence number."""
         lc = self.ring.lane_capacity
-        while lo < hi:  # (pos grows with the sequence number; the slots below hi are the flush's)
+        while lo < hi:
             mid = (lo + hi) // 2
-            if self.table[lane * lc + mid % lc] >= top - self.A:
+            if self.table[lane * lc + mid % lc] >= pos:
                 hi = mid
             else:
                 lo = mid + 1
-        h[0] = h[1] = h[2] = top
         return lo
 
     def committed(self, lane: int, first: int, n: int, sources: list[Any]) -> None:
