@@ -8,7 +8,8 @@ in one **record**: the fields one after the other, each padded to 8 bytes, at by
 lane); the record lives at ``pos % A`` of the lane's arena of ``A`` bytes and never
 crosses its end. The region (``REGION``) holds::
 
-    heads   per lane 8 words: H, the lane's bytes ever reserved (the arena head); spare
+    heads   per lane 8 words: H, the lane's bytes ever reserved (the arena head); a buffer
+            file's arena horizon (on the disk, usable); spare
     table   per slot: the pos of the row the slot holds (the writers' copy, for eviction
             and a queue's room; readers never trust it)
     arenas  lanes x A bytes
@@ -34,6 +35,23 @@ too when its buffer keeps records):
 A writer killed at any point leaves bytes nobody references, or a row never
 published: it costs its own rows only.
 
+**In a buffer file** (:mod:`shmbuf.core.durable`) a row's record is written before the
+row is published, so the flush that vouches for the row (its frontier past it) writes
+the record to the disk with it. What a power loss can break is the other way round:
+the bytes of records written *after* the flush may reach the disk over the records of
+rows it vouched for, while the heads, the base and the stamps on the disk are the
+flush's. So each lane has an *arena horizon* (two words beside ``H``: on the disk,
+usable), moved as the rows' horizon is: :meth:`Arena.reserve` never places a record
+past the usable one; to move it, under the lock, the new value is stored in the first
+word, that page is written to the disk and waited for, and only then is it stored in
+the second. It moves to a sixteenth of the lane's arena past the write that needs it
+(doubled for a lane written fast, up to half; see :class:`shmbuf.core.durable.Lead`),
+and a queue's never passes its room (the record of its oldest row not yet taken, plus
+``A``). The recovery after a restart (:meth:`Arena.recover`) drops the rows whose
+records a write up to the horizon on the disk may have covered (``pos`` below it minus
+``A``) and starts ``H`` again from it: every row kept comes back with its record as the
+flush wrote it.
+
 **Reading** (:meth:`Arena.read`) comes after the checked gather of the fixed rows,
 which proves each row's record word: the record bytes are copied, then ``H`` of each
 lane is read again; a row whose ``pos < H - A`` may have been covered while it was
@@ -55,8 +73,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shmbuf.core import procs
-from shmbuf.core.layout import LANE_BASE, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, published
+from shmbuf.core import durable, procs
+from shmbuf.core.layout import LANE_BASE, MAX_SEQ, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, published
+from shmbuf.core.segment import FormatError
 from shmbuf.core.tables import QueueFull
 
 REGION = "ragged"
@@ -102,10 +121,11 @@ class Arena:
 
     ``field``: the name of the hidden record-word field; ``dims``: for each ragged
     field (in record order), the index of its dimension in the record word's lengths,
-    and its bytes per element (``prod(trailing) * itemsize``)."""
+    and its bytes per element (``prod(trailing) * itemsize``). ``seg``: the segment, whose
+    ``durable`` one (a buffer file) gets an arena horizon (see the module)."""
 
     def __init__(self, ring: Any, mem: Any, region: tuple[int, int], lane_arena: int, field: str,
-                 dims: Sequence[tuple[int, int]]) -> None:
+                 dims: Sequence[tuple[int, int]], seg: Any = None) -> None:
         offset, _ = region
         lanes, cap = ring.lanes, ring.layout.capacity
         self.ring, self.A, self.field = ring, lane_arena, field
@@ -113,6 +133,14 @@ class Arena:
         self._d = np.array([d for d, _ in self.dims], np.intp)  # (sizes: every field at once)
         self._e = np.array([e for _, e in self.dims], np.int64)
         self.heads = np.ndarray((lanes, HEAD_WORDS), np.int64, mem, offset)
+        self.heads_at = offset
+        self.seg = seg if seg is not None and seg.durable else None
+        if self.seg is not None:  # (the file is untrusted: H <= usable <= on the disk)
+            h = self.heads[:, :3]
+            if not ((0 <= h[:, 0]) & (h[:, 0] <= h[:, 2]) & (h[:, 2] <= h[:, 1]) & (h[:, 1] <= MAX_SEQ)).all():
+                raise FormatError(f"buffer {seg.name!r}: its arena heads and horizons {h.tolist()} are not ones "
+                                  "shmbuf writes")
+            self.lead = durable.Lead(max(lane_arena // 16, PAD), max(lane_arena // 2, PAD), lanes)
         at = offset + 8 * HEAD_WORDS * lanes
         self.table = np.ndarray((cap,), np.int64, mem, at)
         at += -(-8 * cap // 64) * 64
@@ -162,22 +190,55 @@ class Arena:
             if base < first and end - A > int(self.table[lane * lc + base % lc]):
                 raise QueueFull(lane, f"its arena of {A:,} bytes has no room for these rows' {total:,} bytes of "
                                       "ragged values beside the rows not yet taken")
+            keep = base
         else:  # replay: rows whose records the new bytes cover leave the window first
-            lo = max(base, first + n - lc)
-            hi = first
-            while lo < hi:  # (pos grows with the sequence number: the first row to keep)
-                mid = (lo + hi) // 2
-                if self.table[lane * lc + mid % lc] >= end - A:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            if lo > base:
-                lt[lane, LANE_BASE] = lo
-                base = lo
+            keep = self.first_from(lane, max(base, first + n - lc), first, end - A)
+        if self.seg is not None and end > int(self.heads[lane, 2]):  # (its msync before any change: an
+            self._reach(lane, first, base, start, end, bounded)        # interrupt there changes nothing)
+        if keep > base:
+            lt[lane, LANE_BASE] = keep
+            base = keep
         w[:, 0] = lane
         w[:, 1] = start + np.cumsum(sizes) - sizes
         self.heads[lane, 0] = end  # (from here, a reader refuses what the new bytes cover)
         return base
+
+    def _reach(self, lane: int, first: int, base: int, start: int, end: int, bounded: bool) -> None:
+        """(A buffer file, under the lock) move the lane's arena horizon past ``end``, on
+        the disk first (see the module). A queue's stops at its room: the record of its
+        oldest row not yet taken (``base``; if every row was taken, the new records'
+        ``start``), plus ``A``: a restart never drops a row not yet taken for its bytes."""
+        lead, now = self.lead.next_lead(lane)
+        top = end + lead
+        if bounded:
+            lc = self.ring.lane_capacity
+            top = min(top, (int(self.table[lane * lc + base % lc]) if base < first else start) + self.A)
+        durable.advance(self.seg, self.heads[lane, 1:3], self.heads_at + 8 * (HEAD_WORDS * lane + 1), top)
+        self.lead.moved(lane, lead, now)
+
+    def recover(self, lane: int, lo: int, hi: int) -> int:
+        """(A buffer file's first open after a restart of the machine, under the lock;
+        :func:`shmbuf.core.durable.rollback`) the first row of ``lane`` from ``lo`` on
+        (``hi`` if none below ``hi``, the lane's flush frontier) whose record no write
+        up to the arena horizon on the disk can have covered; the lane's ``H`` and
+        horizon start again from that horizon (the records below it are no row's)."""
+        h = self.heads[lane]
+        top = max(int(h[0]), int(h[1]), int(h[2]))
+        lo = self.first_from(lane, lo, hi, top - self.A)  # (the slots below hi hold the flush's pos)
+        h[0] = h[1] = h[2] = top
+        return lo
+
+    def first_from(self, lane: int, lo: int, hi: int, pos: int) -> int:
+        """The first row of ``lane`` in ``lo .. hi - 1`` whose record starts at ``pos`` or
+        later, by the slot table (``hi`` if none): pos grows with the sequence number."""
+        lc = self.ring.lane_capacity
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.table[lane * lc + mid % lc] >= pos:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def committed(self, lane: int, first: int, n: int, sources: list[Any]) -> None:
         """(Under the lock, after the commit) the slot table learns the rows' pos."""
@@ -264,6 +325,8 @@ class Arena:
             start = (int(self.heads[lane, 0]) // A + 2) * A
             pos = start + np.cumsum(sizes) - sizes
             self.heads[lane, 0] = start + int(sizes.sum())  # (before any byte: old records fail from here)
+            if self.seg is not None:  # (a buffer file's restore is flushed before it vouches for a row)
+                self.heads[lane, 1] = self.heads[lane, 2] = max(int(self.heads[lane, 1]), int(self.heads[lane, 0]))
             data = self.data[lane]
             for k, i in enumerate(mine.tolist()):
                 at, r = int(pos[k]) % A, int(row[i])

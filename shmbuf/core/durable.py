@@ -34,7 +34,11 @@ written, or about every 10 ms at most.
 header keeps the boot id of the boot that last opened it): under the lock, each lane is
 rolled back to its flush frontier ``F``. Rows from ``F`` on are dropped (their stamps
 zeroed), and so are the rows whose slots later writes may have reused: those below
-``max(H, R) - lane_capacity``, ``H`` and ``R`` the head and horizon on the disk. What is
+``max(H, R) - lane_capacity``, ``H`` and ``R`` the head and horizon on the disk. A
+buffer with ragged fields keeps a second horizon per lane, in bytes of its arena, moved
+the same way (:meth:`shmbuf.core.arena.Arena.reserve`): the rows whose records later
+writes may have covered (``pos`` below that horizon on the disk, minus the lane's
+arena) are dropped too, and the arena's head starts again from that horizon. What is
 left are the rows the stamps show as published in ``[max(H, R) - lane_capacity, F)``:
 each was whole on the disk at the flush, and nothing has touched its slot since. The
 reservation table, lane claims and owners' writes in flight (all of processes of the
@@ -82,7 +86,30 @@ def horizon(layout: Layout, mem, name: str) -> np.ndarray | None:
     return h
 
 
-class Horizon:
+class Lead:
+    """How far a horizon moves past the write that needs it, per lane: ``low``, doubled
+    (up to ``high``) each time this process moves the same lane again within ``FAST``
+    seconds, halved back otherwise: a fast writer pays an ``msync`` about every 10 ms."""
+
+    FAST = 0.01  # seconds
+
+    def __init__(self, low: int, high: int, lanes: int) -> None:
+        self.low, self.high = low, high
+        self.lead = [low] * lanes
+        self.last = [-1.0] * lanes
+
+    def next_lead(self, lane: int) -> tuple[int, float]:
+        """The lead of this process's next move of ``lane``, and now (pass both to
+        :meth:`moved` once it moved)."""
+        now = time.monotonic()
+        fast = now - self.last[lane] < self.FAST
+        return (min(self.lead[lane] * 2, self.high) if fast else max(self.lead[lane] // 2, self.low)), now
+
+    def moved(self, lane: int, lead: int, now: float) -> None:
+        self.lead[lane], self.last[lane] = lead, now
+
+
+class Horizon(Lead):
     """``ring.reach`` of a buffer file: moves a lane's horizon past a write of ``n`` rows
     at its head, on the disk first, then usable (see the module).
 
@@ -91,21 +118,15 @@ class Horizon:
     fast writer of a small lane pays an ``msync`` about every 10 ms, not every sixteenth
     of a lap."""
 
-    FAST = 0.01  # seconds
-
     def __init__(self, ring, seg) -> None:
+        lc = ring.lane_capacity
+        super().__init__(max(lc // 16, 1), max(lc // 2, 1), ring.lanes)
         self.ring, self.seg = ring, seg
         self.off = ring.layout.regions[REGION][0]
-        lc = ring.lane_capacity
-        self.low, self.high = max(lc // 16, 1), max(lc // 2, 1)
-        self.lead = [self.low] * ring.lanes
-        self.last = [-1.0] * ring.lanes
 
     def __call__(self, lane: int, n: int, timeout: float) -> None:
         ring, h = self.ring, self.ring.horizon
-        now = time.monotonic()
-        fast = now - self.last[lane] < self.FAST
-        lead = min(self.lead[lane] * 2, self.high) if fast else max(self.lead[lane] // 2, self.low)
+        lead, now = self.next_lead(lane)
         lock = ring.lock
         lock.acquire(timeout)
         try:
@@ -116,16 +137,23 @@ class Horizon:
                     top = int(ring.lane_table[lane, LANE_BASE]) + ring.lane_capacity
                     if need > top:
                         raise QueueFull(lane)  # (the write waits for room, then comes back)
-                h[lane, 0] = new = min(need + lead, top)
-                self.seg.sync(self.off + 16 * lane, self.off + 16 * lane + 16)
-                h[lane, 1] = new
-                self.lead[lane], self.last[lane] = lead, now
+                advance(self.seg, h[lane], self.off + 16 * lane, min(need + lead, top))
+                self.moved(lane, lead, now)
         finally:  # lock.release(), inlined: a Python call could take a Ctrl-C first (it is on
             try:  # the write path, where an interrupt storm must never leave the lock held)
                 fcntl.flock(lock.held_fd, fcntl.LOCK_UN)
             finally:
                 lock.busy[0] = 0
                 lock.thread_lock.release()
+
+
+def advance(seg, words: np.ndarray, offset: int, new: int) -> None:
+    """Move a horizon (``words``: on the disk, usable; at byte ``offset`` of the file) to
+    ``new``: stored in the first word, written to the disk and waited for, and only then
+    stored in the second (caller holds the lock)."""
+    words[0] = new
+    seg.sync(offset, offset + 16)
+    words[1] = new
 
 
 _boot: int | None = None
@@ -213,6 +241,8 @@ def rollback(ring) -> None:
         front = min(int(lt[lane, LANE_FLUSHED]), head)
         reach_ = head if h is None else max(head, int(h[lane, 0]))  # no write went past it
         oldest = max(reach_ - lc, 0)  # below it, later writes may have reused the slot
+        if ring.records is not None:  # (ragged rows: and below this one, their records' bytes)
+            oldest = ring.records.recover(lane, oldest, front)
         stamps = ring.stamps[lane * lc:(lane + 1) * lc]
         keep = (stamps % 2 == 0) & (stamps >= published(oldest)) & (stamps <= published(front - 1))
         stamps[np.flatnonzero(~keep)] = 0

@@ -51,9 +51,6 @@ def keyword(spec_: dict | None) -> dict | None:
 
 
 def plan(spec_: dict, p: Any) -> None:
-    if p.durable:
-        raise ValueError("ragged fields are kept in /dev/shm only for now: a buffer file (path=) cannot "
-                         "hold them; create the buffer without path=")
     d = schema.dims(schema.fields(spec_))
     p.add_field(schema.FIELD, (2 + len(d),), np.int64, "a buffer with ragged fields keeps each row's record there")
     p.add_field(schema.GROUP, (2,), np.int64, "a buffer with ragged fields keeps each row's place in its write there")
@@ -69,7 +66,7 @@ def open(spec_: dict, engine: Any) -> dict[str, Any]:
     if region[1] != arena.region_bytes(layout.capacity, layout.lanes, lane_arena):
         raise ValueError(f"its region {arena.REGION!r} holds {region[1]} bytes, not the arena its spec records")
     a = arena.Arena(engine.ring, engine.seg.mmap, region, lane_arena, schema.FIELD,
-                    [(d.index(r.key), r.element_bytes) for r in ragged])
+                    [(d.index(r.key), r.element_bytes) for r in ragged], engine.seg)
     engine.ring.records = a
     return {"records": Rows(engine, a, ragged, d)}
 

@@ -22,7 +22,7 @@ from shmbuf.queue import protocol as queue_protocol
 from .queues import _log
 
 __all__ = ["RAGGED_FIELDS", "SPECIAL", "ragged_lengths", "ragged_rows", "ragged_bytes", "ragged_torn", "ragged_keys",
-           "ragged_writer", "ragged_taker", "ragged_sampler", "align", "fill_lane"]
+           "ragged_writer", "ragged_taker", "ragged_sampler", "ragged_consumer", "align", "fill_lane"]
 
 RAGGED_FIELDS = {"tokens": (("R",), np.int32), "logprobs": (("R",), np.float32), "prompt": ((None,), np.int32),
                  "w": ((), np.int64), "i": ((), np.int64)}
@@ -298,3 +298,27 @@ def ragged_sampler(name: str, log: str, stop: str, budget: int, hang: str = "", 
             _log(fd, "N", counts)
             counts[:] = 0
     _log(fd, "N", counts)
+
+
+def ragged_consumer(path: str, log: str, batch: int, hang: str, flag: str, at_take: int) -> None:
+    """A trainer on a queue in a buffer file: take ``batch`` rows at a time, log "D
+    <keys>" once a take returned (and "X <count>" for torn rows), then ``flush()`` (its
+    checkpoint). Its take number ``at_take`` (from 0) stops for good at ``hang`` (a
+    take's point, :data:`shmbuf.queue.protocol.HOOK`), touching ``flag``: to be killed."""
+    q = shmbuf.Buffer.attach(path, timeout=60)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    turn = [0]
+
+    def hook(where: str, rows) -> None:
+        if turn[0] == at_take and where == hang:
+            open(flag, "w").close()
+            while True:
+                time.sleep(0.01)
+    queue_protocol.HOOK = hook
+    while True:
+        b = q.take(batch, partial=True, timeout=60)
+        _log(fd, "D", ragged_keys(b))
+        if torn := ragged_torn(b):
+            _log(fd, "X", [torn])
+        q.flush()
+        turn[0] += 1

@@ -123,8 +123,6 @@ def test_create_refusals(name):
         shmbuf.Buffer.create({"t": ((None, None), np.int32)}, 8, name=name, arena=1024)
     with pytest.raises(ValueError, match="max_times_sampled"):
         shmbuf.Buffer.create({"t": ((None,), np.int32)}, 8, name=name, arena=1024, max_times_sampled=2)
-    with pytest.raises(ValueError, match="buffer file"):
-        shmbuf.Buffer.create({"t": ((None,), np.int32)}, 8, path=name + ".shmbuf", arena=1024)
     with pytest.raises(ValueError, match="arena= must be an int"):
         shmbuf.Buffer.create({"t": ((None,), np.int32)}, 8, name=name, arena=1.5)
     with shmbuf.Buffer.create({"t": ((None,), np.int32), "x": ((), np.int64)}, 8, name=name, arena=1024) as buf:
