@@ -54,6 +54,7 @@ import numpy as np
 
 from shmbuf.core import native, procs
 from shmbuf.core.claims import Claims
+from shmbuf.core.interrupts import Deferred
 from shmbuf.core.layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
                      LANE_OWN_START, RES_COUNT, RES_CTIME, RES_LANE, RES_PID, RES_START, RES_TOKEN, TABLE_WIDTH,
                      Layout, c_strides, published)
@@ -256,7 +257,15 @@ class Ring(Claims):
                         HOOK("locked")
             else:
                 lock = self.lock
-                lock.acquire(timeout)
+                # (with records, Ctrl-C waits until the lock is free, as lock.hold's does: the
+                # eviction and the head's commit are one change, whole or not made)
+                held = Deferred().__enter__() if records is not None else None
+                try:
+                    lock.acquire(timeout)
+                except BaseException:
+                    if held is not None:
+                        held.__exit__(None, None, None)
+                    raise
                 try:
                     if not self._may_share(lane, pid):
                         return False
@@ -285,6 +294,8 @@ class Ring(Claims):
                     finally:
                         lock.busy[0] = 0
                         lock.thread_lock.release()
+                        if held is not None:
+                            held.__exit__(None, None, None)
             if HOOK is not None:
                 HOOK("reserved")
             lc = self.lane_capacity

@@ -134,3 +134,38 @@ def test_a_writer_waits_for_a_live_writer_of_a_row_it_evicts(name, tmp_path, set
         assert p.exitcode == 0
         b = buf.sample(50)
         assert whole(b) and set(b["k"].tolist()) == {6}
+
+
+def test_a_sigint_between_a_shared_writers_eviction_and_its_commit_waits_for_the_commit(name, monkeypatch):
+    """A writer of a lane it does not own evicts (the lane's base and arena head move)
+    and commits its reservation under the header lock: a Ctrl-C that lands between the
+    two is raised once the lock is free, so the change is whole (the head moved past its
+    rows, which are abandoned, never published) and the buffer goes on. Before: the
+    interrupt left the base moved and the head not, the evicted rows gone with no
+    reservation in their place."""
+    from shmbuf.core.layout import LANE_BASE, LANE_CLAIM_PID, LANE_HEAD
+
+    fields = {"r": ((None,), np.int64), "k": ((), np.int64)}
+    with shmbuf.Buffer.create(fields, 64, name=name, lanes=2, arena=2048, seed=0) as buf:
+        ring = buf.engine.ring
+        lane = next(i for i in range(2) if int(ring.lane_table[i, LANE_CLAIM_PID]) != os.getpid())
+        for k in range(10):
+            buf.add({"r": np.full(10, k), "k": k}, lane=lane)  # 80 bytes a row, 1,024 an arena
+        first = int(ring.lane_table[lane, LANE_HEAD])
+        real = ring.records.reserve
+
+        def reserve(*args, **kw):  # (the interrupt lands right after the eviction)
+            got = real(*args, **kw)
+            os.kill(os.getpid(), signal.SIGINT)
+            return got
+
+        monkeypatch.setattr(ring.records, "reserve", reserve)
+        with pytest.raises(KeyboardInterrupt):
+            buf.add({"r": np.full(100, 99), "k": 99}, lane=lane)  # 800 bytes: evicts most rows
+        monkeypatch.undo()
+        assert int(ring.lane_table[lane, LANE_HEAD]) == first + 1  # the reservation committed with its eviction
+        assert int(ring.lane_table[lane, LANE_BASE]) > first - 10  # (rows were evicted)
+        buf.add({"r": np.full(3, 7), "k": 7}, lane=lane)
+        b = buf.sample(64)
+        assert all((b["r"][i] == k).all() and len(b["r"][i]) == (3 if k == 7 else 10)
+                   for i, k in enumerate(b["k"].tolist())) and 99 not in b["k"].tolist()
