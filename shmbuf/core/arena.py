@@ -163,7 +163,7 @@ class Arena:
                 raise QueueFull(lane, f"its arena of {A:,} bytes has no room for these rows' {total:,} bytes of "
                                       "ragged values beside the rows not yet taken")
         else:  # replay: rows whose records the new bytes cover leave the window first
-            lo = max(base, first + n - lc)
+            floor = lo = max(base, first + n - lc)  # (rows before floor: left the ring already, base kept)
             hi = first
             while lo < hi:  # (pos grows with the sequence number: the first row to keep)
                 mid = (lo + hi) // 2
@@ -171,9 +171,9 @@ class Arena:
                     hi = mid
                 else:
                     lo = mid + 1
-            if lo > base:
+            if lo > floor:  # (the base says where a lane's rows start: moved for rows the ring still held only)
                 lt[lane, LANE_BASE] = lo
-                base = lo
+            base = lo  # (every row evicted, by the ring or by these bytes: their late writers are waited for)
         w[:, 0] = lane
         w[:, 1] = start + np.cumsum(sizes) - sizes
         self.heads[lane, 0] = end  # (from here, a reader refuses what the new bytes cover)

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, lazy_stack
+from tensordict import LazyStackedTensorDict, NonTensorStack, TensorDict, TensorDictBase, lazy_stack
 
 SEP = "."
 MIB = 1 << 20
@@ -82,7 +82,8 @@ def columns(td: TensorDictBase) -> dict[str, torch.Tensor | list[torch.Tensor]]:
 
 
 def _not_td(cls: type) -> bool:
-    return not issubclass(cls, TensorDictBase)  # (a tensorclass, NonTensorData: a leaf of their own)
+    """A leaf: anything but a TensorDict (a tensor, a tensorclass, non-tensor data or a stack of it)."""
+    return not issubclass(cls, TensorDictBase) or issubclass(cls, NonTensorStack)
 
 
 def _shapes(name: str, rows: list[torch.Tensor]) -> tuple[tuple[int, ...], torch.dtype]:

@@ -68,6 +68,7 @@ class SharedStorage(States, TensorStorage):
         self.lanes, self.seed, self.timeout, self.priority = int(lanes), seed, float(timeout), priority
         self.arena, self.ragged = arena, ragged
         self.lengths: dict[str, str | None] = {}  # the ragged fields: their length's name (None: their own)
+        self.evicted = 0  # rows this handle's writes pushed out of lane 0 by covering their values, since a clear
         self.buf: Buffer | None = None
         self.keys: list[str] = []  # the fields: nested keys joined by "."
         self.row_shape: tuple[int, ...] = ()  # a row's own batch dimensions (a [4, 5] extend: 4 rows of [5])
@@ -191,7 +192,7 @@ class SharedStorage(States, TensorStorage):
         if lane is None:
             lane = buf.claim_lane() if buf.lanes > 1 else 0
         lc = buf.lane_capacity
-        first = self.next_slot(lane)  # (exact in a lane this process claimed)
+        head, base = int(buf.engine.heads()[lane]), int(buf.engine.bases()[lane])  # (exact in a lane it claimed)
         bounds = [(at, min(n, at + lc)) for at in range(0, n, lc)]  # (more rows than a lane holds: in turn)
         if self.lengths:  # (and more values than its arena holds)
             size = rag.row_bytes({k: np.array([len(r) for r in data[k]]) for k in self.lengths}, self.element)
@@ -199,7 +200,9 @@ class SharedStorage(States, TensorStorage):
         for a, b in bounds:
             part = {k: v[a:b] for k, v in data.items()}
             buf.extend(part, lane=lane, priority=priority if np.ndim(priority) == 0 else priority[a:b])
-        slots = lane * lc + (first + np.arange(n)) % lc
+        moved = int(buf.engine.bases()[lane]) - base  # (rows whose values these covered: the slots count from after them)
+        self.evicted += moved if lane == 0 else 0
+        slots = lane * lc + (head - base - moved + np.arange(n)) % lc
         self.known[slots] = -1  # (a new row there, not sampled yet)
         self._bump_mutation_revision()
         return torch.as_tensor(slots)  # (rows overwritten within the extend share their slot)
@@ -228,8 +231,8 @@ class SharedStorage(States, TensorStorage):
             raise ValueError(f"this SharedStorage has {buf.lanes} lanes: TorchRL's writers keep one cursor over "
                              "all slots, in one process; write with SharedWriter (each process in a lane of its "
                              "own), or make the storage with lanes=1")
-        lc = buf.lane_capacity
-        want = (self.next_slot(0) + np.arange(len(rows))) % lc
+        lc = buf.lane_capacity  # (TorchRL's cursor counts the rows whose values the arena covered: they left)
+        want = (self.next_slot(0) + self.evicted + np.arange(len(rows))) % lc
         if len(slots) != len(rows) or not np.array_equal(slots, want):
             raise ValueError(
                 f"rows for slots {few(slots)}: a SharedStorage writes rows only at its next slots ({few(want)} "
@@ -356,6 +359,7 @@ class SharedStorage(States, TensorStorage):
         the storage, then empty it: the lane is for a worker)."""
         if self.buf is not None:
             self.buf.clear()
+            self.evicted = 0
             self.buf.release_lane()
             self.known[:] = -1
             self._bump_mutation_revision()
