@@ -925,3 +925,21 @@ def _over(name, **kw):
     rb = TensorDictReplayBuffer(storage=SharedStorage(16, name=name, seed=0, **kw), batch_size=2)
     MADE.append(rb)
     return rb
+
+
+def test_dumps_and_loads_round_trip_ragged_rows(name, tmp_path):
+    """rb.dumps(path) saves ragged rows (Buffer.save); loads() makes a storage that had no
+    buffer with the saved fields and arena, and reads back the same rows."""
+    from torchrl.data import TensorDictReplayBuffer
+
+    from shmbuf.compat.torchrl import SharedLazyStackStorage
+
+    rb = TensorDictReplayBuffer(storage=SharedLazyStackStorage(8, name=name), batch_size=3)
+    back = TensorDictReplayBuffer(storage=SharedLazyStackStorage(8, name=name + "-back"), batch_size=3)
+    MADE.extend([rb, back])
+    rb.extend(llm_rows([3, 5, 0, 2]))
+    rb.dumps(tmp_path / "rb")
+    back.loads(tmp_path / "rb")
+    assert back.storage.buf.fields == rb.storage.buf.fields and len(back) == 4
+    same_rows(back[:], rb[:])
+    close_made()

@@ -384,8 +384,10 @@ class SharedStorage(States, TensorStorage):
                 raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {described.get('kind')!r})")
             if self.buf is None:
                 row_shape = tuple(described.get("row_batch", ()))
+                spec = saved.parts.keywords.get("arena")  # (ragged rows: the arena they were saved from)
                 self._opened(Buffer.create(saved.fields, saved.capacity, lanes=saved.lanes, name=self._name,
                                            seed=self.seed, timeout=self.timeout,
+                                           arena=None if spec is None else max(spec["arena"], self.arena or 0),
                                            _library={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
             self.buf.load_state_dict(saved.state_dict())
         finally:
