@@ -192,12 +192,14 @@ class Arena:
                                       "ragged values beside the rows not yet taken")
             keep = base
         else:  # replay: rows whose records the new bytes cover leave the window first
-            keep = self.first_from(lane, max(base, first + n - lc), first, end - A)
+            floor = max(base, first + n - lc)  # (rows before floor: left the ring already, base kept)
+            keep = self.first_from(lane, floor, first, end - A)
         if self.seg is not None and end > int(self.heads[lane, 2]):  # (its msync before any change: an
             self._reach(lane, first, base, start, end, bounded)        # interrupt there changes nothing)
-        if keep > base:
-            lt[lane, LANE_BASE] = keep
-            base = keep
+        if not bounded:
+            if keep > floor:  # (the base says where a lane's rows start: moved for rows the ring still held only)
+                lt[lane, LANE_BASE] = keep
+            base = keep  # (every row evicted, by the ring or by these bytes: their late writers are waited for)
         w[:, 0] = lane
         w[:, 1] = start + np.cumsum(sizes) - sizes
         self.heads[lane, 0] = end  # (from here, a reader refuses what the new bytes cover)

@@ -169,3 +169,19 @@ def test_a_sigint_between_a_shared_writers_eviction_and_its_commit_waits_for_the
         b = buf.sample(64)
         assert all((b["r"][i] == k).all() and len(b["r"][i]) == (3 if k == 7 else 10)
                    for i, k in enumerate(b["k"].tolist())) and 99 not in b["k"].tolist()
+
+
+def test_a_lanes_base_moves_for_rows_whose_records_are_covered_only(name):
+    """A replay buffer's lane base is its first row since a clear (the TorchRL facade
+    counts a lane's slots from it): the ring going round leaves it where it is; rows
+    the ring still holds whose records new values cover move it past them (they left).
+    Before, every wrap of the ring moved the base as well (to the first row the ring
+    kept), which renumbered the facade's slots."""
+    with shmbuf.Buffer.create(FIELDS, 8, name=name, arena=1 << 16) as buf:
+        for n in (4, 3, 1, 5):  # (13 rows into 8 slots, 104 bytes each: the arena covers none)
+            buf.extend({"t": [np.full(13, k) for k in range(n)], "k": np.arange(n)})
+        assert buf.engine.bases().tolist() == [0] and len(buf) == 8
+    with shmbuf.Buffer.create(FIELDS, 8, name=name + "-small", arena=256) as buf:
+        for k in range(3):  # (120 bytes each: two fit the 256-byte arena)
+            buf.add({"t": np.full(15, k), "k": k})
+        assert buf.engine.bases().tolist() == [1] and len(buf) == 2 and whole(buf.sample(4))

@@ -71,7 +71,7 @@ def test_wraps_at_every_alignment(name):
                 for i, kk in enumerate(b["k"].tolist()):
                     assert (b["t"][i] == kk % 251).all() and len(b["t"][i]) == size or kk < k - 1
                 # every row in the window still has its record: all are readable at once
-                lo = int(buf.engine.bases()[0])
+                lo = int(buf.engine.window()[0][0])
                 assert lo >= k - 32
         whole = buf.sample(64)
         assert len(whole["k"]) == 64

@@ -31,6 +31,11 @@ torn row). So all three parts are shmbuf's, over one :class:`shmbuf.Buffer`:
 * Reads by index (``rb[i]``, ``rb[a:b]``, ``rb.storage[i]``, iterating the storage) copy
   the rows that those slots hold through the same checked read
   (:mod:`shmbuf.compat.torchrl.slots`).
+* Ragged rows (a lazy stack of TensorDicts whose entries differ in their leading
+  length, as TorchRL's LLM collectors write) are kept as shmbuf's ragged fields and read
+  back as TorchRL's ``LazyStackStorage`` returns them
+  (:mod:`shmbuf.compat.torchrl.ragged`); :class:`SharedLazyStackStorage` is
+  ``LazyStackStorage``'s drop-in (its GRPO recipe's ``storage=``).
 
 **What is refused, loudly.** A storage is made at its first write (its fields come from
 it): pickling one that has no buffer yet raises (a worker would make a private buffer of
@@ -65,8 +70,9 @@ from shmbuf.compat import require
 require(__name__, "torchrl", ("torch", "tensordict", "torchrl"))
 
 from shmbuf.compat.torchrl.buffers import SharedPrioritizedReplayBuffer, SharedReplayBuffer  # noqa: E402
+from shmbuf.compat.torchrl.lazy import SharedLazyStackStorage  # noqa: E402
 from shmbuf.compat.torchrl.parts import SharedPrioritizedSampler, SharedSampler, SharedWriter  # noqa: E402
 from shmbuf.compat.torchrl.storage import SharedStorage  # noqa: E402
 
-__all__ = ["SharedReplayBuffer", "SharedPrioritizedReplayBuffer", "SharedStorage", "SharedWriter", "SharedSampler",
-           "SharedPrioritizedSampler"]
+__all__ = ["SharedReplayBuffer", "SharedPrioritizedReplayBuffer", "SharedStorage", "SharedLazyStackStorage",
+           "SharedWriter", "SharedSampler", "SharedPrioritizedSampler"]

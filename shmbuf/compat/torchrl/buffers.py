@@ -18,8 +18,9 @@ from shmbuf.compat.torchrl.storage import SharedStorage
 class SharedReplayBuffer(TensorDictReplayBuffer):
     """A ``TensorDictReplayBuffer`` over shared memory (see the module): ``max_size``
     rows, ``lanes`` of them (one per process that writes at once: a collector worker),
-    ``name`` to make it under or attach to; other arguments as TorchRL's
-    (``batch_size``, ``transform``, ...).
+    ``name`` to make it under or attach to; ``arena`` and ``ragged`` for ragged rows
+    (:class:`~shmbuf.compat.torchrl.storage.SharedStorage`'s); other arguments as
+    TorchRL's (``batch_size``, ``transform``, ...).
 
     Examples:
         >>> import torch
@@ -32,18 +33,19 @@ class SharedReplayBuffer(TensorDictReplayBuffer):
     """
 
     def __init__(self, max_size: int = 1_000_000, *, name: str | None = None, lanes: int = 1, seed: Any = None,
-                 timeout: float = 10.0, **kwargs: Any) -> None:
-        self._make(max_size, name, lanes, seed, timeout, None, kwargs)
+                 timeout: float = 10.0, arena: int | None = None, ragged: Any = None, **kwargs: Any) -> None:
+        self._make(max_size, name, lanes, seed, timeout, None, dict(kwargs, arena=arena, ragged=ragged))
 
     def _make(self, max_size: int, name: str | None, lanes: int, seed: Any, timeout: float,
               priority: tuple[float, float, float, str] | None, kwargs: dict[str, Any]) -> None:
+        rows = {"arena": kwargs.pop("arena", None), "ragged": kwargs.pop("ragged", None)}
         given = sorted({"storage", "sampler", "writer"} & set(kwargs))
         if given:
             raise TypeError(f"{type(self).__name__} takes no {', '.join(given)}=: its storage, writer and sampler "
                             "are shmbuf's, all three (the torn-read check needs them together); for a storage "
                             "of your own in a TensorDictReplayBuffer of TorchRL's, use TorchRL's classes")
         storage = SharedStorage(max_size, name=name, lanes=lanes, seed=seed, timeout=timeout,
-                                priority=None if priority is None else priority[0])
+                                priority=None if priority is None else priority[0], **rows)
         sampler = SharedSampler() if priority is None else SharedPrioritizedSampler(storage, *priority)
         kwargs.setdefault("collate_fn", _as_it_is)  # (the sampler's batch is a TensorDict already)
         super().__init__(storage=storage, sampler=sampler, writer=SharedWriter(), **kwargs)
@@ -124,8 +126,9 @@ class SharedPrioritizedReplayBuffer(SharedReplayBuffer):
 
     def __init__(self, max_size: int = 1_000_000, *, alpha: float, beta: float, eps: float = 1e-8,
                  priority_key: str = "td_error", reduction: str = "max", name: str | None = None, lanes: int = 1,
-                 seed: Any = None, timeout: float = 10.0, **kwargs: Any) -> None:
-        kwargs["priority_key"] = priority_key
+                 seed: Any = None, timeout: float = 10.0, arena: int | None = None, ragged: Any = None,
+                 **kwargs: Any) -> None:
+        kwargs.update(priority_key=priority_key, arena=arena, ragged=ragged)
         self._make(max_size, name, lanes, seed, timeout, (alpha, beta, eps, reduction), kwargs)
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:

@@ -110,3 +110,9 @@ class Slots(Sampler):
 
     def gather(self, drawn: tuple[np.ndarray, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray | None:
         return self.engine.gather(drawn[0], drawn[1], 1, list(out.values()))
+
+
+def few(a: np.ndarray) -> str:
+    """A few of the ints ``a``, for an error message."""
+    a = np.asarray(a).tolist()
+    return str(a) if len(a) <= 6 else f"[{', '.join(map(str, a[:3]))}, ..., {', '.join(map(str, a[-2:]))}]"

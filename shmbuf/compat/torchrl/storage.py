@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -14,20 +15,30 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from shmbuf.buffer.handle import Buffer
-from shmbuf.compat.torchrl.slots import Slots, held, pick, position_of, slot_of
+from shmbuf.compat.torchrl import ragged as rag
+from shmbuf.compat.torchrl.slots import Slots, few, pick, position_of, slot_of
+from shmbuf.compat.torchrl.state import INDEX, States, without_index
+from shmbuf.core.arena import lane_bytes
+from shmbuf.core.read import SampleTimeout
 from shmbuf.core.validate import check_cast
 
 KIND = "torchrl"
 SEP = "."
-INDEX = "index"  # TorchRL's key for a row's slot: set on a sample, never stored
 
 
-class SharedStorage(TensorStorage):
+class SharedStorage(States, TensorStorage):
     """TorchRL's ``TensorStorage`` over a :class:`shmbuf.Buffer` of ``max_size`` rows
     (rounded down to a multiple of ``lanes``) in ``lanes`` lanes (one per process that
     writes at once); ``name``: the buffer's (made at the first write) or an existing
     one's (attached); ``priority``: the exponent alpha of a prioritized buffer. See
     :mod:`shmbuf.compat.torchrl`.
+
+    Ragged rows (a lazy stack of TensorDicts whose entries differ in their leading
+    length: tokens, log-probabilities) are kept as shmbuf's ragged fields in ``arena``
+    bytes (default: sized at the first write) and read back as TorchRL's
+    ``LazyStackStorage`` gives them, a ``LazyStackedTensorDict`` of the rows;
+    ``ragged``: which entries are ragged (default: those whose rows differ in the first
+    write). See :mod:`shmbuf.compat.torchrl.ragged`.
 
     It is a TorchRL storage: put it in TorchRL's own ``ReplayBuffer`` or
     ``TensorDictReplayBuffer`` with TorchRL's samplers and writers (``len``, reads by
@@ -47,12 +58,17 @@ class SharedStorage(TensorStorage):
     """
 
     supports_conditional_update = False
+    lazy = False  # reads return a lazy stack of rows (always so with ragged fields)
 
     def __init__(self, max_size: int, *, name: str | None = None, lanes: int = 1, seed: Any = None,
-                 timeout: float = 10.0, priority: float | None = None) -> None:
+                 timeout: float = 10.0, priority: float | None = None, arena: int | None = None,
+                 ragged: Any = None) -> None:
         Storage.__init__(self, max_size)  # (not TensorStorage's: the rows are the buffer's, not a TensorDict)
         self.ndim, self.device = 1, torch.device("cpu")
         self.lanes, self.seed, self.timeout, self.priority = int(lanes), seed, float(timeout), priority
+        self.arena, self.ragged = arena, ragged
+        self.lengths: dict[str, str | None] = {}  # the ragged fields: their length's name (None: their own)
+        self.evicted = 0  # rows this handle's writes pushed out of lane 0 by covering their values, since a clear
         self.buf: Buffer | None = None
         self.keys: list[str] = []  # the fields: nested keys joined by "."
         self.row_shape: tuple[int, ...] = ()  # a row's own batch dimensions (a [4, 5] extend: 4 rows of [5])
@@ -82,6 +98,11 @@ class SharedStorage(TensorStorage):
         self.buf, self.row_shape, self.max_size = buf, row_shape, buf.capacity
         self.keys = [k for k in buf.fields if not k.startswith("_")]
         self.known = np.full(buf.capacity, -1, np.int64)
+        spec = buf.parts.keywords.get("arena")
+        self.lengths = {} if spec is None else {r["name"]: r["dim"] for r in spec["fields"]}
+        self.element = {k: int(np.prod(buf.fields[k][0][1:], dtype=np.int64)) * buf.fields[k][1].itemsize
+                        for k in self.lengths}
+        self.lane_arena = 0 if spec is None else lane_bytes(spec["arena"], buf.lanes)
 
     @property
     def initialized(self) -> bool:
@@ -97,11 +118,24 @@ class SharedStorage(TensorStorage):
         keeps the batch dimensions after the first, as TorchRL's ``ndim=1`` storages)."""
         if self.buf is not None:
             return
-        flat = _flat(td)
-        fields = {k: (tuple(v.shape[1:]), _numpy_dtype(v.dtype)) for k, v in flat.items()}
+        cols = rag.columns(td)
+        fields, lengths = rag.plan(cols, self.ragged)
         row_shape = tuple(td.batch_size[1:])
+        arena = None
+        if lengths:
+            if row_shape:
+                raise ValueError(f"ragged entries {sorted(lengths)} in rows of batch size {list(row_shape)}: ragged "
+                                 "rows have the batch size [] (a lazy stack of them along dimension 0)")
+            sizes = {k: int(np.prod(fields[k][0][1:], dtype=np.int64)) * _numpy_dtype(fields[k][1]).itemsize
+                     for k in lengths}
+            arena = self.arena or rag.default_arena(rag.row_bytes(rag.lengths_of(cols, lengths), sizes), self.max_size,
+                                                    self.lanes)
+        elif self.arena is not None:
+            raise ValueError(f"arena={self.arena} is for ragged rows, and the first rows have none (every entry of "
+                             "one shape in every row): leave arena= out, or name the ragged entries with ragged=")
+        fields = {k: (shape, _numpy_dtype(dtype)) for k, (shape, dtype) in fields.items()}
         self._opened(Buffer.create(fields, self.max_size // self.lanes * self.lanes, lanes=self.lanes, name=self._name,
-                                   seed=self.seed, timeout=self.timeout, priority=self.priority,
+                                   seed=self.seed, timeout=self.timeout, priority=self.priority, arena=arena,
                                    _library={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
 
     # -- writing ---------------------------------------------------------------------
@@ -113,7 +147,7 @@ class SharedStorage(TensorStorage):
         if tuple(rows.batch_size[1:]) != self.row_shape:
             raise ValueError(f"rows of batch size {list(rows.batch_size)}: this buffer's rows have the batch size "
                              f"{list(self.row_shape)} after the first dimension (fixed by its first write)")
-        flat = _flat(rows)
+        flat = rag.columns(rows)
         flat.pop(INDEX, None)
         extra = sorted(set(flat) - set(self.keys))
         if extra:
@@ -122,11 +156,20 @@ class SharedStorage(TensorStorage):
         n = len(rows)
         fields = {f.name: f for f in self.buf.engine.fields}
         data = {}
+        if self.lengths:
+            data.update(rag.values(flat, n, self.lengths, self.element, self.lane_arena, self.buf.lanes))
         for k in self.keys:
+            if k in self.lengths:
+                continue
             f = fields[k]
             if k not in flat:
                 data[k] = np.zeros((n,) + f.shape, f.dtype)
                 continue
+            if isinstance(flat[k], list):
+                raise ValueError(f"key {k!r}: its rows differ in shape ({sorted({tuple(r.shape) for r in flat[k]})[:3]}), "
+                                 f"and this buffer keeps it as a fixed field of shape {list(f.shape)} (its rows all "
+                                 "had that shape in its first write): make the storage with ragged=[...] naming "
+                                 f"{k!r} (or use SharedLazyStackStorage, whose entries are all ragged)")
             a = flat[k].detach().cpu().numpy()
             if a.shape[1:] != f.shape:
                 raise ValueError(f"key {k!r}: {n} rows of shape {list(a.shape[1:])}, this buffer's rows have the "
@@ -140,7 +183,7 @@ class SharedStorage(TensorStorage):
         """Write the rows of ``td`` (along its first batch dimension) into this
         process's lane (or ``lane``), with ``priority`` (of a prioritized buffer: one per
         row, or None: the largest yet); returns their slots."""
-        self.ensure(_without_index(td))
+        self.ensure(without_index(td))
         return self.put(self.arrays(td), len(td), priority, lane)
 
     def put(self, data: dict[str, np.ndarray], n: int, priority: Any = None, lane: int | None = None) -> torch.Tensor:
@@ -149,11 +192,17 @@ class SharedStorage(TensorStorage):
         if lane is None:
             lane = buf.claim_lane() if buf.lanes > 1 else 0
         lc = buf.lane_capacity
-        first = self.next_slot(lane)  # (exact in a lane this process claimed)
-        for at in range(0, n, lc):  # (more rows than a lane holds: in turn, as TorchRL's cursor goes round)
-            part = {k: v[at:at + lc] for k, v in data.items()}
-            buf.extend(part, lane=lane, priority=priority if np.ndim(priority) == 0 else priority[at:at + lc])
-        slots = lane * lc + (first + np.arange(n)) % lc
+        head, base = int(buf.engine.heads()[lane]), int(buf.engine.bases()[lane])  # (exact in a lane it claimed)
+        bounds = [(at, min(n, at + lc)) for at in range(0, n, lc)]  # (more rows than a lane holds: in turn)
+        if self.lengths:  # (and more values than its arena holds)
+            size = rag.row_bytes({k: np.array([len(r) for r in data[k]]) for k in self.lengths}, self.element)
+            bounds = rag.parts(size, lc, self.lane_arena)
+        for a, b in bounds:
+            part = {k: v[a:b] for k, v in data.items()}
+            buf.extend(part, lane=lane, priority=priority if np.ndim(priority) == 0 else priority[a:b])
+        moved = int(buf.engine.bases()[lane]) - base  # (rows whose values these covered: the slots count from after them)
+        self.evicted += moved if lane == 0 else 0
+        slots = lane * lc + (head - base - moved + np.arange(n)) % lc
         self.known[slots] = -1  # (a new row there, not sampled yet)
         self._bump_mutation_revision()
         return torch.as_tensor(slots)  # (rows overwritten within the extend share their slot)
@@ -176,17 +225,17 @@ class SharedStorage(TensorStorage):
         one = isinstance(cursor, (int, np.integer)) or (torch.is_tensor(cursor) and cursor.ndim == 0)
         rows = data.unsqueeze(0) if one else data
         slots = np.asarray(torch.as_tensor(cursor).reshape(-1).cpu(), dtype=np.int64)
-        self.ensure(_without_index(rows))
+        self.ensure(without_index(rows))
         buf = self.buf
         if buf.lanes != 1:
             raise ValueError(f"this SharedStorage has {buf.lanes} lanes: TorchRL's writers keep one cursor over "
                              "all slots, in one process; write with SharedWriter (each process in a lane of its "
                              "own), or make the storage with lanes=1")
-        lc = buf.lane_capacity
-        want = (self.next_slot(0) + np.arange(len(rows))) % lc
+        lc = buf.lane_capacity  # (TorchRL's cursor counts the rows whose values the arena covered: they left)
+        want = (self.next_slot(0) + self.evicted + np.arange(len(rows))) % lc
         if len(slots) != len(rows) or not np.array_equal(slots, want):
             raise ValueError(
-                f"rows for slots {_few(slots)}: a SharedStorage writes rows only at its next slots ({_few(want)} "
+                f"rows for slots {few(slots)}: a SharedStorage writes rows only at its next slots ({few(want)} "
                 "now), where shmbuf reserves them, so that no process reads or overwrites a row being written "
                 "(rb[i] = td, write_at, or a writer whose cursor is another process's or was set by hand are "
                 "refused, nothing written); write with rb.extend / rb.add")
@@ -194,8 +243,13 @@ class SharedStorage(TensorStorage):
 
     # -- reading ---------------------------------------------------------------------
 
-    def _rows(self, got: dict[str, np.ndarray], n: int | None) -> TensorDictBase:
-        """Arrays of rows as a TensorDict (nested keys again; ``n`` None: one row)."""
+    def _rows(self, got: dict[str, np.ndarray], n: int | None, dense: bool = False) -> TensorDictBase:
+        """Arrays of rows as a TensorDict (nested keys again; ``n`` None: one row); a
+        lazy stack of the rows for ragged ones, or for a lazy storage unless ``dense``
+        (:func:`~shmbuf.compat.torchrl.ragged.lazy_rows`)."""
+        if self.lengths or (self.lazy and not dense):
+            rows = rag.lazy_rows(got, self.keys, set(self.lengths), 1 if n is None else n, self.row_shape)
+            return rows[0] if n is None else rows
         batch = list(self.row_shape) if n is None else [n, *self.row_shape]
         return TensorDict({k: torch.as_tensor(got[k][0] if n is None else got[k]) for k in self.keys},
                           batch).unflatten_keys(SEP)
@@ -203,10 +257,19 @@ class SharedStorage(TensorStorage):
     def batch(self, n: int) -> tuple[torch.Tensor, TensorDictBase]:
         """``n`` rows drawn uniformly through shmbuf's read path: their slots, and the
         rows as a TensorDict."""
-        buf = self.buf
-        got = buf.empty_batch(n)
-        index = np.empty(n, np.int64)
-        buf.engine.sample_windows(n, 1, [got[f.name] for f in buf.engine.fields], self.timeout, index=index)
+        buf, engine = self.buf, self.buf.engine
+        deadline = time.monotonic() + self.timeout
+
+        def draw(m: int) -> dict[str, np.ndarray]:
+            out = {f.name: np.empty((m,) + f.shape, f.dtype) for f in engine.fields}
+            out[INDEX] = np.empty(m, np.int64)  # (not a field: the slot of each row; redrawn rows bring theirs)
+            engine.sample_windows(m, 1, [out[f.name] for f in engine.fields], max(0.0, deadline - time.monotonic()),
+                                  index=out[INDEX])
+            return out
+        got = draw(n)
+        if self.lengths:  # (their values read; a row whose record was covered meanwhile drawn again)
+            got = engine.records.finish(got, draw, deadline, self.timeout)
+        index = got.pop(INDEX)
         lc = buf.lane_capacity  # (index: each row's lane * lc + seq % lc; its slot counts from the lane's base)
         lane = index // lc
         slots = lane * lc + (index % lc - buf.engine.bases()[lane]) % lc
@@ -242,8 +305,23 @@ class SharedStorage(TensorStorage):
         if self.buf is None:
             raise RuntimeError("Cannot get elements out of a non-initialized storage.")  # (TorchRL's words)
         slots, one = pick(self.buf.engine, index)
-        got = self.buf.engine.read(Slots(self.buf.engine, slots), len(slots), len(slots), self.timeout)
-        return self._rows(got, None if one else len(slots))
+        return self._rows(self._read(slots), None if one else len(slots))
+
+    def _read(self, slots: np.ndarray) -> dict[str, Any]:
+        """The rows ``slots`` hold, through the checked read; their ragged values read too
+        (all again if a record was covered meanwhile, within the storage's timeout)."""
+        engine = self.buf.engine
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = engine.read(Slots(engine, slots), len(slots), len(slots), max(0.0, deadline - time.monotonic()))
+            if not self.lengths:
+                return got
+            rows = engine.records.records(got)
+            if rows is not None:
+                return rows
+            if time.monotonic() >= deadline:
+                raise SampleTimeout(f"could not copy the ragged values of {len(slots)} rows within {self.timeout:g} "
+                                    "s: writers cover the arena faster than they can be read (arena= too small?)")
 
     def __len__(self) -> int:
         return 0 if self.buf is None else len(self.buf)
@@ -272,94 +350,6 @@ class SharedStorage(TensorStorage):
             return None
         return (self.next_slot(0) - 1) % self.buf.lane_capacity
 
-    # -- state -----------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """TorchRL's storage state (``_storage``: the rows by slot, ``[max_size, ...]``,
-        zeros where no row is; ``initialized``; ``_len``), which TorchRL's
-        ``LazyTensorStorage`` and ``LazyMemmapStorage`` load, plus ``_order``: the slots
-        holding rows, oldest first, lane after lane."""
-        if self.buf is None:
-            return {"_storage": {}, "initialized": False, "_len": 0}
-        engine = self.buf.engine
-        lo, head = engine.window()
-        bases = engine.bases()
-        lanes = np.concatenate([np.full(b - a, k, np.int64) for k, (a, b) in enumerate(zip(lo.tolist(), head.tolist()))])
-        seqs = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo.tolist(), head.tolist())])
-        order = slot_of(engine, lanes, seqs, bases)
-        got = engine.read(Slots(engine, order), len(order), len(order), self.timeout)
-        rows = {f.name: np.zeros((self.buf.capacity,) + f.shape, f.dtype) for f in engine.fields}
-        for k, a in rows.items():
-            a[order] = got[k]
-        td = self._rows(rows, self.buf.capacity)
-        return {"_storage": td.state_dict(), "initialized": True, "_len": len(order), "_order": torch.from_numpy(order)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a storage's state: this storage's, or a TorchRL ``TensorStorage``'s
-        (``LazyTensorStorage``, ``LazyMemmapStorage``: their rows in slot order, the
-        oldest at :attr:`cursor` if the storage was full: the replay buffer sets it to
-        its writer's ``_cursor``; else at slot 0). The buffer is made now if this
-        storage has none yet; its rows are replaced. Everything is checked first: a
-        state this buffer cannot hold (another key, shape or dtype) raises and changes
-        nothing."""
-        if "_storage" not in state_dict:
-            if state_dict:  # (an earlier version's: Buffer.state_dict())
-                if self.buf is None:
-                    raise RuntimeError("load a shmbuf state into a SharedStorage after its first write")
-                self.buf.load_state_dict(state_dict)
-            return
-        if not state_dict.get("initialized", True) or not state_dict["_storage"]:
-            self.clear()
-            return
-        stored = state_dict["_storage"]
-        try:
-            td = stored if isinstance(stored, TensorDictBase) else TensorDict().load_state_dict(stored, strict=False)
-            size = int(td.batch_size[0])
-            if "_order" in state_dict:
-                order = np.asarray(torch.as_tensor(state_dict["_order"]), dtype=np.int64).reshape(-1)
-            else:
-                n = int(state_dict["_len"])
-                first = 0 if n < size or self.cursor is None else int(self.cursor) % size
-                order = (first + np.arange(n)) % size
-            if len(order) and (order.min() < 0 or order.max() >= size):
-                raise ValueError(f"its order names slots {_few(order)} of a storage of {size}")
-            rows = _without_index(td[torch.as_tensor(order)])
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
-            raise ValueError(f"not a storage state this SharedStorage loads ({type(exc).__name__}: {exc}): expected "
-                             "a SharedStorage's or a TorchRL TensorStorage's state_dict()") from None
-        if self.buf is None:
-            self.max_size = max(self.max_size, size)
-            self.ensure(rows)
-        buf = self.buf
-        if len(order) > buf.capacity:  # (from a larger storage: the newest rows)
-            rows, order = rows[-buf.capacity:], order[-buf.capacity:]
-        data = self.arrays(rows)  # (checked: nothing is changed if this raises)
-        self.restore(data, len(order), order)
-
-    def restore(self, data: dict[str, np.ndarray], n: int, order: np.ndarray) -> None:
-        """Replace the rows with the checked rows ``data``, oldest first, each in the
-        lane of its slot in ``order`` (TorchRL's), from the lane's first slot; a lane's
-        full ring at its slots (its oldest where ``order`` says). Slots past this
-        buffer's (from a larger storage): lane after lane."""
-        buf = self.buf
-        lc = buf.lane_capacity
-        self.clear()
-        if not n:
-            return
-        if order.max() < buf.capacity:
-            groups = [np.flatnonzero(order // lc == lane) for lane in range(buf.lanes)]
-        else:
-            groups = [np.arange(lane * lc, min((lane + 1) * lc, n)) for lane in range(buf.lanes)]
-        for lane, rows in enumerate(groups):
-            if not len(rows):
-                continue
-            slots = order[rows] % lc
-            ring = len(rows) == lc and bool((np.diff(slots) % lc == 1).all())
-            pad = int(slots[0]) if ring else 0
-            if pad:  # rows of zeros first, so that the oldest row lands at its slot: the last rows overwrite them
-                self.put({k: np.zeros((pad,) + v.shape[1:], v.dtype) for k, v in data.items()}, pad, lane=lane)
-            self.put({k: v[rows] for k, v in data.items()}, len(rows), lane=lane)
-
     def _empty(self) -> None:  # (TorchRL's name)
         self.clear()
 
@@ -369,6 +359,7 @@ class SharedStorage(TensorStorage):
         the storage, then empty it: the lane is for a worker)."""
         if self.buf is not None:
             self.buf.clear()
+            self.evicted = 0
             self.buf.release_lane()
             self.known[:] = -1
             self._bump_mutation_revision()
@@ -393,8 +384,10 @@ class SharedStorage(TensorStorage):
                 raise ValueError(f"{path} holds no TorchRL storage's rows (it holds {described.get('kind')!r})")
             if self.buf is None:
                 row_shape = tuple(described.get("row_batch", ()))
+                spec = saved.parts.keywords.get("arena")  # (ragged rows: the arena they were saved from)
                 self._opened(Buffer.create(saved.fields, saved.capacity, lanes=saved.lanes, name=self._name,
                                            seed=self.seed, timeout=self.timeout,
+                                           arena=None if spec is None else max(spec["arena"], self.arena or 0),
                                            _library={"kind": KIND, "row_batch": list(row_shape)}), row_shape)
             self.buf.load_state_dict(saved.state_dict())
         finally:
@@ -423,27 +416,6 @@ class SharedStorage(TensorStorage):
         if self._name is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._attach(self._name)
-
-
-def _flat(td: TensorDictBase) -> dict[str, torch.Tensor]:
-    """The leaves of ``td`` by their joined keys; a clear error for entries whose shape
-    differs from row to row (a lazy stack of ragged TensorDicts)."""
-    try:
-        return dict(td.flatten_keys(SEP).items())
-    except RuntimeError as e:
-        raise ValueError(f"these rows' entries differ in shape from row to row (a lazily stacked TensorDict of "
-                         f"ragged entries, batch size {list(td.batch_size)}): a shmbuf field holds one shape per "
-                         "row; pad them to one shape first, or keep ragged rows in TorchRL's ListStorage") from e
-
-
-def _without_index(td: TensorDictBase) -> TensorDictBase:
-    """``td`` without TorchRL's ``"index"`` (a row's slot, which the storage knows)."""
-    return td.exclude(INDEX) if INDEX in td.keys() else td
-
-
-def _few(a: np.ndarray) -> str:
-    a = np.asarray(a).tolist()
-    return str(a) if len(a) <= 6 else f"[{', '.join(map(str, a[:3]))}, ..., {', '.join(map(str, a[-2:]))}]"
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
