@@ -50,11 +50,9 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -740,13 +738,7 @@ def failed(res: dict[str, Any]) -> list[str]:
 
 
 def save(res: dict[str, Any], folder: str = "results") -> str:
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"bench-llm-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    with open(path.replace(".json", ".md"), "w") as f:
-        f.write(markdown(res) + "\n")
-    return path
+    return R.save(res, folder, "bench-llm", markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

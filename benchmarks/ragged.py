@@ -899,13 +899,16 @@ def failed(res: dict[str, Any]) -> list[str]:
     return [n for n, runs in res["arms"].items() if any("error" in r for r in runs)]
 
 
-def save(res: dict[str, Any], folder: str = "results") -> str:
+def save(res: dict[str, Any], folder: str = "results", stem: str = "bench-ragged",
+         text: Callable[[dict[str, Any]], str] | None = None) -> str:
+    """Write ``res`` as JSON and as markdown (``text``, default :func:`markdown`) under
+    ``folder``, named ``stem`` and the time; returns the JSON's path."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"bench-ragged-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path = os.path.join(folder, f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     with open(path.replace(".json", ".md"), "w") as f:
-        f.write(markdown(res) + "\n")
+        f.write((text or markdown)(res) + "\n")
     return path
 
 

@@ -21,7 +21,7 @@ from shmbuf.queue import protocol as queue_protocol
 
 from .queues import _log
 
-__all__ = ["RAGGED_FIELDS", "SPECIAL", "ragged_lengths", "ragged_rows", "ragged_bytes", "ragged_torn", "ragged_keys",
+__all__ = ["STATE_FIELDS", "state_row", "state_whole", "RAGGED_FIELDS", "SPECIAL", "ragged_lengths", "ragged_rows", "ragged_bytes", "ragged_torn", "ragged_keys",
            "ragged_writer", "ragged_taker", "ragged_sampler", "ragged_consumer", "align", "fill_lane"]
 
 RAGGED_FIELDS = {"tokens": (("R",), np.int32), "logprobs": (("R",), np.float32), "prompt": ((None,), np.int32),
@@ -322,3 +322,20 @@ def ragged_consumer(path: str, log: str, batch: int, hang: str, flag: str, at_ta
             _log(fd, "X", [torn])
         q.flush()
         turn[0] += 1
+
+
+STATE_FIELDS = {"r": (("R",), np.int32), "lp": (("R",), np.float32), "p": ((None, 2), np.int16), "k": ((), np.int64)}
+"""Ragged fields of every kind (a shared length, trailing dims, a fixed field) for the
+state and save tests: row ``k``'s values are derived from ``k``."""
+
+
+def state_row(k: int) -> dict:
+    n = k % 7 * 3
+    return {"r": np.full(n, k, np.int32), "lp": np.full(n, -k, np.float32), "p": np.full((k % 3, 2), k, np.int16),
+            "k": k}
+
+
+def state_whole(b: dict) -> bool:
+    """Every row of ``b`` holds the values :func:`state_row` gives its ``k``."""
+    return all(b["r"][i].tolist() == [k] * (k % 7 * 3) and (b["lp"][i] == -k).all() and b["p"][i].shape == (k % 3, 2)
+               and (b["p"][i] == k).all() for i, k in enumerate(b["k"].tolist()))

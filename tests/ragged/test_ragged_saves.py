@@ -13,25 +13,14 @@ import numpy as np
 import pytest
 
 import shmbuf
-from helpers import RAGGED_FIELDS, ragged_torn, ragged_writer, read_log
+from helpers import RAGGED_FIELDS, STATE_FIELDS as F, ragged_torn, ragged_writer, read_log, state_row as row, \
+    state_whole as whole
 from shmbuf import Jagged
 from shmbuf.core import arena, segment
 from shmbuf.persist import save as persist
 
 CTX = mp.get_context("fork")
 
-F = {"r": (("R",), np.int32), "lp": (("R",), np.float32), "p": ((None, 2), np.int16), "k": ((), np.int64)}
-
-
-def row(k: int) -> dict:
-    n = k % 7 * 3
-    return {"r": np.full(n, k, np.int32), "lp": np.full(n, -k, np.float32), "p": np.full((k % 3, 2), k, np.int16),
-            "k": k}
-
-
-def whole(b: dict) -> bool:
-    return all(b["r"][i].tolist() == [k] * (k % 7 * 3) and (b["lp"][i] == -k).all() and b["p"][i].shape == (k % 3, 2)
-               and (b["p"][i] == k).all() for i, k in enumerate(b["k"].tolist()))
 
 
 def test_a_save_loads_back_whole_with_the_same_arena_and_samples(name, tmp_path):

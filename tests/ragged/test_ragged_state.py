@@ -9,20 +9,9 @@ import numpy as np
 import pytest
 
 import shmbuf
+from helpers import STATE_FIELDS as F, state_row as row, state_whole as whole
 from shmbuf.core import arena
 
-F = {"r": (("R",), np.int32), "lp": (("R",), np.float32), "p": ((None, 2), np.int16), "k": ((), np.int64)}
-
-
-def row(k: int) -> dict:
-    n = k % 7 * 3
-    return {"r": np.full(n, k, np.int32), "lp": np.full(n, -k, np.float32), "p": np.full((k % 3, 2), k, np.int16),
-            "k": k}
-
-
-def whole(b: dict) -> bool:
-    return all(b["r"][i].tolist() == [k] * (k % 7 * 3) and (b["lp"][i] == -k).all() and b["p"][i].shape == (k % 3, 2)
-               and (b["p"][i] == k).all() for i, k in enumerate(b["k"].tolist()))
 
 
 def test_a_state_comes_back_whole_and_samples_the_same(name):
