@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import warnings
 import shutil
 import signal
 import subprocess
@@ -178,12 +179,19 @@ class LLM:
                 self.torch = False
         if self.torch:
             torch = self.torch
-            off = {"prompt": torch.from_numpy(np.asarray(b["prompt_offsets"], np.int64)),
-                   "response": torch.from_numpy(np.asarray(b["response_offsets"], np.int64))}
-            self.jagged = {k: torch.nested.nested_tensor_from_jagged(torch.from_numpy(np.asarray(b[k])),
-                                                                     off["prompt" if k == "prompt" else "response"])
-                           for k in ("prompt", "response", "logprobs", "mask")}
+            with warnings.catch_warnings():  # (an Arrow batch's memory is read-only: torch says so; nobody writes)
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+                self.jagged = self._jagged(torch, b)
         self.control.publish(self.control.version + 1)  # the update: the next policy
+
+    @staticmethod
+    def _jagged(torch: Any, b: dict[str, Any]) -> dict[str, Any]:
+        """The batch's ragged fields as torch jagged nested tensors over its memory."""
+        off = {"prompt": torch.from_numpy(np.asarray(b["prompt_offsets"], np.int64)),
+               "response": torch.from_numpy(np.asarray(b["response_offsets"], np.int64))}
+        return {k: torch.nested.nested_tensor_from_jagged(torch.from_numpy(np.asarray(b[k])),
+                                                          off["prompt" if k == "prompt" else "response"])
+                for k in ("prompt", "response", "logprobs", "mask")}
 
     def measure(self) -> None:
         """The window begins: its figures only from here."""

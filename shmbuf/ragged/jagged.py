@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import warnings
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -286,13 +287,16 @@ class Jagged:
         ``values`` and ``offsets``: no copy on the CPU; ``device`` copies both there.
         Needs PyTorch (``pip install 'shmbuf[torch]'``), imported only here. The first
         call of a process takes seconds (torch loads its nested tensors then), and torch
-        may print a warning of its own."""
+        may print a warning of its own. Read-only values (an Arrow batch's, a memory map's)
+        give a tensor over the same read-only memory: do not write to it."""
         try:
             import torch
         except ImportError:
             raise ImportError("Jagged.to_torch needs PyTorch, an optional dependency: "
                               "pip install 'shmbuf[torch]'") from None
-        values, offsets = torch.from_numpy(self._values), torch.from_numpy(self._offsets)
+        with warnings.catch_warnings():  # (torch warns of read-only memory: said above)
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+            values, offsets = torch.from_numpy(self._values), torch.from_numpy(self._offsets)
         if device is not None:
             values, offsets = values.to(device), offsets.to(device)
         return torch.nested.nested_tensor_from_jagged(values, offsets)

@@ -268,3 +268,15 @@ def test_to_torch_is_a_jagged_nested_tensor_over_the_same_memory(trailing):
     assert (t.values() == 123.0).all()
     assert t.values().data_ptr() == j.values.ctypes.data
     assert t.offsets().data_ptr() == j.offsets.ctypes.data
+
+
+@pytest.mark.extras
+def test_to_torch_of_read_only_values_shares_them_without_a_warning():
+    """Values in read-only memory (an Arrow batch's, a memory map's): the tensor is over
+    the same memory, and torch's warning about it (an error under the suite's filters)
+    is not raised."""
+    pytest.importorskip("torch", reason="torch is an optional extra: pip install torch==2.13.0")
+    values = np.arange(5, dtype=np.int32)
+    values.flags.writeable = False
+    t = Jagged(values, np.array([0, 2, 5])).to_torch()
+    assert t.values().data_ptr() == values.ctypes.data and t[1].tolist() == [2, 3, 4]
