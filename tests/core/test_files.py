@@ -349,6 +349,7 @@ FILL_THE_DISK = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # (disk-bound: 85-95 s on a loaded machine, 2.5 s of it CPU)
 def test_a_buffer_file_on_btrfs_is_no_cow_and_a_full_disk_never_kills_its_writer(btrfs):
     """Trust round 3, item 8: on btrfs a rewrite needs new blocks (copy-on-write), which
     the reservation at create does not cover: once the disk was full, writes through the
