@@ -61,10 +61,11 @@ class Buffer(Shared):
         if sample_shapes.keys() != dtypes.keys():
             raise KeyError("sample_shape and dtypes keys don't match")
         fields = {k: (tuple(sample_shapes[k]), np.dtype(dtypes[k])) for k in sample_shapes}
-        self._open(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist, arena=_arena,
+        self.open_over(core.Buffer.create(fields, capacity, name=name, seed=seed, persist=persist, arena=_arena,
                                       _library={"kind": _kind}), seed)
 
-    def _open(self, handle: core.Buffer, seed: Any = None) -> None:
+    def open_over(self, handle: core.Buffer, seed: Any = None) -> None:
+        """(Once, as it is made or attached) this facade over ``handle``."""
         self._core = handle
         self._global = seed is None  # draws from numpy's global generator, as imitation's
         self.capacity: int = handle.capacity
@@ -202,8 +203,8 @@ class _Transitions(Buffer):
     size per row (:func:`shmbuf.compat.records.pack`), or, in a segment an older shmbuf
     made, ``info_bytes`` bytes of the row (:func:`shmbuf.compat.infos.encode`)."""
 
-    def _open(self, handle: core.Buffer, seed: Any = None) -> None:
-        super()._open(handle, seed)
+    def open_over(self, handle: core.Buffer, seed: Any = None) -> None:
+        super().open_over(handle, seed)
         if "infos" in self._ragged:
             self.infos: Any = Records(handle.stats()["lanes"][0]["arena_bytes"])
         elif "infos" in self.sample_shapes:
@@ -245,11 +246,11 @@ def _attach(cls: type, name: str, seed: Any, kind: str) -> Any:
     self = object.__new__(cls)
     if cls is ReplayBuffer:
         inner = object.__new__(_Transitions)
-        inner._open(handle, seed)
+        inner.open_over(handle, seed)
         self._buffer = inner
         self.capacity = inner.capacity
     else:
-        self._open(handle, seed)
+        self.open_over(handle, seed)
     return self
 
 
