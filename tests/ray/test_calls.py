@@ -281,23 +281,31 @@ def ragged_errors(b: dict[str, Any]) -> int:
     return bad
 
 
-@pytest.fixture
-def ragged_shards(name):
+def _shards(name: str, seed: int, **create: Any):
+    """A fixture's ``make(rows, **options)``: ragged buffers (``create``: the keywords they
+    share), shard ``i`` holding ``rows[i]`` rows (versions 0, 1, ... of 16 rows each with
+    ``versions=True``); removed after the test."""
     made: list[shmbuf.Buffer] = []
 
     def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
-        rng = np.random.default_rng(0)
+        rng = np.random.default_rng(seed)
         for i, n in enumerate(rows):
-            b = shmbuf.Buffer.create(TOKENS, 256, arena=1 << 20, seed=i, name=f"{name}.{i}", timeout=5.0, **options)
+            b = shmbuf.Buffer.create(TOKENS, arena=1 << 20, name=f"{name}.{i}", timeout=5.0,
+                                     **({"seed": i} if create.get("mode") != "queue" else {}), **create, **options)
             for v, at in enumerate(range(0, n, 16)):
-                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **({"version": v} if "versions" in
-                                                                                  options else {}))
+                extra = {"version": v} if options.get("versions") else {}
+                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **extra)
             made.append(b)
         return made[-len(rows):]
     yield make
     for b in made:
         b.unlink()
         b.close()
+
+
+@pytest.fixture
+def ragged_shards(name):
+    yield from _shards(name, 0, capacity=256)
 
 
 def ragged_over(bufs: list[shmbuf.Buffer]) -> ShardedBuffer:
@@ -373,24 +381,8 @@ def test_a_bad_token_budget_is_refused_before_any_shard_is_asked(ragged_shards, 
 
 @pytest.fixture
 def queue_shards(name):
-    """``make(rows, **options)``: ragged queues, shard ``i`` holding ``rows[i]`` rows
-    (versions 0, 1, ... of 16 rows each with ``versions=True``)."""
-    made: list[shmbuf.Buffer] = []
-
-    def make(rows: list[int], **options: Any) -> list[shmbuf.Buffer]:
-        rng = np.random.default_rng(1)
-        for i, n in enumerate(rows):
-            b = shmbuf.Buffer.create(TOKENS, 512, mode="queue", arena=1 << 20, name=f"{name}.{i}", timeout=5.0,
-                                     **options)
-            for v, at in enumerate(range(0, n, 16)):
-                extra = {"version": v} if options.get("versions") else {}
-                b.extend(ragged_rows(i, np.arange(at, min(n, at + 16)), rng), **extra)
-            made.append(b)
-        return made[-len(rows):]
-    yield make
-    for b in made:
-        b.unlink()
-        b.close()
+    """Ragged queues (see :func:`_shards`)."""
+    yield from _shards(name, 1, capacity=512, mode="queue")
 
 
 def test_a_take_over_queue_shards_delivers_every_row_once_within_its_budget(queue_shards, no_ray):
