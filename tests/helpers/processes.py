@@ -34,17 +34,18 @@ def wait_for_file(path, proc, what: str = "", timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
-def kill_when_there(target, args, flag, what):
-    """Run ``target(*args)`` in a spawned process; SIGKILL it once it creates ``flag``."""
+def kill_when_there(target, args, flag, what, context: str = "spawn", timeout: float = 60):
+    """Run ``target(*args)`` in a process (``context``: how it starts); SIGKILL it once it
+    creates ``flag`` (within ``timeout``)."""
     import multiprocessing as mp
 
-    proc = mp.get_context("spawn").Process(target=target, args=args)
+    proc = mp.get_context(context).Process(target=target, args=args)
     proc.start()
     try:
-        wait_for_file(flag, proc, what)
+        wait_for_file(flag, proc, what, timeout)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.join(30)
+        proc.join(60)
 
 
 

@@ -8,16 +8,13 @@ no order); the header's boot id is another boot's, so the next open recovers."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import signal
 import time
 
 import numpy as np
 import pytest
 
 import shmbuf
-from helpers import RAGGED_FIELDS, power_cut_images, ragged_keys, ragged_rows, ragged_torn, wait_for_file
+from helpers import RAGGED_FIELDS, kill_when_there, power_cut_images, ragged_keys, ragged_rows, ragged_torn
 from shmbuf.core import arena, durable, ring
 from shmbuf.core.layout import CTRL_BOOT
 from shmbuf.ragged.jagged import Jagged
@@ -249,14 +246,8 @@ def test_a_writer_killed_at_a_point_of_its_write_then_a_restart_leaves_whole_row
     path = str(tmp_path / "w.shmbuf")
     log, stop, flag = (str(tmp_path / f) for f in ("log", "stop", "flag"))
     buf = shmbuf.Buffer.create(RAGGED_FIELDS, 256, lanes=2, path=path, arena=2 * (16 << 10))
-    child = mp.get_context("fork").Process(target=ragged_writer, args=(path, 1, 0, None, log, stop, point, flag, 6,
-                                                                         claim))
-    child.start()
-    try:
-        wait_for_file(flag, child, f"the writer to stop at {point!r}", timeout=120)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.join(60)
+    kill_when_there(ragged_writer, (path, 1, 0, None, log, stop, point, flag, 6, claim), flag,
+                    f"the writer to stop at {point!r}", "fork", 120)
     buf.extend(ragged_rows(2, 0, 3), lane=1)
     buf.flush()
     pre, _ = rows_of(buf)
@@ -298,13 +289,8 @@ def test_a_trainer_killed_mid_take_and_restarted_loses_no_row_and_takes_none_twi
     q.extend(ragged_rows(1, 0, 12), lane=0)
     q.extend(ragged_rows(2, 0, 12), lane=1)
     every = {w * 10**9 + i for w in (1, 2) for i in range(12)}
-    child = mp.get_context("fork").Process(target=ragged_consumer, args=(path, log, 5, point, flag, 2))
-    child.start()
-    try:
-        wait_for_file(flag, child, f"the trainer to stop at {point!r}", timeout=120)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.join(60)
+    kill_when_there(ragged_consumer, (path, log, 5, point, flag, 2), flag, f"the trainer to stop at {point!r}",
+                    "fork", 120)
     if machine:
         restart(q)
         q = shmbuf.Buffer.attach(path)
