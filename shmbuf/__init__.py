@@ -19,6 +19,7 @@ from shmbuf.core.ring import WriteTimeout
 from shmbuf.core.read import SampleTimeout
 from shmbuf.core.segment import ShmSpaceError
 from shmbuf.core.native import PurePythonWarning, path as implementation
+from shmbuf.core.pool import limit as pool_limit
 from shmbuf.spaces import fields_from_spaces
 from shmbuf.version import __version__  # noqa: F401
 from shmbuf.actors.weights import Weights
@@ -26,4 +27,4 @@ from shmbuf.ragged.jagged import Jagged
 
 __all__ = ["Buffer", "LaneWriter", "Actors", "Actor", "EpisodeBuffer", "EpisodeWriter", "HER", "RateLimit", "RateLimitTimeout",
            "Weights", "Jagged", "fields_from_spaces", "DEFAULT_TIMEOUT", "FormatError", "LockTimeout", "WriteTimeout", "SampleTimeout", "ShmSpaceError",
-           "PurePythonWarning", "implementation"]
+           "PurePythonWarning", "implementation", "pool_limit"]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shmbuf.core import validate
+from shmbuf.core import pool, validate
 
 Batch = dict[str, np.ndarray]
 
@@ -68,15 +68,18 @@ class Outputs:
         self._checked: list[Any] = []  # the last out= that passed its check, and its shape
         self._lead: tuple[int, ...] = ()
 
-    def empty(self, lead: tuple[int, ...]) -> Batch:
-        """Uninitialised arrays ``{name: (*lead, *shape)}``."""
+    def empty(self, lead: tuple[int, ...], pooled: bool = False) -> Batch:
+        """Uninitialised arrays ``{name: (*lead, *shape)}`` (``pooled``: from the
+        process's batch memory, :mod:`shmbuf.core.pool`; else fresh, for a caller to keep)."""
+        if pooled:
+            return dict(zip(self.names, pool.empty([(lead + f.shape, f.dtype) for f in self.fields])))
         return {f.name: np.empty(lead + f.shape, f.dtype) for f in self.fields}
 
     def prepare(self, out: Batch | None, lead: tuple[int, ...]) -> tuple[Batch, list[np.ndarray]]:
         """``out`` (made if None, checked if new) and its arrays in field order."""
         if out is None:
             try:
-                out = self.empty(lead)
+                out = self.empty(lead, pooled=True)
             except (ValueError, MemoryError):
                 rows = math.prod(lead)
                 raise ValueError(

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler, read
 from shmbuf.episodes import gather
 from shmbuf.episodes.rows import FINAL, TERMINATED, TRUNCATED
@@ -122,16 +123,14 @@ class ByPriority(Trajectories):
 
 
 def _empty(ebuf: Episodes, n: int, length: int, where: bool = False) -> dict[str, np.ndarray]:
-    out = {name: np.empty((n, length) + shape, dtype) for name, (shape, dtype) in ebuf.user_fields.items()}
+    specs = {name: ((n, length) + shape, dtype) for name, (shape, dtype) in ebuf.user_fields.items()}
     rtg = np.dtype(ebuf.user_fields[ebuf.reward][1]) if ebuf.reward else np.dtype(np.float64)
-    out["returns_to_go"] = np.empty((n, length), rtg if rtg.kind == "f" else np.float64)
-    out["timestep"] = np.empty((n, length), np.int64)
-    out["mask"] = np.empty((n, length), bool)
-    out["terminated"] = np.empty((n, length), bool)
-    out["truncated"] = np.empty((n, length), bool)
+    specs["returns_to_go"] = ((n, length), rtg if rtg.kind == "f" else np.float64)
+    specs["timestep"] = ((n, length), np.int64)
+    specs.update(dict.fromkeys(("mask", "terminated", "truncated"), ((n, length), bool)))
     if where:
-        out["_lane"], out["_start"], out["_seq"] = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    return out
+        specs.update(dict.fromkeys(("_lane", "_start", "_seq"), ((n,), np.int64)))
+    return dict(zip(specs, pool.empty(list(specs.values()))))
 
 
 def copy_trajectories(ebuf: Episodes, out: dict[str, np.ndarray], length: int, lane: np.ndarray,

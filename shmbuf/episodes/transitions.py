@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import gather as core_gather
+from shmbuf.core import gather as core_gather, pool
 from shmbuf.core.read import Sampler, read
 from shmbuf.priority.trees import check_beta
 from shmbuf.episodes import gather
@@ -110,7 +110,8 @@ class _Reads:
         return self._powers
 
     def empty(self, n: int) -> dict[str, np.ndarray]:
-        return {name: np.empty((n,) + shape, dtype) for name, shape, dtype in self.specs}
+        return dict(zip([name for name, _, _ in self.specs],
+                        pool.empty([((n,) + shape, dtype) for _, shape, dtype in self.specs])))
 
 
 def sample(ebuf: Episodes, n: int, n_step: int, gamma: float,

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from shmbuf.core.engine import Engine
+from shmbuf.core import pool
 from shmbuf.core.lock import LockTimeout
 from shmbuf.limited.counted import TIMES
 from shmbuf.core.read import Sampler, read
@@ -112,7 +113,7 @@ class Counts(Sampler):
             pass  # (they stay counted: returned fewer times, never more)
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+        return pool.batch(self.fields, m)
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The rows the buffer holds (lanes, seqs) and which are not used up (a scan of

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import gather
+from shmbuf.core import gather, pool
 from shmbuf.core.engine import Engine
 from shmbuf.core.read import Sampler, read
 from shmbuf.samplers.uniform import Uniform
@@ -45,9 +45,7 @@ class Rows(Sampler):
         self.low = np.inf
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        out = {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields if f.name != FIELD}
-        out.update(_slot=np.empty(m, np.int64), _seq=np.empty(m, np.int64), _p=np.empty(m))
-        return out
+        return pool.batch([f for f in self.fields if f.name != FIELD], m, _slot=np.int64, _seq=np.int64, _p=float)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         picked = self.trees.pick(self.engine.rng, len(todo), deadline, self.timeout)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmbuf.core import gather
+from shmbuf.core import gather, pool
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD, published
 from shmbuf.core.read import Sampler
 
@@ -362,7 +362,7 @@ class Taken(Sampler):
         self.fields = ring.layout.fields
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields if f.name != FIELD}
+        return pool.batch([f for f in self.fields if f.name != FIELD], m)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         return self.lanes[todo], self.seqs[todo]

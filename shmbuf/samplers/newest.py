@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import read
+from shmbuf.core import pool, read
 from shmbuf.samplers.uniform import Uniform
 
 
@@ -56,9 +56,7 @@ class Newest(Uniform, read.Sampler):
         return out
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        got = self.outputs.empty((m,))
-        got["_rank"] = np.empty(m, np.int64)
-        return got
+        return pool.batch(self.outputs.fields, m, _rank=np.int64)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         """The next ``len(todo)`` newest rows of one look at the lanes (the first round's

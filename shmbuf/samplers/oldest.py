@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmbuf.core import read
+from shmbuf.core import pool, read
 from shmbuf.samplers.newest import newest_first
 from shmbuf.samplers.uniform import Uniform
 
@@ -72,9 +72,7 @@ class Oldest(Uniform, read.Sampler):
         return out
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        got = self.outputs.empty((m,))
-        got["_rank"] = np.empty(m, np.int64)
-        return got
+        return pool.batch(self.outputs.fields, m, _rank=np.int64)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         m = len(todo)

@@ -49,6 +49,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.batch import Outputs
 from shmbuf.core.engine import Engine
 from shmbuf.core.read import Sampler
@@ -157,9 +158,7 @@ class Rows(Sampler):
         self.low, self.delay = np.inf, 0.0
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        out = {name: np.empty((m,) + self.fields[name].shape, self.fields[name].dtype) for name in self.names}
-        out["_logp"] = np.empty(m)
-        return out
+        return pool.batch([self.fields[name] for name in self.names], m, _logp=float)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         m, tau = len(todo), self.tau

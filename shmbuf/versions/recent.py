@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler
 from shmbuf.core.gather import draw_in
 
@@ -90,7 +91,7 @@ class Recent(Sampler):
         return 0 if self.table is None else int(m / max(self.kept, 0.05)) - m + 1
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+        return pool.batch(self.fields, m)
 
     def starts(self, lo: np.ndarray, head: np.ndarray) -> np.ndarray:
         """Per lane, the first row of version >= bound in ``lo .. head`` (head: none)."""
