@@ -23,7 +23,7 @@ from shmbuf.queue import take as queue_part
 from shmbuf.ragged import schema as ragged_schema
 from shmbuf.versions import bound as versions_part
 from shmbuf.buffer.snapshots import Snapshots
-from shmbuf.core.layout import FLAG_PERSIST, USER, Layout, check_meta
+from shmbuf.core.layout import CONTROL_WORDS, CTRL_NO_YIELD, FLAG_PERSIST, USER, Layout, check_meta
 from shmbuf.rate.limit import RateLimit
 from shmbuf.samplers.uniform import Uniform
 from shmbuf.core.segment import Segment
@@ -94,7 +94,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
                rate: RateLimit | None = None, priority: float | None = None,
                mode: str = "replay", path: str | None = None, sampler: Any = "uniform",
                versions: bool = False, max_times_sampled: int | None = None, arena: int | None = None,
-               _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None,
+               writers_yield: bool = True, _library: Mapping[str, Any] | None = None, _regions: Mapping[str, int] | None = None,
                _parts: Mapping[str, Any] | None = None) -> "Buffer":
         """Create a buffer of ``capacity`` rows in a new shared-memory segment (or file).
 
@@ -108,6 +108,10 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
                 :meth:`close`, on exit, and (via the resource tracker) if it crashes. If
                 True the buffer outlives it until someone calls :meth:`unlink`.
             timeout: default timeout of this handle's blocking calls, in seconds.
+            writers_yield: if True (default), a writer waits before each write while a
+                learner copies a batch of 1 MiB or more (once a write, at most 20 ms), so
+                writers that write as fast as they can never starve a learner; False:
+                writers never wait for samples. See :mod:`shmbuf.core.yielding`.
             meta: a JSON object of yours, kept with the schema and returned exactly as
                 given by :attr:`meta` on every handle. The library never reads it: its
                 own settings live apart (a key such as ``"sampler"`` changes nothing).
@@ -171,6 +175,7 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         persist = validate.flag(persist, "persist") or store.durable
         timeout = validate.timeout(timeout)
         rng = validate.rng(seed)
+        yield_ = validate.flag(writers_yield, "writers_yield")
         fields, ragged = ragged_schema.split(fields)
         if (ragged is None) != (arena is None) and _parts is None:
             raise ValueError("arena= is for a buffer with ragged fields (shaped (None, ...) or ('R', ...)); "
@@ -197,6 +202,8 @@ class Buffer(Properties, Lanes, Snapshots, Reads, queue_part.Queues, versions_pa
         seg = store.create(name, layout.total_size)
         try:
             layout.write(seg.mmap)  # a new segment reads as zeros: empty tables and stamps
+            if not yield_:
+                np.ndarray((CONTROL_WORDS,), np.int64, seg.mmap, layout.control_offset)[CTRL_NO_YIELD] = 1
             buf = cls._open(seg, layout, owner=not persist, rng=rng, timeout=timeout)
             seg.publish()  # (a file gets its path only now, complete)
         except BaseException:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.counters import S_REDRAWS, S_RETRIES
 from shmbuf.core.layout import LANE_BASE, LANE_HEAD
 from shmbuf.core.lock import LockTimeout
@@ -212,8 +213,19 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
     bytes) equals the window's first row's; with ``skip=(field, bits)``, a window (or
     its first row, per row) does not count if its first row's first byte of that field
     has any of ``bits``. Both look at values read between the two stamp reads. The
-    native path does the same in C, with acquire loads.
+    native path does the same in C, with acquire loads. Writers wait while a large copy
+    runs (:mod:`shmbuf.core.yielding`).
     """
+    mark = ring.yielding.begin(len(first) * length)
+    try:
+        return _copy_windows(ring, lane, first, length, lo, out, per_row, same, skip)
+    finally:
+        ring.yielding.end(mark)
+
+
+def _copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
+                  out: Sequence[Any], per_row: bool, same: str | None,
+                  skip: tuple[str, int] | None) -> np.ndarray | None:
     if ring.native is not None:
         if same is None and skip is None:
             mask = ring.native.gather(first, lane, length, out, per_row)
@@ -229,7 +241,7 @@ def copy_windows(ring: Ring, lane: Any, first: np.ndarray, length: int, lo: Any,
         return mask.reshape(-1, length) if per_row else mask
     if out and isinstance(out[0], list):
         flat, scatter = by_position(ring, len(first), length, out)
-        ok = copy_windows(ring, lane, first, length, lo, flat, per_row, same, skip)
+        ok = _copy_windows(ring, lane, first, length, lo, flat, per_row, same, skip)
         scatter()
         return ok
     rows, expected = _rows(ring, lane, first, length)
@@ -330,8 +342,9 @@ def _scratch(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[An
     if got is not None and len(got[0]) == len(out) and all(map(operator.is_, got[0], out)):
         return got[1]
     n, layout = next(len(a) for a in out if a is not None), ring.layout
-    block = got[1][0] if got is not None and len(got[1][0]) == n else \
-        np.empty((n, layout.row_stride), np.uint8)
+    block = getattr(memo, "block", None)
+    if block is None or len(block) != n:
+        block = memo.block = np.empty((n, layout.row_stride), np.uint8)
     packed, own = [], []
     for f, dst in zip(layout.fields, out):
         if dst is None:
@@ -343,8 +356,9 @@ def _scratch(ring: Ring, out: Sequence[np.ndarray]) -> tuple[np.ndarray, list[An
                            dst.reshape(n, -1).view(item)[:, 0]))
         else:
             own.append((ring.arrays[f.name], dst))
-    memo.plan = (list(out), (block, packed, own))
-    return memo.plan[1]
+    # (a batch of the pool is not kept: its memory is free again once the caller drops it)
+    memo.plan = None if pool.owns(out) else (list(out), (block, packed, own))
+    return block, packed, own
 
 
 class Windows(Sampler):
@@ -364,8 +378,8 @@ class Windows(Sampler):
         self.delay = 0.0
 
     def empty(self, m: int) -> list[np.ndarray]:
-        out = [np.empty((m * self.length,) + f.shape, f.dtype) for f in self.ring.layout.fields]
-        return out + [np.empty(m, np.int64)] if self.index else out
+        specs = [((m * self.length,) + f.shape, f.dtype) for f in self.ring.layout.fields]
+        return pool.empty(specs + [((m,), np.int64)] if self.index else specs)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         pool = None

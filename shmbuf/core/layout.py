@@ -86,6 +86,7 @@ RES_PID, RES_CTIME, RES_LANE, RES_START, RES_COUNT, RES_TOKEN = 0, 1, 2, 3, 4, 5
 CTRL_LOCK_HOLDER = 0
 CTRL_SAMPLED = 1  # items ever sampled (counted only under a rate limit: shmbuf.rate.limit)
 CTRL_BOOT, CTRL_FLUSHES, CTRL_FLUSHED_AT = 2, 3, 4  # a buffer file's: see shmbuf.core.durable
+CTRL_YIELD, CTRL_NO_YIELD = 5, 6  # writers wait for a learner's gather until then; 1: never (core/yielding.py)
 TABLE_WIDTH = 8  # int64 words per row of the lane and reservation tables (one cache line)
 CONTROL_WORDS = 16
 

@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmbuf.core import native, procs
+from shmbuf.core import native, procs, yielding
 from shmbuf.core.claims import Claims
 from shmbuf.core.interrupts import Deferred
 from shmbuf.core.layout import (CONTROL_WORDS, LANE_BASE, LANE_CLAIM_PID, LANE_HEAD, LANE_OWN_COUNT,
@@ -156,6 +156,7 @@ class Ring(Claims):
         self._own_lock = owner_lock(lock)
         self.counters, self.horizon = counters, horizon
         self.bounded = False  # (a queue's part sets it: see below)
+        self.yielding = yielding.part(self.control, sum(f.row_bytes for f in layout.fields))  # writers wait for a learner's large gather
         self.records: Any = None  # a buffer with ragged fields: its shmbuf.core.arena.Arena (set as it opens)
         self.reach: Callable[[int, int, float], None] = lambda lane, n, timeout: None  # (a file's: durable.Horizon)
 
@@ -203,6 +204,7 @@ class Ring(Claims):
                 self._make_way(lane, max(0.0, deadline - time.monotonic()))
                 left = max(0.0, deadline - time.monotonic())
             return
+        self.yielding.wait(deadline)  # (the native path waits in write_rows)
         pid = procs.identity()[0]
         while True:
             left = max(0.0, deadline - time.monotonic())

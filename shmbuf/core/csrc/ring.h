@@ -19,7 +19,7 @@
 /* Column indices of the int64 tables: layout.py (LANE_*, RES_*, TABLE_WIDTH, CONTROL ...). */
 enum { LANE_HEAD = 0, LANE_BASE = 1, LANE_CLAIM_PID = 2, LANE_OWN_START = 4, LANE_OWN_COUNT = 5 };
 enum { RES_PID = 0, RES_CTIME = 1, RES_LANE = 2, RES_START = 3, RES_COUNT = 4, RES_TOKEN = 5 };
-enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, MAX_FIELDS = 256 };
+enum { TABLE_WIDTH = 8, CTRL_LOCK_HOLDER = 0, CTRL_YIELD = 5, MAX_FIELDS = 256 };
 /* Sequence numbers a lane may reach (layout.py: MAX_SEQ): a head outside [0, MAX_SEQ] is
  * a segment shmbuf did not write, refused before anything is reserved. */
 #define MAX_SEQ (((int64_t)1 << 62) - 1)  /* so every stamp, 2s + 2, fits an int64 */
@@ -89,7 +89,8 @@ static PyObject *hook = NULL;   /* tests only: ring.set_hook(), called at protoc
 /* Tests only (trace_steps()): the steps of this process's writes in the order they were
  * taken, one letter each: 'o' the odd stamps stored, 'F' a store fence (sfence), 'S' a
  * field's rows copied with streamed stores, 'c' with ordinary ones, 'e' the even stamps
- * stored, 'a' the stamps of an abandoned write zeroed. Off (-1) but while a test traces. */
+ * stored, 'a' the stamps of an abandoned write zeroed, 'y' a wait for a learner's gather
+ * (write.c: yield_to_learner). Off (-1) but while a test traces. */
 static char steps[1 << 16];
 static Py_ssize_t nsteps = -1;
 static inline void step(char c) {

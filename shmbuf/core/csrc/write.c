@@ -90,8 +90,44 @@ static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssi
 /* Write n rows into lane: src[f] points at n contiguous rows of field f. Returns 0 when
  * published, 1 when the Python path must take over (nothing was changed), -1 on an
  * error (exception set; anything reserved was abandoned: never sampled). */
+/* 0. A learner copying a large batch asks writers to wait (shmbuf/core/yielding.py):
+ * ctrl[CTRL_YIELD] says until when, in CLOCK_MONOTONIC ns (0: nobody asks). A writer
+ * looks before it reserves and before each field it copies, and waits (without the GIL)
+ * until the mark is cleared or passes, never past its deadline and at most *budget ns in
+ * all its write (20 ms): a learner that died while it copied holds a write up once.
+ * Before the reservation a wait sees Ctrl-C (-1, nothing reserved); inside the copy it
+ * does not (the write finishes, as it would without the wait, at most 20 ms later). */
+static int yield_to_learner(Ring *r, double deadline, int64_t *budget, int signals) {
+    int64_t until = LOAD(&r->ctrl[CTRL_YIELD]);
+    if (until == 0 || *budget <= 0)
+        return 0;
+    struct timespec ts, pause = {0, 50000};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec, t0 = t;
+    if (until > t + *budget)
+        until = t + *budget;
+    if (until > (int64_t)(deadline * 1e9))
+        until = (int64_t)(deadline * 1e9);
+    if (t < until)
+        step('y');
+    while (t < until && LOAD(&r->ctrl[CTRL_YIELD]) != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&pause, NULL);
+        Py_END_ALLOW_THREADS
+        if (signals && PyErr_CheckSignals() < 0)
+            return -1;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    *budget -= t - t0;
+    return 0;
+}
+
 static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, double timeout) {
     double deadline = now() + timeout;
+    int64_t budget = 20000000;                /* ns this write may wait for learners */
+    if (yield_to_learner(r, deadline, &budget, 1) < 0)
+        return -1;
     int64_t *lt = r->lanes_tab + lane * TABLE_WIDTH;
     int64_t *e = NULL;                      /* our reservation entry, if a shared writer */
     int64_t first;
@@ -192,6 +228,8 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     if (k > n)
         k = n;
     for (int f = 0; f < r->nfields; f++) {
+        if (f > 0)
+            yield_to_learner(r, deadline, &budget, 0);
         copy_rows(r, &r->fields[f], lane, first, 0, k, src[f]);
         if (k < n)
             copy_rows(r, &r->fields[f], lane, first, k, n, src[f]);
