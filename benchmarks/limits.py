@@ -23,24 +23,47 @@ from shmbuf.core.layout import published
 CTX = mp.get_context("fork")
 
 
-def physical_limits(r: Results, cfg: Config) -> None:
-    """memcpy bandwidth, and random-row gathers of each workload from shared and private memory."""
-    src = np.ones(256 << 20, np.uint8)
-    dst = np.empty_like(src)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
-    r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
-    for wl in (WORKLOADS[w] for w in cfg.workloads):
+def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = None,
+                    wheres: tuple[str, ...] = ("shared", "private", "rows")) -> None:
+    """memcpy bandwidth, and random-row gathers of each workload (``cfg.workloads``
+    unless given) from shared and private memory; then each workload's limits
+    (:func:`record_limits`)."""
+    if "memcpy GB/s" not in r.extra:
+        src = np.ones(256 << 20, np.uint8)
+        dst = np.empty_like(src)
+        best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+        r.extra["memcpy GB/s"] = src.nbytes / best / 1e9
+        del src, dst
+    for wl in workloads if workloads is not None else [WORKLOADS[w] for w in cfg.workloads]:
         cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
         seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
         try:
-            for where, mem in (("shared", seg.mmap), ("private", bytearray(cap * wl.row_bytes)), ("rows", seg.mmap)):
+            for where in wheres:
+                mem = bytearray(cap * wl.row_bytes) if where == "private" else seg.mmap
                 rate = _gather_rate(wl if where != "rows" else _one_array(wl), mem, cap)
                 r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
                     rate * BATCH * wl.row_bytes / 1e9
                 r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
+                del mem
         finally:
             seg.unlink()
             seg.close()
+        record_limits(r, wl)
+
+
+LIMIT_GATHER = "private"
+"""The gather the limits use: 256 random rows of each field's array from the process's own
+memory into preallocated arrays (``np.take(..., out=)``), the most a sample can reach."""
+
+
+def record_limits(r: Results, wl: Workload) -> None:
+    """``r.extra["limits"][wl]``: what the machine allows a figure of each unit on this
+    workload, from this run's measurements: ``batches/s`` (samples of 256: the
+    :data:`LIMIT_GATHER` gather's rate) and ``rows/s`` (adds: memcpy bandwidth over the
+    row's bytes), with the row's bytes."""
+    r.extra.setdefault("limits", {})[wl.name] = {
+        "batches/s": r.extra["gather batches/s"][wl.name][LIMIT_GATHER],
+        "rows/s": r.extra["memcpy GB/s"] * 1e9 / wl.row_bytes, "row bytes": wl.row_bytes}
 
 
 def _one_array(wl: Workload) -> Workload:

@@ -21,7 +21,7 @@ import psutil
 import shmbuf
 
 from benchmarks.config import Config, Results, local_loop
-from benchmarks.limits import attach_memory, physical_limits, pieces
+from benchmarks.limits import LIMIT_GATHER, attach_memory, physical_limits, pieces
 from benchmarks.peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)
 
@@ -99,7 +99,8 @@ class WriterPool:
 
     def window(self, writers: int, chunk: int, seconds: float, learner: str) -> dict[str, float]:
         """Run ``writers`` of the pool for ``seconds``; the learner meanwhile idles
-        ("idle"), drains a naive queue, or samples ("sample")."""
+        ("idle"), drains a naive queue, or samples ("sample": the default call, a new
+        batch each call, as a learner is written)."""
         system, conns = self.system, self.conns[:writers]
         naive = isinstance(system, NaiveSystem)
         for c in conns:
@@ -149,8 +150,12 @@ class WriterPool:
 
 
 PLAN = [("add", w, c, f"add {w}w x{c}") for w in (1, 2) for c in (1, 64)] + [
-    ("sample", 0, 0, "sample"), ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
-"""(kind, writers, chunk, label): what every repeat measures, in this order."""
+    ("sample", 0, 0, "sample"), ("sample out=", 0, 0, "sample out="),
+    ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
+"""(kind, writers, chunk, label): what every repeat measures, in this order. "sample" is
+the default call (a new batch each call, as users write it), "sample out=" the same into
+one preallocated batch (systems whose API has it); the learners beside writers ("sample
++1w", "e2e") use the default call."""
 
 
 def _cycle(fn: Any, items: list[Any]) -> Any:
@@ -176,11 +181,12 @@ def _measure(r: Results, wl: Workload, s: System, pool: WriterPool | None, kind:
             r.add(wl.name, label, s.name, rate * chunk)
     elif kind == "add":
         r.add(wl.name, label, s.name, pool.window(writers, chunk, cfg.window, "idle")["rows/s"])
-    elif kind == "sample":
-        if not isinstance(s, NaiveSystem):  # naive samples the same in-process ring as numpy
-            rate = local_loop(s.sampler(), cfg.window)
-            r.add(wl.name, "sample", s.name, rate)
-            r.add(wl.name, "sample GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
+    elif kind in ("sample", "sample out="):
+        fn = s.sampler() if kind == "sample" else s.sampler_out()
+        if fn is not None and not isinstance(s, NaiveSystem):  # naive samples the numpy ring
+            rate = local_loop(fn, cfg.window)
+            r.add(wl.name, label, s.name, rate)
+            r.add(wl.name, f"{label} GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
     elif s.shared:  # a learner sampling while writers write
         res = pool.window(writers, chunk, cfg.e2e_window if kind == "e2e" else cfg.window, "sample")
         if kind == "e2e":
@@ -289,11 +295,15 @@ def run(cfg: Config) -> Results:
     with_strategies = cfg.strategies == "only" or (cfg.strategies == "yes" and not only)
     plan_len = (len(PLAN) - 1) * cfg.repeats * len(workloads) + min(cfg.e2e_repeats, cfg.repeats) * len(workloads)
     prog = Progress(plan_len + 2 + with_episodes + with_strategies, cfg.progress)
+    prog.note("physical limits")
     if workloads:
-        prog.note("physical limits")
         physical_limits(r, cfg)
         prog.step("lock and torn-read check")
         pieces(r, cfg)
+    elif with_episodes or with_strategies:  # the limits their figures are set against
+        physical_limits(r, cfg, wheres=(LIMIT_GATHER,))
+    if with_strategies and "mujoco" in cfg.workloads:
+        physical_limits(r, cfg, [strategies.GOALS_WORKLOAD], wheres=(LIMIT_GATHER,))
     prog.step("workloads")
     for wl in (WORKLOADS[w] for w in workloads):
         systems, pools = _build(wl, cfg, prog, r)
