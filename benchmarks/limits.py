@@ -23,10 +23,15 @@ from shmbuf.core.layout import published
 CTX = mp.get_context("fork")
 
 
+LIMIT_GATHERS = ("private", "private rows")
+"""The gathers the limits take the faster of (:func:`record_limits`)."""
+
+
 def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = None,
-                    wheres: tuple[str, ...] = ("shared", "private", "rows")) -> None:
+                    wheres: tuple[str, ...] = ("shared", "rows") + LIMIT_GATHERS) -> None:
     """memcpy bandwidth, and random-row gathers of each workload (``cfg.workloads``
-    unless given) from shared and private memory; then each workload's limits
+    unless given) from shared and private memory, of each field's array or of whole rows
+    ("rows": one array of the row's bytes); then each workload's limits
     (:func:`record_limits`)."""
     if "memcpy GB/s" not in r.extra:
         src = np.ones(256 << 20, np.uint8)
@@ -39,8 +44,8 @@ def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = 
         seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
         try:
             for where in wheres:
-                mem = bytearray(cap * wl.row_bytes) if where == "private" else seg.mmap
-                rate = _gather_rate(wl if where != "rows" else _one_array(wl), mem, cap)
+                mem = bytearray(cap * wl.row_bytes) if where.startswith("private") else seg.mmap
+                rate = _gather_rate(_one_array(wl) if where.endswith("rows") else wl, mem, cap)
                 r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
                     rate * BATCH * wl.row_bytes / 1e9
                 r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
@@ -51,18 +56,16 @@ def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = 
         record_limits(r, wl)
 
 
-LIMIT_GATHER = "private"
-"""The gather the limits use: 256 random rows of each field's array from the process's own
-memory into preallocated arrays (``np.take(..., out=)``), the most a sample can reach."""
-
-
 def record_limits(r: Results, wl: Workload) -> None:
     """``r.extra["limits"][wl]``: what the machine allows a figure of each unit on this
-    workload, from this run's measurements: ``batches/s`` (samples of 256: the
-    :data:`LIMIT_GATHER` gather's rate) and ``rows/s`` (adds: memcpy bandwidth over the
-    row's bytes), with the row's bytes."""
+    workload, from this run's measurements: ``batches/s`` (samples of 256: the faster of
+    the :data:`LIMIT_GATHERS`, 256 random rows gathered from the process's own memory into
+    preallocated arrays, field by field or as whole rows; ``gather`` says which) and
+    ``rows/s`` (adds: memcpy bandwidth over the row's bytes), with the row's bytes."""
+    rates = r.extra["gather batches/s"][wl.name]
+    best = max(LIMIT_GATHERS, key=lambda w: rates[w])
     r.extra.setdefault("limits", {})[wl.name] = {
-        "batches/s": r.extra["gather batches/s"][wl.name][LIMIT_GATHER],
+        "batches/s": rates[best], "gather": best,
         "rows/s": r.extra["memcpy GB/s"] * 1e9 / wl.row_bytes, "row bytes": wl.row_bytes}
 
 

@@ -27,14 +27,15 @@ SPREAD_MARK = 10.0
 """Percent: a figure whose repeats spread wider than this ((max - min) / median) is
 marked in bold, and listed under the tables."""
 
-LIMITS_TEXT = ("batches/s: 256 random rows of every field's array gathered from the process's own "
-               "memory into preallocated arrays (np.take out=), the most a sample of the workload can "
-               "reach; rows/s: memcpy bandwidth (numpy copy of 256 MiB) over the bytes of a row")
+LIMITS_TEXT = ("batches/s: 256 random rows gathered from the process's own memory into preallocated "
+               "arrays (np.take out=), field by field or as whole rows of one array, whichever was faster; "
+               "rows/s: memcpy bandwidth (numpy copy of 256 MiB) over the bytes of a row")
 
 
 GATHERS = {"shared": " (np.take of each field's array: the limit the targets use)",
-           "private": " (the same: the limit of the figure / machine limit tables)",
-           "rows": " (np.take of whole rows of one array, as shmbuf packs small fields)"}
+           "rows": " (np.take of whole rows of one array, as shmbuf packs small fields)",
+           "private": " (each field's array)", "private rows": " (whole rows of one array)"}
+GATHER_NAMES = {"private": "field by field", "private rows": "of whole rows"}
 
 
 def si(x: float | None) -> str:
@@ -121,8 +122,9 @@ def limits_table(r: Results, wl: str) -> str:
         if key in fig and unit in lim:
             lines.append(f"| {what} | {si(lim[unit])} {unit} | "
                          + " | ".join(_of_limit(r.median(wl, key, s), lim[unit]) for s in systems) + " |")
-    lines += ["", f"Limits measured in this run ({LIMITS_TEXT}: {r.extra['memcpy GB/s']:.1f} GB/s over "
-              f"{lim['row bytes']:,} bytes)."]
+    lines += ["", f"Limits measured in this run ({LIMITS_TEXT}). Here: the gather "
+              f"{GATHER_NAMES.get(lim.get('gather'), lim.get('gather'))}; memcpy {r.extra['memcpy GB/s']:.1f} GB/s "
+              f"over {lim['row bytes']:,} bytes."]
     return "\n".join(lines)
 
 
@@ -266,7 +268,8 @@ def extra_table(r: Results) -> str:
         lines.append(f"| memcpy of 256 MiB (numpy) | {e['memcpy GB/s']:.1f} GB/s |")
     for wl, d in e.get("gather GB/s", {}).items():
         for where, v in d.items():
-            lines.append(f"| random gather of 256 {wl} rows, {where} memory{GATHERS.get(where, '')} | {v:.2f} GB/s "
+            mem = "private memory" if where.startswith("private") else f"{where} memory"
+            lines.append(f"| random gather of 256 {wl} rows, {mem}{GATHERS.get(where, '')} | {v:.2f} GB/s "
                          f"({si(e['gather batches/s'][wl][where])} batches/s) |")
     if "lock uncontended ns/pair" in e:
         lines.append(f"| header lock, uncontended acquire + release | {e['lock uncontended ns/pair']:.0f} ns |")
@@ -381,7 +384,7 @@ def markdown(r: Results) -> str:
                   targets_table(r, wl), ""]
     if r.figures:
         parts.append(extra_table(r))
-    parts.append(episodes_tables(r))
-    parts.append(strategies_tables(r))
-    parts += ["", default_vs_out_table(r), "", spread_note(r)]
+    for part in (episodes_tables(r), strategies_tables(r), default_vs_out_table(r), spread_note(r)):
+        if part:
+            parts += ["", part]  # (a blank line between tables: else markdown joins them)
     return "\n".join(parts)

@@ -21,7 +21,7 @@ import psutil
 import shmbuf
 
 from benchmarks.config import Config, Results, local_loop
-from benchmarks.limits import LIMIT_GATHER, attach_memory, physical_limits, pieces
+from benchmarks.limits import LIMIT_GATHERS, attach_memory, physical_limits, pieces
 from benchmarks.peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)
 
@@ -301,9 +301,9 @@ def run(cfg: Config) -> Results:
         prog.step("lock and torn-read check")
         pieces(r, cfg)
     elif with_episodes or with_strategies:  # the limits their figures are set against
-        physical_limits(r, cfg, wheres=(LIMIT_GATHER,))
+        physical_limits(r, cfg, wheres=LIMIT_GATHERS)
     if with_strategies and "mujoco" in cfg.workloads:
-        physical_limits(r, cfg, [strategies.GOALS_WORKLOAD], wheres=(LIMIT_GATHER,))
+        physical_limits(r, cfg, [strategies.GOALS_WORKLOAD], wheres=LIMIT_GATHERS)
     prog.step("workloads")
     for wl in (WORKLOADS[w] for w in workloads):
         systems, pools = _build(wl, cfg, prog, r)
