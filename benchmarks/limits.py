@@ -43,13 +43,20 @@ def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = 
         cap = min(wl.capacity, (1 << 30) // wl.row_bytes)  # 1 GiB of rows is enough to miss caches
         seg = segment.Segment.create(f"bench-gather-{os.getpid()}", cap * wl.row_bytes)
         try:
-            for where in wheres:
-                mem = bytearray(cap * wl.row_bytes) if where.startswith("private") else seg.mmap
-                rate = _gather_rate(_one_array(wl) if where.endswith("rows") else wl, mem, cap)
+            private = bytearray(cap * wl.row_bytes) if any(w.startswith("private") for w in wheres) else None
+            gathers = {where: _gatherer(_one_array(wl) if where.endswith("rows") else wl,
+                                        private if where.startswith("private") else seg.mmap, cap)
+                       for where in wheres}
+            rates: dict[str, list[float]] = {where: [] for where in wheres}
+            for _ in range(3):  # the gathers in turn: drift on a shared machine hits them alike
+                for where, gather in gathers.items():
+                    rates[where].append(local_loop(gather, 0.3))
+            del gathers, private
+            for where, got in rates.items():
+                rate = statistics.median(got)
                 r.extra.setdefault("gather GB/s", {}).setdefault(wl.name, {})[where] = \
                     rate * BATCH * wl.row_bytes / 1e9
                 r.extra.setdefault("gather batches/s", {}).setdefault(wl.name, {})[where] = rate
-                del mem
         finally:
             seg.unlink()
             seg.close()
@@ -74,8 +81,9 @@ def _one_array(wl: Workload) -> Workload:
     return Workload(wl.name, wl.capacity, {"row": ((wl.row_bytes,), np.uint8)})
 
 
-def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:
-    """Batches/s of plain numpy gathers of 256 random rows of every field laid out in ``mem``."""
+def _gatherer(wl: Workload, mem: Any, cap: int) -> Any:
+    """A plain numpy gather of 256 random rows of every field laid out in ``mem`` (written
+    first: its pages mapped), into preallocated arrays."""
     arrays, off = [], 0
     for shape, dtype in wl.fields.values():
         a = np.ndarray((cap,) + shape, dtype, mem, off)
@@ -89,7 +97,7 @@ def _gather_rate(wl: Workload, mem: Any, cap: int) -> float:
         idx = rng.integers(0, cap, BATCH)
         for a, o in zip(arrays, outs):
             np.take(a, idx, axis=0, out=o, mode="clip")
-    return statistics.median(local_loop(gather, 0.3) for _ in range(3))
+    return gather
 
 
 def _timed(fn: Any) -> float:
