@@ -24,7 +24,7 @@ CTX = mp.get_context("fork")
 
 
 LIMIT_GATHERS = ("private", "private rows")
-"""The gathers the limits take the faster of (:func:`record_limits`)."""
+"""The gathers a part measured alone (``--episodes only``) takes its limits from."""
 
 
 def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = None,
@@ -65,12 +65,12 @@ def physical_limits(r: Results, cfg: Config, workloads: list[Workload] | None = 
 
 def record_limits(r: Results, wl: Workload) -> None:
     """``r.extra["limits"][wl]``: what the machine allows a figure of each unit on this
-    workload, from this run's measurements: ``batches/s`` (samples of 256: the faster of
-    the :data:`LIMIT_GATHERS`, 256 random rows gathered from the process's own memory into
-    preallocated arrays, field by field or as whole rows; ``gather`` says which) and
-    ``rows/s`` (adds: memcpy bandwidth over the row's bytes), with the row's bytes."""
+    workload, from this run's measurements: ``batches/s`` (samples of 256: the fastest
+    gather measured of 256 random rows into preallocated arrays, from private or shared
+    memory, field by field or as whole rows; ``gather`` says which) and ``rows/s`` (adds:
+    memcpy bandwidth over the row's bytes), with the row's bytes."""
     rates = r.extra["gather batches/s"][wl.name]
-    best = max(LIMIT_GATHERS, key=lambda w: rates[w])
+    best = max(rates, key=lambda w: rates[w])
     r.extra.setdefault("limits", {})[wl.name] = {
         "batches/s": rates[best], "gather": best,
         "rows/s": r.extra["memcpy GB/s"] * 1e9 / wl.row_bytes, "row bytes": wl.row_bytes}

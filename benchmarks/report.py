@@ -27,15 +27,16 @@ SPREAD_MARK = 10.0
 """Percent: a figure whose repeats spread wider than this ((max - min) / median) is
 marked in bold, and listed under the tables."""
 
-LIMITS_TEXT = ("batches/s: 256 random rows gathered from the process's own memory into preallocated "
-               "arrays (np.take out=), field by field or as whole rows of one array, whichever was faster; "
-               "rows/s: memcpy bandwidth (numpy copy of 256 MiB) over the bytes of a row")
+LIMITS_TEXT = ("batches/s: 256 random rows gathered into preallocated arrays (np.take out=), from the "
+               "process's own memory or shared memory, field by field or as whole rows of one array, "
+               "whichever was fastest; rows/s: memcpy bandwidth (numpy copy of 256 MiB) over the bytes of a row")
 
 
 GATHERS = {"shared": " (np.take of each field's array: the limit the targets use)",
            "rows": " (np.take of whole rows of one array, as shmbuf packs small fields)",
            "private": " (each field's array)", "private rows": " (whole rows of one array)"}
-GATHER_NAMES = {"private": "field by field", "private rows": "of whole rows"}
+GATHER_NAMES = {"private": "from private memory, field by field", "private rows": "from private memory, of whole rows",
+                "shared": "from shared memory, field by field", "rows": "from shared memory, of whole rows"}
 
 
 def si(x: float | None) -> str:
