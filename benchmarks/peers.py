@@ -12,15 +12,15 @@ get their add function (shmbuf's writer attaches by name instead, as users do).
   ``multiprocessing.Queue``; the learner drains it into an in-process numpy ring and
   samples that.
 * ``numpy``: the in-process numpy ring with no IPC at all (one process): the floor.
+* ``torchrl`` (optional, ``--torch``): TorchRL's ``ReplayBuffer(shared=True)`` over a
+  ``LazyTensorStorage``; writers in processes, like cpprb.
+* ``sb3`` (optional, ``--torch``): stable-baselines3's ``ReplayBuffer``: one process,
+  one transition per ``add`` (it has no batched add), like the numpy floor.
 
 Every system samples with its default call (:meth:`System.sampler`: ``buf.sample(256)``,
 a new batch each call, as users write it); the systems whose API has ``out=`` also with
 it (:meth:`System.sampler_out`: shmbuf's ``sample(256, out=b)``, the numpy ring's
 ``np.take(..., out=)``). cpprb, TorchRL and stable-baselines3 have only their default.
-* ``torchrl`` (optional, ``--torch``): TorchRL's ``ReplayBuffer(shared=True)`` over a
-  ``LazyTensorStorage``; writers in processes, like cpprb.
-* ``sb3`` (optional, ``--torch``): stable-baselines3's ``ReplayBuffer``: one process,
-  one transition per ``add`` (it has no batched add), like the numpy floor.
 """
 
 from __future__ import annotations
