@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import time
 from typing import Any
@@ -187,7 +188,20 @@ def attach_memory(r: Results, system: ShmbufSystem, batches: int) -> None:
     procs = [ctx.Process(target=_attached_memory, args=(system.buf.name, batches, results)) for _ in range(2)]
     for p in procs:
         p.start()
-    got = [results.get(timeout=300) for _ in procs]
+    got: list[Any] = []
+    end = time.monotonic() + 300
+    while len(got) < len(procs):
+        try:
+            got.append(results.get(timeout=0.5))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > end:  # (not 5 minutes of waiting on a process that died)
+                for p in procs:
+                    p.kill()
+                    p.join(30)
+                raise RuntimeError(f"the attached-memory processes did not report: exit codes "
+                                   f"{[p.exitcode for p in procs]} after {300 - max(0.0, end - time.monotonic()):.0f} s "
+                                   "(their tracebacks are on stderr above)") from None
     for p in procs:
         p.join(60)
     r.extra.setdefault("attached processes", {})[system.wl.name] = {

@@ -150,6 +150,19 @@ def test_the_queue_bench_reports_take_with_and_without_out_against_memcpy():
     assert text.endswith("in bold past 10%: shmbuf queue 18.2%.")
 
 
+@pytest.mark.timeout(100)  # (it waited 300 s for the reports of processes that had died)
+def test_the_attached_memory_part_fails_at_once_when_its_processes_die(name):
+    """Its spawned processes attach by name: where they die (here: no such buffer), it
+    says so as soon as one has exited instead of waiting for their reports."""
+    import types
+
+    from benchmarks import limits
+
+    system = types.SimpleNamespace(buf=types.SimpleNamespace(name=name), bytes=0, wl=TINY)
+    with pytest.raises(RuntimeError, match=r"did not report: exit codes \[(1, (1|-9)|-9, 1)\]"):
+        limits.attach_memory(run.Results(config={}, machine={}), system, 1)
+
+
 def test_memory_guard(tiny, monkeypatch):
     class Tiny:
         available = 1000
