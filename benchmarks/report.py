@@ -36,7 +36,9 @@ GATHERS = {"shared": " (np.take of each field's array: the limit the targets use
            "rows": " (np.take of whole rows of one array, as shmbuf packs small fields)",
            "private": " (each field's array)", "private rows": " (whole rows of one array)"}
 GATHER_NAMES = {"private": "from private memory, field by field", "private rows": "from private memory, of whole rows",
-                "shared": "from shared memory, field by field", "rows": "from shared memory, of whole rows"}
+                "shared": "from shared memory, field by field", "rows": "from shared memory, of whole rows",
+                "repeats": "measured in each repeat beside the samples (the faster of private memory field by "
+                           "field and of whole rows; the median over the repeats)"}
 
 
 def si(x: float | None) -> str:

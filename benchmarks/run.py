@@ -21,7 +21,8 @@ import psutil
 import shmbuf
 
 from benchmarks.config import Config, Results, local_loop
-from benchmarks.limits import LIMIT_GATHERS, attach_memory, physical_limits, pieces
+from benchmarks.limits import (LIMIT_GATHERS, RepeatGathers, attach_memory, limit_rows, physical_limits, pieces,
+                               record_limits)
 from benchmarks.peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)
 
@@ -206,9 +207,9 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
     """
     peers = list(cfg.peers)
 
-    def need() -> int:
+    def need() -> int:  # (and the 1 GiB of rows the repeats' limit gathers read)
         buffers = sum(1 for p in peers if p != "naive") + ("naive" in peers and "numpy" not in peers)
-        return buffers * wl.capacity * wl.row_bytes
+        return buffers * wl.capacity * wl.row_bytes + limit_rows(wl) * wl.row_bytes
     avail = 0.85 * psutil.virtual_memory().available
     for opt in cfg.optional:
         if need() > avail and opt in peers:
@@ -307,6 +308,7 @@ def run(cfg: Config) -> Results:
     prog.step("workloads")
     for wl in (WORKLOADS[w] for w in workloads):
         systems, pools = _build(wl, cfg, prog, r)
+        limit = RepeatGathers(wl)  # (after the writer pools are forked: private memory)
         try:
             for rep in range(cfg.repeats):
                 for kind, writers, chunk, label in PLAN:
@@ -315,11 +317,15 @@ def run(cfg: Config) -> Results:
                     prog.step(f"{wl.name} repeat {rep + 1}/{cfg.repeats}: {label}")
                     for s in systems:  # side by side, in the same minute
                         _measure(r, wl, s, pools.get(s.name), kind, writers, chunk, label, cfg)
+                    if kind == "sample":
+                        limit.measure(r, cfg.window)  # the limit beside the samples
+            record_limits(r, wl)
             shm = next((s for s in systems if isinstance(s, ShmbufSystem)), None)
             if shm is not None:
                 prog.note(f"{wl.name}: memory of attached processes")
                 attach_memory(r, shm, 200 if cfg.quick else 2000)
         finally:
+            limit.close()
             for pool in pools.values():
                 pool.close()
             for s in systems:
