@@ -120,8 +120,7 @@ class WriterPool:
             while time.perf_counter() < deadline:
                 if naive:
                     drained += system.drain()  # type: ignore[attr-defined]
-                if learner == "sample":
-                    sample()
+                if learner == "sample" and sample() is not None:  # (None: a rate limit held it)
                     batches += 1
         elapsed = time.perf_counter() - t0
         got = [self._recv(c) for c in conns]

@@ -163,6 +163,24 @@ def test_the_attached_memory_part_fails_at_once_when_its_processes_die(name):
         limits.attach_memory(run.Results(config={}, machine={}), system, 1)
 
 
+def test_a_learner_held_by_the_rate_limit_ends_its_window_with_its_writers_stopped(tiny):
+    """The learner-first learner samples until its window ends; where its writers have
+    stopped (here: none runs) the rate limit holds it, and the window still ends on time
+    with the batches it got (it raised RateLimitTimeout after the buffer's 10 s)."""
+    from benchmarks import learner
+
+    s = learner.LearnerFirst(TINY)
+    pool = run.WriterPool(s, size=1)
+    try:
+        s.fill(TINY.data(1024, 3))
+        got = pool.window(0, run.E2E_CHUNK, 0.5, "sample")
+        allowed = s.limit.error_buffer / peers.BATCH  # (min_size is the rows the fill inserted)
+        assert 0 < got["batches/s"] * 0.5 <= allowed  # what the limit allows, then nothing
+    finally:
+        pool.close()
+        s.close()
+
+
 def test_memory_guard(tiny, monkeypatch):
     class Tiny:
         available = 1000
