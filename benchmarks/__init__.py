@@ -1,6 +1,6 @@
 """``python -m benchmarks`` (``scripts/bench``): shmbuf side by side with its peers on the reference workloads.
 
-Run it with ``scripts/bench`` (``--quick`` for a 2-minute version), which installs
+Run it with ``scripts/bench`` (``--quick`` for a 3-minute version), which installs
 the peers it compares against (cpprb) into the project's virtualenv.
 """
 
@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks import run
 
     p = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="3 short repeats: under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="3 short repeats: about 3 minutes")
     p.add_argument("--workloads", default="mujoco,atari")
     p.add_argument("--peers", default="shmbuf,shmbuf-py,cpprb,naive,numpy",
                    help="shmbuf-py: shmbuf's pure-Python path (left out of a workload whose "

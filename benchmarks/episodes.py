@@ -8,6 +8,10 @@ and the shared memory each takes per transition, with cpprb's ``next_of`` /
   transitions; writing the steps of 8 envs per call against an 8-row ``extend``.
 * atari: the core buffer holds stacks of 4 frames as obs and next_obs; the episode
   buffer single frames with ``frame_stack=4``.
+
+Samples are the default calls (a new batch each call, as users write them); the core
+buffer's ``sample(256, out=)`` is measured beside them as ``Buffer out=`` (the episode
+buffer's samples have no ``out=``). The ratios compare the default calls.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ def run(r: Any, cfg: Any, loop: Callable[[Callable[[], Any], float], float], pro
         progress(f"episodes, {wl_name}: filling")
         core, eps = _filled(wl_name, cap, tag)
         try:
+            cout = core.empty_batch(BATCH)  # (EpisodeBuffer's samples have no out=)
             pairs: list[tuple[str, str, Callable[[], Any]]] = [
                 ("sample 256", "Buffer", lambda: core.sample(BATCH)),
+                ("sample 256", "Buffer out=", lambda: core.sample(BATCH, out=cout)),
                 ("sample 256", "EpisodeBuffer", lambda: eps.sample(BATCH))]
             if wl_name == "mujoco":
                 pairs.append(("sample 256, n_step=3", "EpisodeBuffer", lambda: eps.sample(BATCH, n_step=3)))
@@ -224,7 +230,8 @@ def _cpprb_child(wl_name: str, cap: int, q: Any) -> None:
 
 
 def ratios(figures: dict[str, dict[str, dict[str, list[float]]]]) -> list[tuple[str, str, float | None, float]]:
-    """(workload, what, EpisodeBuffer / Buffer, target) of every speed target."""
+    """(workload, what, EpisodeBuffer / Buffer, target) of every speed target (the
+    default calls: ``Buffer out=`` is in :func:`benchmarks.report.default_vs_out`)."""
     def med(wl: str, metric: str, system: str) -> float | None:
         v = figures.get(wl, {}).get(metric, {}).get(system)
         return statistics.median(v) if v else None

@@ -36,6 +36,7 @@ class LearnerFirst(ShmbufSystem):
         rate = shmbuf.RateLimit(min_size=self.fill_rows(wl), samples_per_insert=SAMPLES_PER_INSERT,
                                 error_buffer=4 * BATCH * max(1.0, SAMPLES_PER_INSERT))
         super().__init__(wl, lanes=lanes, rate=rate, name=NAME)
+        self.limit = rate
         self._out = self.buf.empty_batch(BATCH)
 
     @staticmethod
@@ -43,6 +44,20 @@ class LearnerFirst(ShmbufSystem):
         """The rows :meth:`ShmbufSystem.fill` inserts (1,024 a call, or the data's rows)."""
         step = 1024 if wl.row_bytes < 4096 else 64
         return wl.capacity // step * step
+
+    def sampler(self) -> Any:
+        """The default call, waiting at most 0.05 s on the rate limit: None where it
+        waited in vain (the window counts only batches; a writer may have stopped
+        before the learner's window ended, and a learner waiting on it would raise
+        after the buffer's timeout)."""
+        sample = self.buf.sample
+
+        def one() -> Any:
+            try:
+                return sample(BATCH, timeout=0.05)
+            except shmbuf.SampleTimeout:
+                return None
+        return one
 
     def unblock(self) -> None:
         try:  # a writer waits on the rate limit: sample what lets it finish its call

@@ -16,6 +16,11 @@ get their add function (shmbuf's writer attaches by name instead, as users do).
   ``LazyTensorStorage``; writers in processes, like cpprb.
 * ``sb3`` (optional, ``--torch``): stable-baselines3's ``ReplayBuffer``: one process,
   one transition per ``add`` (it has no batched add), like the numpy floor.
+
+Every system samples with its default call (:meth:`System.sampler`: ``buf.sample(256)``,
+a new batch each call, as users write it); the systems whose API has ``out=`` also with
+it (:meth:`System.sampler_out`: shmbuf's ``sample(256, out=b)``, the numpy ring's
+``np.take(..., out=)``). cpprb, TorchRL and stable-baselines3 have only their default.
 """
 
 from __future__ import annotations
@@ -109,8 +114,14 @@ class System:
         return self.writer(chunk)
 
     def sampler(self) -> Callable[[], Any]:
-        """In the learner: a function sampling one batch of 256."""
+        """In the learner: a function sampling one batch of 256 with the default call (a
+        new batch each call, as a user writes it): what every learner figure uses."""
         raise NotImplementedError
+
+    def sampler_out(self) -> Callable[[], Any] | None:
+        """The same call filling one preallocated batch (``out=``), or None where the
+        system's API has no such form."""
+        return None
 
     def close(self) -> None:
         pass
@@ -155,6 +166,10 @@ class ShmbufSystem(System):
         return buf.add if chunk == 1 else buf.extend
 
     def sampler(self) -> Callable[[], Any]:
+        sample = self.buf.sample
+        return lambda: sample(BATCH)
+
+    def sampler_out(self) -> Callable[[], Any]:
         out = self.buf.empty_batch(BATCH)
         sample = self.buf.sample
         return lambda: sample(BATCH, out=out)
@@ -226,6 +241,12 @@ class NumpyRing:
         self.size = min(self.size + n, cap)
 
     def sample(self) -> Batch:
+        """A new batch each call (``np.take`` without ``out=``)."""
+        idx = self.rng.integers(0, self.size, BATCH)
+        return {k: np.take(a, idx, axis=0, mode="clip") for k, a in self.arrays.items()}
+
+    def sample_out(self) -> Batch:
+        """The same into one preallocated batch (``np.take(..., out=)``)."""
         idx = self.rng.integers(0, self.size, BATCH)
         for k, a in self.arrays.items():
             np.take(a, idx, axis=0, out=self.out[k], mode="clip")
@@ -249,6 +270,9 @@ class NumpySystem(System):
 
     def sampler(self) -> Callable[[], Any]:
         return self.ring.sample
+
+    def sampler_out(self) -> Callable[[], Any]:
+        return self.ring.sample_out
 
 
 class NaiveSystem(System):

@@ -131,6 +131,9 @@ class _NoCounters:
     def sampled(self, n: int) -> None:
         pass
 
+    def wrote(self, lane: int) -> None:  # (the pure-Python ring's write counts its lane's rows)
+        pass
+
     def release(self) -> None:
         pass
 
@@ -149,7 +152,7 @@ def counter_cost(rounds: int) -> dict[str, list[float]]:
 
         def switch(on: bool) -> None:
             c = real if on else _NoCounters()
-            b.engine.counters, b.engine.ring.counters, b.engine.lock.stats = c, real if on else None, real if on else None
+            b.engine.counters, b.engine.ring.counters, b.engine.lock.stats = c, c, real if on else None
             if b.engine.native is not None:
                 native.configure(b.engine.native, b.engine.seg.fd, 0, b.timeout, c.offset,
                                  real.lanes_offset if on else -1)

@@ -7,7 +7,11 @@ An unroll is 20 steps of an (84, 84) uint8 frame plus action, reward and done: t
 shape of IMPALA's and APPO's actor output. ``actors`` processes push unrolls as fast
 as they can; the learner takes batches of ``batch`` unrolls and touches every byte (a
 sum, standing in for the copy to a device). Reported: unrolls per second through the
-learner, and the fraction of the learner's time spent waiting for a batch.
+learner (median, min-max and spread over the windows), that over the machine's limit
+(memcpy bandwidth measured in the same run over an unroll's bytes), and the fraction of
+the learner's time spent waiting for a batch. shmbuf's queue is measured with the call
+users write (``q.take(16)``, a new batch each call) and with ``out=`` (``b = q.take(16,
+out=b)``, the batch refilled in place).
 
     python -m benchmarks.queue                 # 3 windows of 3 s per system
     python -m benchmarks.queue --quick         # 1 window of 1.5 s
@@ -72,14 +76,20 @@ def _learn(take: Any, batch: int, seconds: float) -> tuple[float, float]:
     return got / elapsed, waited / elapsed
 
 
-def run_shmbuf(actors: int, batch: int, seconds: float) -> tuple[float, float]:
+def run_shmbuf(actors: int, batch: int, seconds: float, out: bool = False) -> tuple[float, float]:
+    """``out``: each take refills the batch the one before returned (``out=``)."""
     with shmbuf.Buffer.create(FIELDS, 64 * actors, lanes=actors, mode="queue") as q:
         stop = CTX.Event()
         procs = [CTX.Process(target=_shmbuf_actor, args=(q.name, stop)) for _ in range(actors)]
         for p in procs:
             p.start()
+        last: list[Any] = [None]
+
+        def take_out() -> dict[str, np.ndarray]:
+            last[0] = q.take(batch, timeout=60, out=last[0])
+            return last[0]
         try:
-            return _learn(lambda: q.take(batch, timeout=60), batch, seconds)
+            return _learn(take_out if out else lambda: q.take(batch, timeout=60), batch, seconds)
         finally:
             stop.set()
             for p in procs:
@@ -122,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--actors", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args(argv)
-    windows, seconds = (1, 1.5) if args.quick else (3, 3.0)
+    windows, seconds = (2, 1.5) if args.quick else (3, 3.0)
+    memcpy = _memcpy_gbs()
     systems = {"shmbuf queue": lambda: run_shmbuf(args.actors, args.batch, seconds),
+               "shmbuf queue, take(out=)": lambda: run_shmbuf(args.actors, args.batch, seconds, out=True),
                "multiprocessing.Queue": lambda: run_mp(args.actors, args.batch, seconds, False)}
     try:
         import torch  # noqa: F401
@@ -134,13 +146,48 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(windows):  # interleaved: drift hits every system alike
         for k, fn in systems.items():
             got[k].append(fn())
+    print(markdown(got, args.actors, args.batch, memcpy))
+
+
+def unroll_bytes() -> int:
+    return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in FIELDS.values())
+
+
+def _memcpy_gbs() -> float:
+    """The machine's memcpy bandwidth now (numpy copy of 256 MiB, best of 5), GB/s."""
+    src = np.ones(256 << 20, np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return src.nbytes / best / 1e9
+
+
+def markdown(got: dict[str, list[tuple[float, float]]], actors: int, batch: int, memcpy: float) -> str:
+    """The table of :func:`main`: ``got[system]`` = [(unrolls/s, fraction waiting)] per window."""
+    from benchmarks.report import SPREAD_MARK, marked, pct, spread
+
+    limit = memcpy * 1e9 / unroll_bytes()
     base = float(np.median([r for r, _ in got["shmbuf queue"]]))
-    print(f"{args.actors} actors -> 1 learner, unrolls of {T} x ({H}, {W}) uint8, batches of {args.batch}\n")
-    print("| system | unrolls/s | learner waiting | shmbuf / system |")
-    print("|---|---|---|---|")
+    lines = [f"{actors} actors -> 1 learner, unrolls of {T} x ({H}, {W}) uint8 ({unroll_bytes():,} bytes), "
+             f"batches of {batch}; limit: memcpy {memcpy:.1f} GB/s over an unroll's bytes = {limit:,.0f} "
+             f"unrolls/s, measured in this run\n",
+             "| system | unrolls/s: median (min-max, spread) | / limit | learner waiting | shmbuf queue / system |",
+             "|---|---|---|---|---|"]
+    wide = []
     for k, rs in got.items():
-        rate, wait = float(np.median([r for r, _ in rs])), float(np.median([w for _, w in rs]))
-        print(f"| {k} | {rate:,.0f} | {100 * wait:.0f}% | {base / rate:.2f}x |")
+        rates = [r for r, _ in rs]
+        rate, wait = float(np.median(rates)), float(np.median([w for _, w in rs]))
+        sp = spread(rates)
+        if sp is not None and sp > SPREAD_MARK:
+            wide.append(f"{k} {pct(sp)}")
+        lines.append(f"| {k} | {rate:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}, {marked(sp)}) | {rate / limit:.3f} | "
+                     f"{100 * wait:.0f}% | {base / rate:.2f}x |")
+    lines.append(f"\nSpread: (max - min) / median over the windows, in bold past {SPREAD_MARK:g}%"
+                 + (f": {', '.join(wide)}." if wide else ": none passes it."))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

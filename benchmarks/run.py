@@ -21,7 +21,8 @@ import psutil
 import shmbuf
 
 from benchmarks.config import Config, Results, local_loop
-from benchmarks.limits import attach_memory, physical_limits, pieces
+from benchmarks.limits import (LIMIT_GATHERS, RepeatGathers, attach_memory, limit_rows, physical_limits, pieces,
+                               record_limits)
 from benchmarks.peers import (BATCH, WORKLOADS, CpprbSystem, NaiveSystem, NumpySystem, SB3System, ShmbufSystem,
                     System, TorchRLSystem, Workload, chunks)
 
@@ -99,7 +100,8 @@ class WriterPool:
 
     def window(self, writers: int, chunk: int, seconds: float, learner: str) -> dict[str, float]:
         """Run ``writers`` of the pool for ``seconds``; the learner meanwhile idles
-        ("idle"), drains a naive queue, or samples ("sample")."""
+        ("idle"), drains a naive queue, or samples ("sample": the default call, a new
+        batch each call, as a learner is written)."""
         system, conns = self.system, self.conns[:writers]
         naive = isinstance(system, NaiveSystem)
         for c in conns:
@@ -118,8 +120,7 @@ class WriterPool:
             while time.perf_counter() < deadline:
                 if naive:
                     drained += system.drain()  # type: ignore[attr-defined]
-                if learner == "sample":
-                    sample()
+                if learner == "sample" and sample() is not None:  # (None: a rate limit held it)
                     batches += 1
         elapsed = time.perf_counter() - t0
         got = [self._recv(c) for c in conns]
@@ -149,8 +150,12 @@ class WriterPool:
 
 
 PLAN = [("add", w, c, f"add {w}w x{c}") for w in (1, 2) for c in (1, 64)] + [
-    ("sample", 0, 0, "sample"), ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
-"""(kind, writers, chunk, label): what every repeat measures, in this order."""
+    ("sample", 0, 0, "sample"), ("sample out=", 0, 0, "sample out="),
+    ("sample+w", 1, E2E_CHUNK, "sample +1w"), ("e2e", 2, E2E_CHUNK, "e2e")]
+"""(kind, writers, chunk, label): what every repeat measures, in this order. "sample" is
+the default call (a new batch each call, as users write it), "sample out=" the same into
+one preallocated batch (systems whose API has it); the learners beside writers ("sample
++1w", "e2e") use the default call."""
 
 
 def _cycle(fn: Any, items: list[Any]) -> Any:
@@ -176,11 +181,12 @@ def _measure(r: Results, wl: Workload, s: System, pool: WriterPool | None, kind:
             r.add(wl.name, label, s.name, rate * chunk)
     elif kind == "add":
         r.add(wl.name, label, s.name, pool.window(writers, chunk, cfg.window, "idle")["rows/s"])
-    elif kind == "sample":
-        if not isinstance(s, NaiveSystem):  # naive samples the same in-process ring as numpy
-            rate = local_loop(s.sampler(), cfg.window)
-            r.add(wl.name, "sample", s.name, rate)
-            r.add(wl.name, "sample GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
+    elif kind in ("sample", "sample out="):
+        fn = s.sampler() if kind == "sample" else s.sampler_out()
+        if fn is not None and not isinstance(s, NaiveSystem):  # naive samples the numpy ring
+            rate = local_loop(fn, cfg.window)
+            r.add(wl.name, label, s.name, rate)
+            r.add(wl.name, f"{label} GB/s", s.name, rate * BATCH * wl.row_bytes / 1e9)
     elif s.shared:  # a learner sampling while writers write
         res = pool.window(writers, chunk, cfg.e2e_window if kind == "e2e" else cfg.window, "sample")
         if kind == "e2e":
@@ -200,9 +206,9 @@ def _build(wl: Workload, cfg: Config, prog: Progress, r: Results) -> tuple[list[
     """
     peers = list(cfg.peers)
 
-    def need() -> int:
+    def need() -> int:  # (and the 1 GiB of rows the repeats' limit gathers read)
         buffers = sum(1 for p in peers if p != "naive") + ("naive" in peers and "numpy" not in peers)
-        return buffers * wl.capacity * wl.row_bytes
+        return buffers * wl.capacity * wl.row_bytes + limit_rows(wl) * wl.row_bytes
     avail = 0.85 * psutil.virtual_memory().available
     for opt in cfg.optional:
         if need() > avail and opt in peers:
@@ -289,14 +295,19 @@ def run(cfg: Config) -> Results:
     with_strategies = cfg.strategies == "only" or (cfg.strategies == "yes" and not only)
     plan_len = (len(PLAN) - 1) * cfg.repeats * len(workloads) + min(cfg.e2e_repeats, cfg.repeats) * len(workloads)
     prog = Progress(plan_len + 2 + with_episodes + with_strategies, cfg.progress)
+    prog.note("physical limits")
     if workloads:
-        prog.note("physical limits")
         physical_limits(r, cfg)
         prog.step("lock and torn-read check")
         pieces(r, cfg)
+    elif with_episodes or with_strategies:  # the limits their figures are set against
+        physical_limits(r, cfg, wheres=LIMIT_GATHERS)
+    if with_strategies and "mujoco" in cfg.workloads:
+        physical_limits(r, cfg, [strategies.GOALS_WORKLOAD], wheres=LIMIT_GATHERS)
     prog.step("workloads")
     for wl in (WORKLOADS[w] for w in workloads):
         systems, pools = _build(wl, cfg, prog, r)
+        limit = RepeatGathers(wl)  # (after the writer pools are forked: private memory)
         try:
             for rep in range(cfg.repeats):
                 for kind, writers, chunk, label in PLAN:
@@ -305,11 +316,15 @@ def run(cfg: Config) -> Results:
                     prog.step(f"{wl.name} repeat {rep + 1}/{cfg.repeats}: {label}")
                     for s in systems:  # side by side, in the same minute
                         _measure(r, wl, s, pools.get(s.name), kind, writers, chunk, label, cfg)
+                    if kind == "sample":
+                        limit.measure(r, cfg.window)  # the limit beside the samples
+            record_limits(r, wl)
             shm = next((s for s in systems if isinstance(s, ShmbufSystem)), None)
             if shm is not None:
                 prog.note(f"{wl.name}: memory of attached processes")
                 attach_memory(r, shm, 200 if cfg.quick else 2000)
         finally:
+            limit.close()
             for pool in pools.values():
                 pool.close()
             for s in systems:

@@ -1,7 +1,8 @@
 """``shmbuf bench``'s part on sampling strategies: prioritized replay beside cpprb's
 ``MPPrioritizedReplayBuffer`` and ``PrioritizedReplayBuffer`` (mujoco workload, a = 0.6,
 b = 0.4), hindsight relabelling beside the plain one-step sample of the same episode
-buffer, and what each costs over shmbuf's uniform sampling. Every figure is a loop in
+buffer, and what each costs over shmbuf's uniform sampling (its default call and, as
+``shmbuf uniform out=``, its ``out=`` form; prioritized sampling has no ``out=``). Every figure is a loop in
 this process, the systems interleaved window by window (ratios hold on a noisy machine).
 """
 
@@ -16,13 +17,20 @@ import numpy as np
 
 import shmbuf
 
-from benchmarks.peers import BATCH, WORKLOADS
+from benchmarks.peers import BATCH, WORKLOADS, Workload
 
 CHUNK = 64
 GOALS = {"observation": ((10,), np.float32), "achieved_goal": ((3,), np.float32),
          "desired_goal": ((3,), np.float32), "action": ((4,), np.float32), "reward": ((), np.float32)}
 EPISODE = 50  # steps, as FetchReach's
 HER_CAPACITY = 200_000
+GOALS_WORKLOAD = Workload("goals", HER_CAPACITY, {
+    **GOALS, **{f"next_{o}": GOALS[o] for o in ("observation", "achieved_goal", "desired_goal")},
+    "terminated": ((), np.bool_), "truncated": ((), np.bool_)})
+"""What one transition of the hindsight part's sample holds: the rows of its limit."""
+LIMITS = {"sample 256 + update 256": "mujoco", "sample 256": "mujoco",
+          "add 64 rows with priorities (rows/s)": "mujoco", "episode sample 256 (goals)": "goals"}
+"""The workload whose limits each metric is set against (``r.extra["limits"]``)."""
 
 
 def reward_fn(achieved: np.ndarray, desired: np.ndarray, info: Any) -> np.ndarray:
@@ -72,6 +80,7 @@ def _priorities(cfg: Any, tag: str, loop: Any, add: Any, progress: Any) -> None:
             for p in peers.values():
                 p.add(**data)
         pb.sample(1)  # the first sample syncs the trees with every row (once)
+        uout = ub.empty_batch(BATCH)  # (prioritized sampling has no out=: uniform only)
         pb.prefault()
         ub.prefault()
 
@@ -89,6 +98,7 @@ def _priorities(cfg: Any, tag: str, loop: Any, add: Any, progress: Any) -> None:
             ("sample 256 + update 256", "shmbuf", shm_su),
             *[("sample 256 + update 256", name, peer_su(p)) for name, p in peers.items()],
             ("sample 256", "shmbuf uniform", lambda: ub.sample(BATCH)),
+            ("sample 256", "shmbuf uniform out=", lambda: ub.sample(BATCH, out=uout)),
             ("sample 256", "shmbuf", lambda: pb.sample(BATCH, beta=0.4)),
             ("add 64 rows with priorities (rows/s)", "shmbuf", lambda: pb.extend(chunk, priority=pri)),
             ("add 64 rows with priorities (rows/s)", "shmbuf uniform", lambda: ub.extend(chunk))]

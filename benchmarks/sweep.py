@@ -2,7 +2,8 @@
 batches grow with the number of writer processes, and what one ``sample(256)`` costs as
 the buffer grows. mujoco rows; shmbuf (both paths) beside cpprb's ``MPReplayBuffer``, the
 ``multiprocessing.Queue`` pipeline and the in-process numpy ring, measured side by side
-(every repeat runs each system in turn). Writes ``results/bench-sweep-<time>.json``;
+(every repeat runs each system in turn). Samples are the default call (a new batch each
+call, as users write it; before 2026-11-29 shmbuf's and the numpy ring's used ``out=``). Writes ``results/bench-sweep-<time>.json``;
 ``scripts/plots FILE`` draws it.
 """
 

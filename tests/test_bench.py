@@ -27,8 +27,11 @@ def tiny(monkeypatch):
     monkeypatch.setitem(run.WORKLOADS, "tiny", TINY)
 
 
-def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path):
+def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path, monkeypatch):
     names = ["shmbuf", "shmbuf-py", "naive", "numpy"] + (["cpprb"] if importlib.util.find_spec("cpprb") else [])
+    out_calls = []  # which systems' out= sampler was asked for (the learners beside writers must not)
+    for cls in (peers.ShmbufSystem, peers.NumpySystem):
+        monkeypatch.setattr(cls, "sampler_out", lambda self, f=cls.sampler_out: out_calls.append(self.name) or f(self))
     cfg = run.Config.make(True, workloads=("tiny",), peers=tuple(names), repeats=2, window=0.05,
                           e2e_window=0.1, e2e_repeats=1, progress=False)
     res = run.run(cfg)
@@ -38,19 +41,34 @@ def test_a_tiny_run_measures_every_metric_and_reports(tiny, tmp_path):
         assert all(v > 0 for v in fig[metric]["shmbuf"])
         assert "naive" in fig[metric]
     assert "numpy" in fig["add 1w x64"] and "numpy" not in fig["add 2w x64"]
+    # the default call for every system, out= beside it for those whose API has it
     assert fig["sample"].keys() == set(names) - {"naive"}
+    assert fig["sample out="].keys() == {"shmbuf", "shmbuf-py", "numpy"}
+    assert all(len(v) == 2 and min(v) > 0 for v in fig["sample out="].values())
+    assert sorted(out_calls) == sorted(["shmbuf", "shmbuf-py", "numpy"] * 2)  # once a repeat: never the learners'
+    # every figure against the machine's limit measured in this run
+    lim = res.extra["limits"]["tiny"]
+    assert res.extra["gather batches/s"]["tiny"].keys() == {"shared", "rows", "private", "private rows"}
+    beside = res.extra["limit repeats"]["tiny"]  # measured in each repeat, beside the samples
+    assert len(beside) == 2 and lim["gather"] == "repeats" and lim["batches/s"] == np.median(beside) > 0
+    assert lim["rows/s"] == pytest.approx(res.extra["memcpy GB/s"] * 1e9 / TINY.row_bytes)
     assert res.extra["bytes per transition"]["tiny"]["shmbuf"] > 0
     assert res.extra["lock uncontended ns/pair"] > 0
     assert len(res.extra["attached processes"]["tiny"]["per process"]) == 2
     text = report.markdown(res)
-    for title in ("| tiny: metric |", "| tiny: shmbuf ... |", "| tiny: target |", "| physical limit"):
+    for title in ("| tiny: metric |", "| tiny: figure / machine limit |", "| tiny: shmbuf ... |",
+                  "| tiny: target |", "| physical limit", "| default call / out= call", "Spread: "):
         assert title in text
     assert "2 writers x64 vs 1 writer x64" in text
+    row = next(line for line in text.splitlines() if line.startswith("| tiny: sample 256, shmbuf |"))
+    a, b = res.median("tiny", "sample", "shmbuf"), res.median("tiny", "sample out=", "shmbuf")
+    assert row.endswith(f"| {report._of_limit(a, b)} |")
     # the learner first: writers held to the learner by a rate limit, measured beside the others
     for metric in ("sample +1w", "writer during sample", "e2e ingest", "e2e batches"):
         assert all(v > 0 for v in fig[metric]["shmbuf-lf"]), metric
     assert "shmbuf-lf" not in fig["sample"] and " shmbuf-lf |" in text
-    assert "sample vs the gather limit (shared memory)" in text
+    assert "sample (default call) vs the gather limit (shared memory)" in text
+    assert "sample out= vs the gather limit (shared memory)" in text
     path = run.save(res, str(tmp_path))
     with open(path) as f:
         saved = json.load(f)
@@ -67,12 +85,100 @@ def test_targets_judge_ratios():
     got = {what: (ratio, met) for what, ratio, _, met in report.targets(r, "w")}
     assert got["add 1w x1 vs cpprb"] == (3.0, False)  # >= 10 wanted
     assert got["add 1w x1 vs numpy floor"] == (0.3, False)
-    assert got["sample vs numpy floor"] == (0.7, False)
+    assert got["sample vs numpy floor (default calls)"] == (0.7, False)
+    assert got["sample out= vs numpy floor (out= both)"] == (None, None)
     assert got["e2e ingest vs cpprb"] == (None, None)
     assert got["pure Python: add 1w x64 vs numpy floor"] == (None, None)
     r.figures["w"]["add 1w x1"]["shmbuf"] = [2500.0]
     got = {what: (ratio, met) for what, ratio, _, met in report.targets(r, "w")}
     assert got["add 1w x1 vs numpy floor"] == (2.5, True)
+
+
+def test_the_default_sample_returns_a_new_batch_and_out_refills_one(tiny):
+    """What "sample" and "sample out=" measure: the default call gives a new batch each
+    call (as users write it), the out= call the same arrays every time."""
+    fill = TINY.data(1024, 3)
+    systems = [peers.ShmbufSystem(TINY), peers.ShmbufSystem(TINY, pure=True), peers.NumpySystem(TINY)]
+    try:
+        for s in systems:
+            s.fill(fill)
+            default, into = s.sampler(), s.sampler_out()
+            a, b = default(), default()
+            assert a.keys() >= TINY.fields.keys() and len(a["obs"]) == peers.BATCH, s.name
+            assert not any(np.shares_memory(a[k], b[k]) for k in TINY.fields), s.name
+            c, d = into(), into()
+            assert all(c[k] is d[k] for k in TINY.fields), s.name
+    finally:
+        for s in systems:
+            s.close()
+    assert peers.System(TINY).sampler_out() is None  # cpprb, torchrl, sb3: only their default
+
+
+def test_the_report_sets_figures_against_the_limits_and_marks_wide_spreads():
+    r = run.Results(config={}, machine={})
+    r.extra["memcpy GB/s"] = 10.0
+    r.extra["limits"] = {"w": {"batches/s": 1000.0, "gather": "private rows", "rows/s": 4e6, "row bytes": 2500}}
+    for v in (400.0, 500.0, 520.0):  # spread 120 / 500 = 24%: marked
+        r.add("w", "sample", "shmbuf", v)
+    for v in (800.0, 810.0, 790.0):  # 2.5%: not
+        r.add("w", "sample out=", "shmbuf", v)
+    r.add("w", "add 1w x64", "shmbuf", 1e6)
+    r.add("w", "add 1w x64", "shmbuf", 1e6)
+    text = report.limits_table(r, "w")
+    assert "| sample 256, no writer: default call (a new batch each call) | 1k batches/s | 0.50 |" in text
+    assert "| sample 256, no writer: out= (one batch refilled) | 1k batches/s | 0.80 |" in text
+    assert "| add, 1 writer, 64 rows per call | 4M rows/s | 0.25 |" in text
+    assert "Here: the gather from private memory, of whole rows; memcpy 10.0 GB/s over 2,500 bytes." in text
+    figs = report.figures_table(r, "w")
+    assert "500 (400-520, **24%**)" in figs and "800 (790-810, 2.5%)" in figs
+    assert report.spread_note(r).endswith("1 of the 3 figures here do (treat them as rough): w sample shmbuf 24%.")
+    assert report.default_vs_out(r) == [("w: sample 256, shmbuf", 500.0, 800.0)]
+    assert "| w: sample 256, shmbuf | 500 | 800 | 0.62 |" in report.default_vs_out_table(r)
+    r.figures["w"]["sample"]["shmbuf"] = [500.0, 505.0]
+    assert report.spread_note(r).endswith("none of the 3 figures here does.")
+
+
+def test_the_queue_bench_reports_take_with_and_without_out_against_memcpy():
+    from benchmarks import queue
+
+    got = {"shmbuf queue": [(1000.0, 0.5), (1200.0, 0.4)], "shmbuf queue, take(out=)": [(2000.0, 0.3)] * 2,
+           "multiprocessing.Queue": [(500.0, 0.9), (505.0, 0.9)]}
+    text = queue.markdown(got, 2, 16, memcpy=queue.unroll_bytes() * 4000 / 1e9)  # limit: 4,000 unrolls/s
+    assert "= 4,000 unrolls/s" in text
+    assert "| shmbuf queue | 1,100 (1,000-1,200, **18.2%**) | 0.275 | 45% | 1.00x |" in text
+    assert "| shmbuf queue, take(out=) | 2,000 (2,000-2,000, 0.0%) | 0.500 | 30% | 0.55x |" in text
+    assert text.endswith("in bold past 10%: shmbuf queue 18.2%.")
+
+
+@pytest.mark.timeout(100)  # (it waited 300 s for the reports of processes that had died)
+def test_the_attached_memory_part_fails_at_once_when_its_processes_die(name):
+    """Its spawned processes attach by name: where they die (here: no such buffer), it
+    says so as soon as one has exited instead of waiting for their reports."""
+    import types
+
+    from benchmarks import limits
+
+    system = types.SimpleNamespace(buf=types.SimpleNamespace(name=name), bytes=0, wl=TINY)
+    with pytest.raises(RuntimeError, match=r"did not report: exit codes \[(1, (1|-9)|-9, 1)\]"):
+        limits.attach_memory(run.Results(config={}, machine={}), system, 1)
+
+
+def test_a_learner_held_by_the_rate_limit_ends_its_window_with_its_writers_stopped(tiny):
+    """The learner-first learner samples until its window ends; where its writers have
+    stopped (here: none runs) the rate limit holds it, and the window still ends on time
+    with the batches it got (it raised RateLimitTimeout after the buffer's 10 s)."""
+    from benchmarks import learner
+
+    s = learner.LearnerFirst(TINY)
+    pool = run.WriterPool(s, size=1)
+    try:
+        s.fill(TINY.data(1024, 3))
+        got = pool.window(0, run.E2E_CHUNK, 0.5, "sample")
+        allowed = s.limit.error_buffer / peers.BATCH  # (min_size is the rows the fill inserted)
+        assert 0 < got["batches/s"] * 0.5 <= allowed  # what the limit allows, then nothing
+    finally:
+        pool.close()
+        s.close()
 
 
 def test_memory_guard(tiny, monkeypatch):
@@ -105,12 +211,16 @@ def test_the_episode_part_compares_episode_buffers_with_buffers(monkeypatch):
                           progress=False, episodes="only")
     res = run.run(cfg)
     figs = res.extra["episodes"]["mujoco"]
-    assert figs["sample 256"].keys() == {"Buffer", "EpisodeBuffer"}
+    assert figs["sample 256"].keys() == {"Buffer", "Buffer out=", "EpisodeBuffer"}
     assert all(v[0] > 0 for m in figs.values() for v in m.values())
+    assert res.extra["limits"]["mujoco"]["batches/s"] > 0  # measured in this run, the part alone
     mem = res.extra["episode memory"]["mujoco"]
     assert mem["EpisodeBuffer (obs once)"] < mem["Buffer (obs + next_obs)"]
     text = report.markdown(res)
     assert "| mujoco: one-step sample |" in text and "| mujoco: EpisodeBuffer (obs once) |" in text
+    assert "| episodes, mujoco: sample 256, Buffer |" in text  # its default call / out=
+    si = report.si(res.extra["limits"]["mujoco"]["batches/s"])
+    assert any(line.startswith("| mujoco: sample 256 |") and f"| {si} |" in line for line in text.splitlines())
     assert not res.figures  # "only": the core workloads did not run
 
 
@@ -126,12 +236,14 @@ def test_the_strategies_part_measures_priorities_and_hindsight(monkeypatch):
     figs = res.extra["strategies"]
     assert len(figs["sample 256 + update 256"]["shmbuf"]) == 2
     assert all(v > 0 for v in figs["episode sample 256 (goals)"]["HER future 0.8"])
-    assert set(figs["sample 256"]) == {"shmbuf", "shmbuf uniform"}
+    assert set(figs["sample 256"]) == {"shmbuf", "shmbuf uniform", "shmbuf uniform out="}
+    assert res.extra["limits"]["goals"]["row bytes"] == strategies.GOALS_WORKLOAD.row_bytes
     if importlib.util.find_spec("cpprb"):
         assert "cpprb MP" in figs["sample 256 + update 256"]
     assert not res.figures and "episodes" not in res.extra  # only that part
     text = report.markdown(res)
     assert "| HER future 0.8 / plain one-step sample |" in text
+    assert "| strategies: sample 256, shmbuf uniform |" in text  # its default call / out=
 
 
 def test_the_persistence_bench_measures_every_figure(tmp_path):
