@@ -43,6 +43,7 @@ from typing import Any, Mapping, Optional, Tuple
 import numpy as np
 
 from shmbuf.buffer import handle as core
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.replay_infos import MIN_ARENA, FixedRows, Records
@@ -178,7 +179,7 @@ class _Global(Sampler):
         self.engine, self.fields = engine, engine.fields
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+        return pool.batch(self.fields, m)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> Any:
         lo, head = window = self.engine.window()

@@ -10,8 +10,10 @@ the block says exactly (every view holds its block as its ``base``). A block is 
 handed out while anything made from it lives.
 
 Bounded: the pool holds at most :func:`limit` bytes of blocks in a process (default
-256 MiB, ``SHMBUF_POOL_BYTES``; 0 turns it off), and never more than the batches that
-were alive at the same time asked for. A batch that does not fit beside the live ones,
+256 MiB, ``SHMBUF_POOL_BYTES``; 0 turns it off); a free block serves requests of half its
+size up, and free blocks go, oldest first, when a new one would pass the limit. Every
+look at the blocks takes the pool's lock (a look holds a block for a moment, which would
+make it seem in use). A batch that does not fit beside the live ones,
 or under 256 KiB (the allocator keeps those mapped already), is a plain ``np.empty``.
 One pool serves every handle of a process (a learner sampling two buffers shares one
 bound); it is safe across threads and across ``fork``.
@@ -48,9 +50,10 @@ class Pool:
 
     def __init__(self, limit: int) -> None:
         self.limit = int(limit)
-        self.blocks: list[np.ndarray] = []
-        self.idle = 0  # the reference count of a block that nothing else uses
-        self.lock = threading.Lock()
+        self.blocks: list[np.ndarray] = [np.empty(0, np.uint8)]
+        self.idle = self.refs(0)  # the reference count of a block nothing else uses (a probe's, once)
+        self.blocks.clear()
+        self.lock = threading.Lock()  # (every look at the blocks takes it: a look holds one a moment)
 
     def refs(self, i: int) -> int:
         """Block ``i``'s reference count (always read through this one call, so that the
@@ -69,7 +72,6 @@ class Pool:
         if not self.trim(self.limit - size):
             return None
         self.blocks.append(np.empty(size + ALIGN, np.uint8))
-        self.idle = self.refs(len(self.blocks) - 1)
         return self.blocks[-1]
 
     def trim(self, room: int) -> bool:
@@ -122,7 +124,8 @@ def limit(nbytes: int | None = None) -> int:
 def owns(arrays: Sequence[np.ndarray | None]) -> bool:
     """Whether any of ``arrays`` is a view of the pool's memory."""
     bases = {id(a.base) for a in arrays if a is not None and a.base is not None}
-    return any(id(b) in bases for b in POOL.blocks)
+    with POOL.lock:
+        return not bases.isdisjoint(map(id, POOL.blocks))
 
 
 def batch(fields: Iterable[Any], m: int, **extra: Any) -> dict[str, np.ndarray]:

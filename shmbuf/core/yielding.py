@@ -6,8 +6,9 @@ each get two thirds of a core. ``cpprb`` locks writers out while its learner sam
 a learner about to copy a batch of at least :data:`LARGE` bytes stores *until when* writers
 should wait (``CTRL_YIELD``: ``CLOCK_MONOTONIC`` nanoseconds, about twice what its last
 gather of that size took, at most :data:`LONGEST`) and clears it when its copy is done.
-A writer that finds it set waits, before it reserves any row, until it is cleared or
-passes (or its own deadline comes): once per write, so writers always get a write in
+A writer that finds it set waits, before it reserves any row (the native one also between
+the fields it copies), until it is cleared or passes (or its own deadline comes), at most
+:data:`LONGEST` in all a write, so writers always get a write in
 between a learner's samples, and a learner killed while it copies holds them up once,
 for at most :data:`LONGEST` seconds. Both paths: the pure-Python writer waits in
 :meth:`shmbuf.core.ring.Ring.put`, the native one in ``write_rows`` (csrc/write.c).
@@ -78,7 +79,9 @@ class Yield:
         until = int(self.control[CTRL_YIELD])
         if until == 0:
             return
-        end = min(until, time.monotonic_ns() + int(LONGEST * 1e9), int(deadline * 1e9))
+        end = min(until, time.monotonic_ns() + int(LONGEST * 1e9))
+        if deadline * 1e9 < end:  # (compared as floats: a deadline may be inf)
+            end = int(deadline * 1e9)
         while int(self.control[CTRL_YIELD]) != 0 and time.monotonic_ns() < end:
             time.sleep(_STEP)
 

@@ -299,7 +299,8 @@ def _n_step_python(plan: _Reads, ring: Any, lane: Any, t: np.ndarray, first: lis
     rew = out[plan.reward]
     flags = np.empty((n + 1, m), np.uint8)
     rews = np.zeros((n + 1, m), rew.dtype)
-    nobs = [(i, name, np.empty((n,) + out[name].shape, out[name].dtype)) for i, name in plan.next]
+    scratch = pool.empty([((n,) + out[name].shape, out[name].dtype) for _, name in plan.next])
+    nobs = [(i, name, a) for (i, name), a in zip(plan.next, scratch)]
     first[plan.flags], first[plan.reward_at] = flags[0], rews[0]
     positions = [first]
     for j in range(1, n + 1):

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from shmbuf.core import gather as core_gather
+from shmbuf.core import gather as core_gather, pool
 from shmbuf.core.read import Sampler, read
 from shmbuf.core.ring import Ring
 from shmbuf.episodes import gather
@@ -95,8 +95,7 @@ def _copy(ebuf: Episodes, lane: int, first: int, last: int) -> dict[str, np.ndar
     was not intact or not of one episode (evicted or overwritten meanwhile)."""
     ring = ebuf.engine.ring
     rows = last - first + 1
-    got = {f.name: np.empty((rows,) + f.shape, f.dtype) for f in ring.layout.fields
-           if f.name in ebuf.user_fields or f.name == "_flags"}
+    got = pool.batch([f for f in ring.layout.fields if f.name in ebuf.user_fields or f.name == "_flags"], rows)
     ok = core_gather.copy_windows(ring, lane, np.array([first], np.int64), rows, None,
                                   [got.get(f.name) for f in ring.layout.fields], same="_start")
     flags = got.pop("_flags")

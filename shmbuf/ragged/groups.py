@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from shmbuf.core import gather
+from shmbuf.core import gather, pool
 from shmbuf.core.read import Sampler
 from shmbuf.ragged import schema
 from shmbuf.ragged.jagged import Jagged
@@ -68,7 +68,7 @@ class Groups(Sampler):
             if not 1 <= s <= self.lc:
                 continue  # (a guide that was read torn: no group of that size)
             at = np.flatnonzero(size == s)
-            arrays = [np.empty((len(at) * s,) + f.shape, f.dtype) for f in self.fields]
+            arrays = pool.empty([((len(at) * s,) + f.shape, f.dtype) for f in self.fields])
             whole = self.engine.gather(lane[at], first[at], s, arrays)
             whole = np.ones(len(at), bool) if whole is None else whole
             place = arrays[[f.name for f in self.fields].index(schema.GROUP)].reshape(len(at), s, 2)

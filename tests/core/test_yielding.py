@@ -125,3 +125,17 @@ def test_a_learner_killed_inside_its_gather_holds_writers_up_once_and_loses_noth
             buf.extend(_rows(1024 + 8 * k, 8), timeout=10)
         got = buf.sample(1024)
         assert _intact(got) and got["i"].max() == 1024 + 79
+
+
+@pytest.mark.parametrize("timeout", [10.0, float("inf"), 1e10])
+def test_a_write_without_a_deadline_yields_like_any_other(name, timeout):
+    # (an infinite deadline was converted to an integer: OverflowError on the pure path,
+    # undefined behaviour and no wait at all on the native one)
+    with shmbuf.Buffer.create(FRAME, 64, name=name, seed=0) as buf:
+        buf.engine.ring.control[CTRL_YIELD] = time.monotonic_ns() + 60 * 10**9
+        if native.path() == "native":
+            native.extension().trace_steps(True)
+        buf.extend(_rows(0, 4), timeout=timeout)
+        if native.path() == "native":
+            assert native.extension().trace_steps(False).startswith("y")
+        assert len(buf) == 4 and _intact(buf.sample(4))

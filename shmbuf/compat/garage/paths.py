@@ -41,6 +41,7 @@ import numpy as np
 
 from shmbuf.buffer import handle as core
 from shmbuf.core.batch import count
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler, read
 from shmbuf.compat import cast
 from shmbuf.compat.garage.replay import ReplayBuffer
@@ -425,7 +426,7 @@ class _Paths(Sampler):
         if drawn is None:
             return np.zeros(len(got), bool)
         for i, (first, n) in enumerate(zip(*(a.tolist() for a in drawn))):
-            path = {f.name: np.empty((n,) + f.shape, f.dtype) for f in self.engine.fields}
+            path = pool.batch(self.engine.fields, n)
             torn = self.engine.gather(0, np.array([first], np.int64), n, list(path.values()))
             intact = torn is None and (path[_STEP] == np.arange(n)).all() and (path[_LEN] == n).all()
             got[i] = path if intact else None

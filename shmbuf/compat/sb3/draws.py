@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler
 
 
@@ -43,7 +44,7 @@ class Draws(Sampler):
         self.lc, self.lanes = engine.layout.lane_capacity, engine.layout.lanes
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+        return pool.batch(self.fields, m)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
         lo, head = self.engine.window()

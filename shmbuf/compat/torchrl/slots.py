@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from shmbuf.core import pool
 from shmbuf.core.read import Sampler
 
 
@@ -96,7 +97,7 @@ class Slots(Sampler):
         self.fields = engine.fields
 
     def empty(self, m: int) -> dict[str, np.ndarray]:
-        return {f.name: np.empty((m,) + f.shape, f.dtype) for f in self.fields}
+        return pool.batch(self.fields, m)
 
     def draw(self, todo: np.ndarray, rounds: int, deadline: float) -> tuple[np.ndarray, np.ndarray]:
         window = self.engine.window()

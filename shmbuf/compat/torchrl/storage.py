@@ -15,6 +15,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from shmbuf.buffer.handle import Buffer
+from shmbuf.core import pool
 from shmbuf.compat.torchrl import ragged as rag
 from shmbuf.compat.torchrl.slots import Slots, few, pick, position_of, slot_of
 from shmbuf.compat.torchrl.state import INDEX, States, without_index
@@ -261,8 +262,8 @@ class SharedStorage(States, TensorStorage):
         deadline = time.monotonic() + self.timeout
 
         def draw(m: int) -> dict[str, np.ndarray]:
-            out = {f.name: np.empty((m,) + f.shape, f.dtype) for f in engine.fields}
-            out[INDEX] = np.empty(m, np.int64)  # (not a field: the slot of each row; redrawn rows bring theirs)
+            # (INDEX is not a field: the slot of each row; redrawn rows bring theirs)
+            out = pool.batch(engine.fields, m, **{INDEX: np.int64})
             engine.sample_windows(m, 1, [out[f.name] for f in engine.fields], max(0.0, deadline - time.monotonic()),
                                   index=out[INDEX])
             return out

@@ -106,7 +106,7 @@ static int yield_to_learner(Ring *r, double deadline, int64_t *budget, int signa
     int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec, t0 = t;
     if (until > t + *budget)
         until = t + *budget;
-    if (until > (int64_t)(deadline * 1e9))
+    if (deadline * 1e9 < (double)until)       /* (compared as doubles: a deadline may be inf) */
         until = (int64_t)(deadline * 1e9);
     if (t < until)
         step('y');
