@@ -83,7 +83,23 @@ static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssi
     } else {
         step('c');
         for (Py_ssize_t i = from; i < to; i++, s += fd->row_bytes, d += fd->stride)
-            copy(d, s, fd->row_bytes);                     /* packed: a row at a time */
+            copy_small(d, s, fd->row_bytes);               /* packed: a row at a time */
+    }
+}
+
+/* Ask for the lines of the rows of slots [first, first + n) of a lane (their stamps and
+ * packed fields) to be brought into the cache for writing, all at once: a write into a
+ * ring larger than the caches misses on each line it touches, and misses asked for
+ * together overlap instead of being waited for one row at a time (64 mujoco rows of
+ * 176 bytes: 176 lines). A hint only: a prefetch changes nothing the program sees, and
+ * never faults. */
+static inline void prefetch_for_write(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
+    Py_ssize_t at = slot_of(r, 0, first), k = r->lc - at < n ? r->lc - at : n;
+    for (int part = 0; part < 2; part++) {          /* up to the lane's end, then its start */
+        const char *lo = (const char *)stamp_of(r, lane * r->lc + (part ? 0 : at));
+        const char *hi = lo + (part ? n - k : k) * r->row_stride;
+        for (uintptr_t b = (uintptr_t)lo & ~(uintptr_t)63; b < (uintptr_t)hi; b += 64)
+            __builtin_prefetch((const char *)b, 1);
     }
 }
 
@@ -168,6 +184,7 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     }
     if ((!e && at("locked") < 0) || at("reserved") < 0)
         goto abandon;
+    prefetch_for_write(r, lane, first, n);
 
     /* 2. Wait for older writers of our slots (only a ring that wraps onto them). */
     if (first + n > r->lc && !(faults & FAULT_NO_WAIT) &&
@@ -226,6 +243,12 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         STORE_REL(&lt[LANE_OWN_COUNT], 0);
     if (at("published") < 0)   /* (tests: an exception after the publish; the rows stay written) */
         return -1;
+
+    /* 6b. A lane of ours: its next write starts where this one ended (nobody else
+     * moves its head): ask for those rows' lines now, to arrive while the caller does
+     * whatever it does between writes. */
+    if (!e)
+        prefetch_for_write(r, lane, first + n, n);
 
     /* 7. Counters (diagnostics, not protocol): the lane's last writer and time. */
     if (r->stat_slot)
