@@ -250,17 +250,17 @@ def test_add_each_puts_row_i_into_lane_i_and_checks_every_row_first(name, claime
             other.close()
 
 
-# every branch of the native path's inlined copy of a packed field's row (csrc/ring.h:
-# copy_small): 1, 2-3, 4-7, 8-15 bytes, 16 and more by 16s with an overlapping tail,
-# over 256 by memcpy; odd sizes put every field at another alignment in the row
+# packed fields of sizes around every power of two up to 300 bytes: odd sizes put each
+# field at another alignment in the row
 COPY_SIZES = (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 68, 255, 257, 300)
 
 
 @pytest.mark.parametrize("chunk", [1, 64])
 def test_packed_fields_of_every_size_are_written_byte_for_byte(name, chunk):
-    """Rows of packed fields of every size the native copy treats apart, added one or
-    64 at a time through the wrap: each slot holds exactly the bytes given (a copy that
-    wrote past its field would clobber its neighbour's, which are checked too)."""
+    """Rows of packed fields of many sizes and alignments, added one or 64 at a time
+    through the wrap (the native path prefetches each write's rows and the next's): each
+    slot holds exactly the bytes given (a copy that wrote past its field would clobber
+    its neighbour's, which are checked too, and the row's padding)."""
     fields = {f"f{k}": ((k,), "uint8") for k in COPY_SIZES}
     rng = np.random.default_rng(chunk)
     cap, total = 200, 456                      # 2.28 laps: every write of 64 from row 192 wraps

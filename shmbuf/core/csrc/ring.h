@@ -156,49 +156,6 @@ static inline void copy(char *dst, const char *src, Py_ssize_t n) {
     }
 }
 
-/* memcpy of a packed field's row (1 to layout.PACK_LIMIT bytes), inlined up to 256
- * bytes: they go through registers of 16, 8, 4, 2 or 1 bytes, the last piece
- * overlapping the one before it (it rewrites bytes just written with the same values,
- * all within the field). A write of 64 rows of five packed fields made 320 calls of
- * libc's memcpy, about half of the C time of a 64-row extend of mujoco rows (2-core
- * EPYC, perf): the call and its dispatch on the size, each time. */
-static inline void copy_small(char *dst, const char *src, Py_ssize_t n) {
-    if (n > 256) {
-        memcpy(dst, src, n);                     /* wide: libc's wider loop pays for its call */
-    } else if (n >= 16) {
-        char t[16];
-        Py_ssize_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            memcpy(t, src + i, 16);
-            memcpy(dst + i, t, 16);
-        }
-        if (i < n) {                             /* the last 16 bytes, overlapping */
-            memcpy(t, src + n - 16, 16);
-            memcpy(dst + n - 16, t, 16);
-        }
-    } else if (n >= 8) {
-        uint64_t a, b;
-        memcpy(&a, src, 8);
-        memcpy(&b, src + n - 8, 8);
-        memcpy(dst, &a, 8);
-        memcpy(dst + n - 8, &b, 8);
-    } else if (n >= 4) {
-        uint32_t a, b;
-        memcpy(&a, src, 4);
-        memcpy(&b, src + n - 4, 4);
-        memcpy(dst, &a, 4);
-        memcpy(dst + n - 4, &b, 4);
-    } else if (n >= 2) {
-        uint16_t a, b;
-        memcpy(&a, src, 2);
-        memcpy(&b, src + n - 2, 2);
-        memcpy(dst, &a, 2);
-        memcpy(dst + n - 2, &b, 2);
-    } else if (n == 1) {
-        *dst = *src;
-    }
-}
-
 /* Copy n bytes with non-temporal stores where the machine has them (x86's SSE2): the
  * lines go to memory without being read first and without evicting what others cache.
  * For the frames of a ring larger than any cache, which nobody reads soon after they
