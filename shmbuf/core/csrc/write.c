@@ -188,7 +188,8 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     }
     if ((!e && at("locked") < 0) || at("reserved") < 0)
         goto abandon;
-    prefetch_for_write(r, lane, first, n);
+    if (n > 1)                            /* (one row: measured no better, or worse) */
+        prefetch_for_write(r, lane, first, n);
 
     /* 2. Wait for older writers of our slots (only a ring that wraps onto them). */
     if (first + n > r->lc && !(faults & FAULT_NO_WAIT) &&
@@ -251,7 +252,7 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     /* 6b. A lane of ours: its next write starts where this one ended (nobody else
      * moves its head): ask for those rows' lines now, to arrive while the caller does
      * whatever it does between writes. */
-    if (!e)
+    if (!e && n > 1)
         prefetch_for_write(r, lane, first + n, n);
 
     /* 7. Counters (diagnostics, not protocol): the lane's last writer and time. */
