@@ -51,9 +51,48 @@ def report() -> dict[str, Any]:
             "extension": getattr(ext, "__file__", None), "arrays_read_directly": native.ARRAYS_READ_DIRECTLY,
             "python": sys.version.split()[0],
             "platform": platform.platform(), "numpy": np.__version__,
-            "dev_shm": {"free_bytes": free, "total_bytes": total},
+            "dev_shm": {"free_bytes": free, "total_bytes": total,
+                        "huge_pages": huge_pages(_read("/proc/mounts"), _read(THP), segment.SHM_DIR)},
             "namespace": os.environ.get(segment.NAMESPACE_ENV) or None,
             "optional": found, "missing_extras": sorted(e for e, ds in EXTRAS.items() if any(found[d] is None for d in ds))}
+
+
+THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def huge_pages(mounts: str | None, shmem_enabled: str | None, shm_dir: str = "/dev/shm") -> dict[str, Any]:
+    """Whether files in ``shm_dir`` (a tmpfs) get transparent huge pages, from the text
+    of ``/proc/mounts`` (its ``huge=`` option; none: ``never``) and of the kernel's
+    ``shmem_enabled`` knob (its ``deny`` or ``force`` override every mount). shmbuf
+    does not ``madvise``, so ``huge=advise`` gives it none. None where a file was
+    unreadable.
+
+    Examples:
+        >>> huge_pages("tmpfs /dev/shm tmpfs rw,relatime 0 0", "always within_size advise [never] deny force")
+        {'mount': 'never', 'shmem_enabled': 'never', 'used': False}
+        >>> huge_pages("tmpfs /dev/shm tmpfs rw,huge=within_size 0 0", "[never] deny")["used"]
+        True
+    """
+    mount = None
+    for line in (mounts or "").splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == shm_dir:  # (the last mount on it counts)
+            opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in parts[3].split(","))
+            mount = opts.get("huge", "never")
+    knob = None
+    if shmem_enabled is not None:
+        chosen = [w[1:-1] for w in shmem_enabled.split() if w.startswith("[")]
+        knob = chosen[0] if chosen else None
+    used = None if mount is None else (knob == "force" or (knob != "deny" and mount in ("always", "within_size")))
+    return {"mount": mount, "shmem_enabled": knob, "used": used}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _size(n: int | None) -> str:
@@ -64,6 +103,16 @@ def _size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _huge_line(h: dict[str, Any]) -> str:
+    if h["used"] is None:
+        return "huge pages: unknown (/proc/mounts does not list /dev/shm, or could not be read)"
+    where = f"/dev/shm's huge= mount option: {h['mount']}; shmem_enabled: {h['shmem_enabled'] or 'unreadable'}"
+    if h["used"]:
+        return f"huge pages: buffers in /dev/shm get 2 MiB pages ({where})"
+    return (f"huge pages: none for buffers in /dev/shm, 4 KiB pages ({where}); numpy's own arrays of "
+            "4 MiB and more ask for 2 MiB pages. Mounting /dev/shm with huge=within_size gives its files 2 MiB pages")
 
 
 def doctor(args: argparse.Namespace) -> int:
@@ -79,6 +128,7 @@ def doctor(args: argparse.Namespace) -> int:
                 "; numpy arrays read through their buffers (this numpy's array layout is not the "
                 "expected one: writes ~0.2 us a call slower)"),
              f"/dev/shm: {_size(shm['free_bytes'])} free of {_size(shm['total_bytes'])}",
+             _huge_line(shm["huge_pages"]),
              f"namespace: {r['namespace'] or '(none)'}",
              "optional: " + ", ".join(f"{d} {v}" if v else f"{d} (not installed)" for d, v in r["optional"].items())]
     if r["missing_extras"]:

@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -120,7 +121,9 @@ def make_ring(layout: Layout, mem: Any, busy: np.ndarray, prefaulted: bytearray,
                 f"shmbuf; `shmbuf doctor` says more. Set {ENV}=1 to choose that path and silence this."),
                 stacklevel=2)
         return None
-    fields = [(f.name, np.dtype(f.dtype).type, f.offset, f.stride, f.row_bytes, f.dtype.itemsize,
+    # (names interned: a dict's key written in the source is the same object, which a
+    # lookup then matches by identity, without comparing the strings)
+    fields = [(sys.intern(f.name), np.dtype(f.dtype).type, f.offset, f.stride, f.row_bytes, f.dtype.itemsize,
                tuple(f.shape), _format(f.dtype), _scalar_kind(f), np.dtype(f.dtype)) for f in layout.fields]
     geometry = (layout.lanes_offset, layout.reservations_offset, layout.n_reservations,
                 layout.control_offset, layout.rows_offset, layout.row_stride, layout.lanes,

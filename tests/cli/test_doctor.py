@@ -61,3 +61,23 @@ def test_choosing_the_pure_path_is_quiet():
     assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr
     assert "path: python (SHMBUF_PURE_PYTHON=1 is set)" in python(
         "from shmbuf.cli import main; main(['doctor'])", SHMBUF_PURE_PYTHON="1").stdout or not native.available()
+
+
+def test_doctor_says_whether_buffers_get_huge_pages():
+    """The TLB's share of a large buffer's writes: /dev/shm's huge= mount option and the
+    kernel's shmem_enabled, as this machine has them, and the verdict each gives."""
+    from shmbuf.cli.doctor import THP, _read, huge_pages
+
+    facts = json.loads(cli("doctor", "--json").stdout)["dev_shm"]["huge_pages"]
+    assert facts == huge_pages(_read("/proc/mounts"), _read(THP))
+    line = [ln for ln in cli("doctor").stdout.splitlines() if ln.startswith("huge pages: ")]
+    assert len(line) == 1 and ("get 2 MiB pages (" in line[0]) is (facts["used"] is True)
+    knob = "always within_size advise [never] deny force"
+    mounts = "proc /proc proc rw 0 0\ntmpfs /dev/shm tmpfs rw,nosuid,size=100k{} 0 0\n"
+    for option, want in [("", False), (",huge=never", False), (",huge=advise", False),
+                         (",huge=within_size", True), (",huge=always", True)]:
+        assert huge_pages(mounts.format(option), knob) == {
+            "mount": option.partition("=")[2] or "never", "shmem_enabled": "never", "used": want}
+    assert huge_pages(mounts.format(",huge=always"), knob.replace("[never] deny", "never [deny]"))["used"] is False
+    assert huge_pages(mounts.format(""), knob.replace("[never] deny force", "never deny [force]"))["used"] is True
+    assert huge_pages("proc /proc proc rw 0 0", knob)["used"] is None  # no /dev/shm listed: unknown

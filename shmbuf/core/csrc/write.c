@@ -87,6 +87,26 @@ static void copy_rows(Ring *r, Field *fd, Py_ssize_t lane, int64_t first, Py_ssi
     }
 }
 
+/* Ask for the lines of the rows of slots [first, first + n) of a lane (their stamps and
+ * packed fields) to be brought into the cache for writing, all at once, at most the
+ * first 16 kB of them (a longer write is a stream the hardware prefetches, and more
+ * would evict what was asked for first): a write into a ring larger than the caches
+ * misses on each line it touches, and misses asked for together overlap instead of
+ * being waited for one row at a time (64 mujoco rows of 176 bytes: 176 lines; the C
+ * call 4.7 -> 3.1 us on a 1M-row ring, docs/performance.md). A hint only: a prefetch
+ * changes nothing the program sees, and never faults. */
+static inline void prefetch_for_write(Ring *r, Py_ssize_t lane, int64_t first, Py_ssize_t n) {
+    Py_ssize_t at = slot_of(r, 0, first), k = r->lc - at < n ? r->lc - at : n, budget = 16384;
+    for (int part = 0; part < 2 && budget > 0; part++) {  /* up to the lane's end, then its start */
+        const char *lo = (const char *)stamp_of(r, lane * r->lc + (part ? 0 : at));
+        Py_ssize_t bytes = (part ? n - k : k) * r->row_stride;
+        bytes = bytes < budget ? bytes : budget;
+        budget -= bytes;
+        for (uintptr_t b = (uintptr_t)lo & ~(uintptr_t)63; b < (uintptr_t)lo + bytes; b += 64)
+            __builtin_prefetch((const char *)b, 1);
+    }
+}
+
 /* Write n rows into lane: src[f] points at n contiguous rows of field f. Returns 0 when
  * published, 1 when the Python path must take over (nothing was changed), -1 on an
  * error (exception set; anything reserved was abandoned: never sampled). */
@@ -204,6 +224,8 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
     }
     if ((!e && at("locked") < 0) || at("reserved") < 0)
         goto abandon;
+    if (n > 1)                            /* (one row: measured no better, or worse) */
+        prefetch_for_write(r, lane, first, n);
 
     /* 2. Wait for older writers of our slots (only a ring that wraps onto them). */
     if (first + n > r->lc && !(faults & FAULT_NO_WAIT) &&
@@ -264,6 +286,12 @@ static int write_rows(Ring *r, Py_ssize_t lane, Py_ssize_t n, const char **src, 
         STORE_REL(&lt[LANE_OWN_COUNT], 0);
     if (at("published") < 0)   /* (tests: an exception after the publish; the rows stay written) */
         return -1;
+
+    /* 6b. A lane of ours: its next write starts where this one ended (nobody else
+     * moves its head): ask for those rows' lines now, to arrive while the caller does
+     * whatever it does between writes. */
+    if (!e && n > 1)
+        prefetch_for_write(r, lane, first + n, n);
 
     /* 7. Counters (diagnostics, not protocol): the lane's last writer and time. */
     if (r->stat_slot)
