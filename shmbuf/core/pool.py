@@ -30,6 +30,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -148,7 +149,7 @@ def empty(specs: Sequence[Spec]) -> list[np.ndarray]:
     """Uninitialised arrays of the given ``(shape, dtype)``, one block's views (or fresh
     ``np.empty`` arrays for a small batch, or when the pool has no room)."""
     dtypes = [np.dtype(d) for _, d in specs]
-    sizes = [int(np.prod(s, dtype=np.int64)) * d.itemsize for (s, _), d in zip(specs, dtypes)]
+    sizes = [math.prod(s) * d.itemsize for (s, _), d in zip(specs, dtypes)]
     at, total = [], 0
     for n in sizes:
         at.append(total)

@@ -3,9 +3,12 @@
 Writers of large rows (atari frames) that write as fast as they can take the cores and
 the memory bandwidth a learner's gather needs: on two cores, two writers and a learner
 each get two thirds of a core. ``cpprb`` locks writers out while its learner samples. Here
-a learner about to copy a batch of at least :data:`LARGE` bytes stores *until when* writers
-should wait (``CTRL_YIELD``: ``CLOCK_MONOTONIC`` nanoseconds, about twice what its last
-gather of that size took, at most :data:`LONGEST`) and clears it when its copy is done.
+a learner about to copy a batch of at least :data:`LARGE` bytes whose last such copy ran
+more than :data:`STARVED` times slower than its fastest stores *until when* writers
+should wait (``CTRL_YIELD``: ``CLOCK_MONOTONIC`` nanoseconds, twice what its fastest copy
+of that size would take, at most :data:`LONGEST`) and clears it when its copy is done.
+So a learner that writers slow down gets every other copy to itself, and one that runs
+at its speed (writers idle, or cores and bandwidth to spare) asks nobody to wait.
 A writer that finds it set waits, before it reserves any row (the native one also between
 the fields it copies), until it is cleared or passes (or its own deadline comes), at most
 :data:`LONGEST` in all a write, so writers always get a write in
@@ -41,6 +44,11 @@ LARGE = 1 << 20
 LONGEST = 0.02
 """Seconds a writer waits at most for one gather."""
 
+STARVED = 1.5
+"""A learner asks writers to wait only while its last large copy took more than this
+many times its fastest: writers then yield to a learner they slow down, and to nobody
+on a machine with bandwidth and cores to spare."""
+
 _STEP = 50e-6  # seconds between a waiting writer's looks
 
 
@@ -50,7 +58,8 @@ class Yield:
 
     def __init__(self, control: Any, row_bytes: int) -> None:
         self.control, self.row_bytes = control, row_bytes
-        self.per_byte = 0.5e-9  # seconds a byte of this process's gathers took (first guess: 2 GB/s)
+        self.per_byte = 0.5e-9  # seconds a byte of this process's last large gather took (first guess: 2 GB/s)
+        self.best = float("inf")  # the fastest of them, slowly forgotten
 
     def begin(self, rows: int) -> tuple[int, int, int] | None:
         """Before a gather of ``rows`` rows: ask writers to wait if it is large; what
@@ -59,7 +68,9 @@ class Yield:
         if nbytes < LARGE:
             return None
         t0 = time.monotonic_ns()
-        until = t0 + int(min(2 * self.per_byte * nbytes, LONGEST) * 1e9)
+        if self.per_byte <= STARVED * self.best:  # (the last copy ran at speed: writers need not wait)
+            return 0, t0, nbytes
+        until = t0 + int(min(2 * self.best * nbytes, LONGEST) * 1e9)
         self.control[CTRL_YIELD] = until
         return until, t0, nbytes
 
@@ -69,9 +80,10 @@ class Yield:
         if mark is None:
             return
         until, t0, nbytes = mark
-        if int(self.control[CTRL_YIELD]) == until:
+        if until and int(self.control[CTRL_YIELD]) == until:
             self.control[CTRL_YIELD] = 0
-        self.per_byte = 0.5 * self.per_byte + 0.5e-9 * (time.monotonic_ns() - t0) / nbytes
+        self.per_byte = 1e-9 * (time.monotonic_ns() - t0) / nbytes
+        self.best = min(self.best * 1.01, self.per_byte)
 
     def wait(self, deadline: float) -> None:
         """A writer, before it reserves: wait while a learner's gather asks it to, at
@@ -82,7 +94,7 @@ class Yield:
         end = min(until, time.monotonic_ns() + int(LONGEST * 1e9))
         if deadline * 1e9 < end:  # (compared as floats: a deadline may be inf)
             end = int(deadline * 1e9)
-        while int(self.control[CTRL_YIELD]) != 0 and time.monotonic_ns() < end:
+        while int(self.control[CTRL_YIELD]) == until and time.monotonic_ns() < end:  # (this copy only)
             time.sleep(_STEP)
 
 

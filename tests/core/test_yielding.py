@@ -42,18 +42,36 @@ def _seen_during_copies(monkeypatch, ring):
     return seen
 
 
+def _starved(ring):
+    """As if the learner's last large copy had taken far longer than its fastest."""
+    ring.yielding.best, ring.yielding.per_byte = 1e-12, 1e-9
+
+
+def test_a_learner_copying_at_its_speed_asks_nobody_to_wait(name, monkeypatch):
+    with shmbuf.Buffer.create(FRAME, 1024, name=name, seed=0) as buf:
+        buf.extend(_rows(0, 1024))
+        ring = buf.engine.ring
+        seen = _seen_during_copies(monkeypatch, ring)
+        ring.yielding.best = ring.yielding.per_byte = 1e-9  # (its last copy was its fastest)
+        assert _intact(buf.sample(256)) and seen == [0]
+        assert ring.yielding.best <= 1.01e-9  # (and it learnt from this one)
+
+
 def test_a_large_gather_marks_writers_to_wait_and_clears_the_mark_after(name, monkeypatch):
     with shmbuf.Buffer.create(FRAME, 1024, name=name, seed=0) as buf:
         buf.extend(_rows(0, 1024))
         ring = buf.engine.ring
         seen = _seen_during_copies(monkeypatch, ring)
         before = time.monotonic_ns()
-        big = buf.sample(256)  # 1 MiB and more
+        _starved(ring)
+        big = buf.sample(256)  # 1 MiB and more, by a learner that writers slowed down
         assert len(seen) == 1 and seen[0] > before  # until when writers should wait
         assert seen[0] <= time.monotonic_ns() + yielding.LONGEST * 1e9
         assert int(ring.control[CTRL_YIELD]) == 0  # cleared once copied
+        _starved(ring)
         small = buf.sample(16)  # 64 kB: writers are not asked to wait
         assert seen[1:] == [0] and _intact(big) and _intact(small)
+        _starved(ring)
         buf.sample_sequences(4, 64)  # every sampler's gather, not only sample()
         assert seen[2] > 0 and int(ring.control[CTRL_YIELD]) == 0
 
@@ -63,6 +81,7 @@ def test_writers_yield_false_marks_nothing_on_any_handle(name, monkeypatch):
             shmbuf.Buffer.attach(name) as other:
         assert isinstance(other.engine.ring.yielding, yielding.NoYield)
         other.extend(_rows(0, 1024))
+        other.engine.ring.yielding.best, other.engine.ring.yielding.per_byte = 1e-12, 1e-9  # (NoYield: no effect)
         seen = _seen_during_copies(monkeypatch, other.engine.ring)
         assert _intact(other.sample(512)) and seen == [0]
         buf.engine.ring.control[CTRL_YIELD] = time.monotonic_ns() + 60 * 10**9  # (as if a learner asked)
@@ -109,6 +128,7 @@ def _learner_killed_while_it_copies(name):
     def die(*args):
         os.kill(os.getpid(), signal.SIGKILL)
     gather._copy_windows = die
+    _starved(buf.engine.ring)
     buf.sample(512)
 
 

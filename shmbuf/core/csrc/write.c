@@ -118,8 +118,8 @@ static inline void prefetch_for_write(Ring *r, Py_ssize_t lane, int64_t first, P
  * Before the reservation a wait sees Ctrl-C (-1, nothing reserved); inside the copy it
  * does not (the write finishes, as it would without the wait, at most 20 ms later). */
 static int yield_to_learner(Ring *r, double deadline, int64_t *budget, int signals) {
-    int64_t until = LOAD(&r->ctrl[CTRL_YIELD]);
-    if (until == 0 || *budget <= 0)
+    int64_t mark = LOAD(&r->ctrl[CTRL_YIELD]), until = mark;
+    if (mark == 0 || *budget <= 0)
         return 0;
     struct timespec ts, pause = {0, 50000};
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -130,7 +130,7 @@ static int yield_to_learner(Ring *r, double deadline, int64_t *budget, int signa
         until = (int64_t)(deadline * 1e9);
     if (t < until)
         step('y');
-    while (t < until && LOAD(&r->ctrl[CTRL_YIELD]) != 0) {
+    while (t < until && LOAD(&r->ctrl[CTRL_YIELD]) == mark) {  /* (this copy only: not the next) */
         Py_BEGIN_ALLOW_THREADS
         nanosleep(&pause, NULL);
         Py_END_ALLOW_THREADS
