@@ -71,7 +71,7 @@ class Outputs:
     def empty(self, lead: tuple[int, ...], pooled: bool = False) -> Batch:
         """Uninitialised arrays ``{name: (*lead, *shape)}`` (``pooled``: from the
         process's batch memory, :mod:`shmbuf.core.pool`; else fresh, for a caller to keep)."""
-        if pooled and math.prod(lead) * self.row_bytes >= pool.SMALL:  # (small: np.empty, as cheap)
+        if pooled and math.prod(lead) * self.row_bytes >= pool.SMALL:  # (small: np.empty, cheaper)
             return dict(zip(self.names, pool.empty([(lead + f.shape, f.dtype) for f in self.fields])))
         return {f.name: np.empty(lead + f.shape, f.dtype) for f in self.fields}
 

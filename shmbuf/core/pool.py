@@ -148,18 +148,16 @@ def batch(fields: Iterable[Any], m: int, **extra: Any) -> dict[str, np.ndarray]:
 def empty(specs: Sequence[Spec]) -> list[np.ndarray]:
     """Uninitialised arrays of the given ``(shape, dtype)``, one block's views (or fresh
     ``np.empty`` arrays for a small batch, or when the pool has no room)."""
-    dtypes = [np.dtype(d) for _, d in specs]
-    sizes = [math.prod(s) * d.itemsize for (s, _), d in zip(specs, dtypes)]
+    sizes = [math.prod(s) * np.dtype(d).itemsize for s, d in specs]
+    if sum(sizes) < SMALL:  # (the common small batch: nothing more to work out)
+        return [np.empty(s, d) for s, d in specs]
     at, total = [], 0
     for n in sizes:
         at.append(total)
         total += -(-n // ALIGN) * ALIGN
-    block = None
-    if total >= SMALL:
-        with POOL.lock:
-            block = POOL.take(total)
-            if block is not None:
-                at0 = -block.ctypes.data % ALIGN
-                return [block[at0 + o:at0 + o + n].view(d).reshape(s)
-                        for o, n, d, (s, _) in zip(at, sizes, dtypes, specs)]
-    return [np.empty(s, d) for (s, _), d in zip(specs, dtypes)]
+    with POOL.lock:
+        block = POOL.take(total)
+        if block is not None:
+            at0 = -block.ctypes.data % ALIGN
+            return [block[at0 + o:at0 + o + n].view(d).reshape(s) for o, n, (s, d) in zip(at, sizes, specs)]
+    return [np.empty(s, d) for s, d in specs]
